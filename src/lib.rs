@@ -1,0 +1,9 @@
+//! llm-canary: an always-on canary for LLM serving. The library holds every domain module; the
+//! binary in `main.rs` only parses the command line and calls [`cli::run`].
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod measure;
+pub mod sim;
+pub mod workload;
