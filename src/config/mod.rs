@@ -1,6 +1,98 @@
 //! The configuration: typed schema, strict parsing with source locations, validation that reports
 //! every error as `FILE:LINE:COL: message`, and the defaults of the source document.
+//!
+//! Parsing stops at the first structural error (a misspelt key, a wrong type) because the YAML
+//! deserializer cannot continue past it; a file that parses is then checked value by value and
+//! every problem is reported together.
 
+mod at;
+mod error;
+mod schema;
+mod summary;
 mod target;
+mod validate;
 
+use std::path::Path;
+
+pub use at::{At, Dur};
+pub use error::{ConfigError, Diagnostic, did_you_mean};
+pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode};
+pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL};
+
+/// The embedded demo: two simulated deployments (aggregated, disaggregated), all four workloads at
+/// a compressed time scale. `llm-canary run` without `--config` runs this.
+pub const DEMO_YAML: &str = include_str!("../../examples/demo.yaml");
+
+/// Largest config file accepted; a config is a few KB, so anything near this is a mistake.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let io = |source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Invalid {
+                file: path.display().to_string(),
+                diagnostics: vec![Diagnostic::new(
+                    None,
+                    format!(
+                        "file is {} bytes, larger than the {MAX_CONFIG_BYTES} accepted",
+                        meta.len()
+                    ),
+                )],
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::parse(&text, &path.display().to_string(), base)
+    }
+
+    /// The embedded demo config.
+    pub fn demo() -> Config {
+        Config::parse(DEMO_YAML, "<embedded demo.yaml>", Path::new("."))
+            .expect("the embedded demo config is valid (tested)")
+    }
+
+    /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative paths.
+    pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let invalid = |diagnostics| ConfigError::Invalid {
+            file: file.to_owned(),
+            diagnostics,
+        };
+        let cfg: Config = if text.trim().is_empty() {
+            return Err(invalid(vec![
+                Diagnostic::new(None, "the file is empty")
+                    .hint("start from examples/seed-plan.yaml"),
+            ]));
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| invalid(vec![error::from_yaml_error(&e)]))?
+        };
+        let diagnostics = validate::validate(&cfg, base_dir);
+        if diagnostics.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(invalid(diagnostics))
+        }
+    }
+
+    /// The workloads of one cycle, in order.
+    pub fn cycle(&self) -> Vec<&'static str> {
+        if self.schedule.cycle.is_empty() {
+            WORKLOAD_NAMES
+                .into_iter()
+                .filter(|w| self.workloads.is_configured(w))
+                .collect()
+        } else {
+            self.schedule
+                .cycle
+                .iter()
+                .filter_map(|n| WORKLOAD_NAMES.into_iter().find(|w| *w == n.as_str()))
+                .collect()
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! `At<T>`: a config value together with where it was written, so validation can point at it.
+
+use std::fmt;
+use std::ops::Deref;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_saphyr::{Location, Spanned};
+
+/// A value and the position (1-based line and column) it came from; defaults have no position.
+#[derive(Clone, PartialEq)]
+pub struct At<T> {
+    pub value: T,
+    pub pos: Option<(u64, u64)>,
+}
+
+impl<T> At<T> {
+    /// A value that was not written in the file (a default).
+    pub const fn dflt(value: T) -> Self {
+        At { value, pos: None }
+    }
+}
+
+impl<T> Deref for At<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T: Default> Default for At<T> {
+    fn default() -> Self {
+        At::dflt(T::default())
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for At<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for At<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+fn position(loc: Location) -> Option<(u64, u64)> {
+    (loc != Location::UNKNOWN).then(|| (loc.line(), loc.column()))
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for At<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = Spanned::<T>::deserialize(d)?;
+        Ok(At {
+            value: s.value,
+            pos: position(s.referenced),
+        })
+    }
+}
+
+impl<T: Serialize> Serialize for At<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+/// A duration written as text: `120s`, `5m`, `1h 30m`, `250ms`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    pub const fn secs(s: u64) -> Self {
+        Dur(Duration::from_secs(s))
+    }
+    pub const fn millis(ms: u64) -> Self {
+        Dur(Duration::from_millis(ms))
+    }
+}
+
+impl Deref for Dur {
+    type Target = Duration;
+    fn deref(&self) -> &Duration {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_zero() {
+            return f.write_str("0s");
+        }
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let trimmed = text.trim();
+        // A bare `0` is unambiguous; any other number needs a unit so `120` cannot be misread.
+        if trimmed == "0" {
+            return Ok(Dur(Duration::ZERO));
+        }
+        humantime::parse_duration(trimmed).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration `{text}` ({e}); write it with a unit, e.g. `120s`, `5m`, `250ms`"
+            ))
+        })
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}

@@ -1,0 +1,614 @@
+//! The configuration schema (DESIGN §3): every key, its type and the source document's defaults.
+//! Unknown keys are errors everywhere (`deny_unknown_fields`).
+
+use serde::{Deserialize, Serialize};
+
+use super::at::{At, Dur};
+use super::target::{Api, Dialect, LengthControl, ServingMode};
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub targets: Vec<TargetConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Discovery>,
+    /// Path to a `tokenizer.json` or a model directory holding one; absent = built-in approximation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<At<String>>,
+    /// Multiplies every workload duration (steps, warmups, think times); the demo uses a small value.
+    #[serde(default = "one")]
+    pub time_scale: At<f64>,
+    /// Seed of every random choice (prompts, samplers); the same seed gives the same request stream.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub client: ClientConfig,
+    #[serde(default)]
+    pub workloads: Workloads,
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// SLO definitions; their expressions are parsed by the SLO engine.
+    #[serde(default)]
+    pub slos: Vec<SloConfig>,
+    #[serde(default)]
+    pub export: Export,
+}
+
+fn one() -> At<f64> {
+    At::dflt(1.0)
+}
+fn default_seed() -> u64 {
+    0x11c4_2a2e
+}
+
+/// One serving deployment to measure: a URL, or an embedded simulator.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// The `target` label value.
+    pub name: At<String>,
+    pub serving_mode: ServingMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<At<String>>,
+    /// `auto` = the first id listed by `GET /v1/models`.
+    #[serde(default = "auto")]
+    pub model: String,
+    #[serde(default)]
+    pub api: Api,
+    #[serde(default)]
+    pub dialect: Dialect,
+    /// Overrides the dialect's preset of length-control fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_control: Option<LengthControl>,
+    /// Environment variable holding the API key (never logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<At<String>>,
+    /// File holding the API key (e.g. a mounted Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<At<String>>,
+    /// Prometheus endpoints of the server's own metrics (vllm:, dynamo_, kvbm_).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_metrics: Vec<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_hour_usd: Option<At<f64>>,
+    /// Instead of `url`: an embedded simulator started in-process on loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<At<crate::sim::SimSpec>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+fn auto() -> String {
+    "auto".to_owned()
+}
+
+impl TargetConfig {
+    /// The length-control fields to send: the override, else the dialect's preset.
+    pub fn length_control(&self) -> LengthControl {
+        self.length_control
+            .unwrap_or_else(|| self.dialect.length_control())
+    }
+}
+
+/// TLS to a target: a private CA and an optional client certificate.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<At<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Discovery {
+    pub kubernetes: KubeDiscovery,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeDiscovery {
+    /// Namespaces to watch; empty = the canary's own namespace.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default = "yes")]
+    pub dynamo_graph_deployments: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// How the client talks to targets.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    #[serde(default = "connect_timeout")]
+    pub connect_timeout: At<Dur>,
+    /// Whole-request limit; a request still running then counts as `timeout`.
+    #[serde(default = "request_timeout")]
+    pub request_timeout: At<Dur>,
+    /// Largest SSE line or event accepted from a server, in bytes.
+    #[serde(default = "max_event_bytes")]
+    pub max_event_bytes: At<u64>,
+}
+
+fn connect_timeout() -> At<Dur> {
+    At::dflt(Dur::secs(5))
+}
+fn request_timeout() -> At<Dur> {
+    At::dflt(Dur::secs(600))
+}
+fn max_event_bytes() -> At<u64> {
+    At::dflt(1 << 20)
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: connect_timeout(),
+            request_timeout: request_timeout(),
+            max_event_bytes: max_event_bytes(),
+        }
+    }
+}
+
+/// The four workloads; a workload left out of a written `workloads:` map does not run.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workloads {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_sweep: Option<ConcurrencySweep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_turn: Option<MultiTurn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_distribution: Option<SequenceDistribution>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
+}
+
+impl Default for Workloads {
+    /// All four with the source document's values.
+    fn default() -> Self {
+        Workloads {
+            concurrency_sweep: Some(ConcurrencySweep::default()),
+            multi_turn: Some(MultiTurn::default()),
+            sequence_distribution: Some(SequenceDistribution::default()),
+            prefix_cache: Some(PrefixCache::default()),
+        }
+    }
+}
+
+/// The workload names (the `workload` label), in the source document's order.
+pub const WORKLOAD_NAMES: [&str; 4] = [
+    "concurrency_sweep",
+    "multi_turn",
+    "sequence_distribution",
+    "prefix_cache",
+];
+
+/// Open-loop arrivals instead of closed-loop workers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    #[serde(default)]
+    pub arrival: Arrival,
+    /// Requests per second.
+    pub rps: At<f64>,
+    /// Cap on requests in flight per target; arrivals beyond it still count from their intended time.
+    #[serde(default = "max_inflight")]
+    pub max_inflight: At<u32>,
+}
+
+fn max_inflight() -> At<u32> {
+    At::dflt(1024)
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arrival {
+    Constant,
+    #[default]
+    Poisson,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySweep {
+    #[serde(default = "sweep_levels")]
+    pub levels: At<Vec<u32>>,
+    #[serde(default = "n1024")]
+    pub isl: At<u32>,
+    #[serde(default = "n512")]
+    pub osl: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn sweep_levels() -> At<Vec<u32>> {
+    At::dflt(vec![1, 2, 4, 8, 16, 32, 64])
+}
+fn n1024() -> At<u32> {
+    At::dflt(1024)
+}
+fn n512() -> At<u32> {
+    At::dflt(512)
+}
+fn n256() -> At<u32> {
+    At::dflt(256)
+}
+fn n2048() -> At<u32> {
+    At::dflt(2048)
+}
+fn n16() -> At<u32> {
+    At::dflt(16)
+}
+fn s120() -> At<Dur> {
+    At::dflt(Dur::secs(120))
+}
+fn s10() -> At<Dur> {
+    At::dflt(Dur::secs(10))
+}
+fn s0() -> At<Dur> {
+    At::dflt(Dur::secs(0))
+}
+
+impl Default for ConcurrencySweep {
+    fn default() -> Self {
+        ConcurrencySweep {
+            levels: sweep_levels(),
+            isl: n1024(),
+            osl: n512(),
+            step: s120(),
+            warmup: s10(),
+            rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultiTurn {
+    #[serde(default = "turns")]
+    pub turns: At<u32>,
+    #[serde(default = "conversations")]
+    pub conversations: At<u32>,
+    /// Tokens of each new user message.
+    #[serde(default = "n512")]
+    pub isl: At<u32>,
+    #[serde(default = "n256")]
+    pub osl: At<u32>,
+    #[serde(default = "s300")]
+    pub duration: At<Dur>,
+    /// Pause between a reply and the next turn (a user reading).
+    #[serde(default = "s0")]
+    pub think_time: At<Dur>,
+}
+
+fn turns() -> At<u32> {
+    At::dflt(5)
+}
+fn conversations() -> At<u32> {
+    At::dflt(8)
+}
+fn s300() -> At<Dur> {
+    At::dflt(Dur::secs(300))
+}
+
+impl Default for MultiTurn {
+    fn default() -> Self {
+        MultiTurn {
+            turns: turns(),
+            conversations: conversations(),
+            isl: n512(),
+            osl: n256(),
+            duration: s300(),
+            think_time: s0(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistributionKind {
+    Uniform,
+    Zipf,
+    Lognormal,
+}
+
+impl DistributionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DistributionKind::Uniform => "uniform",
+            DistributionKind::Zipf => "zipf",
+            DistributionKind::Lognormal => "lognormal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Range {
+    pub min: At<u32>,
+    pub max: At<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceDistribution {
+    #[serde(default = "distributions")]
+    pub distributions: At<Vec<DistributionKind>>,
+    #[serde(default = "isl_range")]
+    pub isl: Range,
+    #[serde(default = "osl_range")]
+    pub osl: Range,
+    #[serde(default = "n16")]
+    pub concurrency: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Zipf exponent over the length range (> 0; larger = more short sequences).
+    #[serde(default = "zipf_exponent")]
+    pub zipf_exponent: At<f64>,
+    /// Lognormal: median lengths (default: geometric mean of min and max) and sigma.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lognormal_isl_median: Option<At<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lognormal_osl_median: Option<At<f64>>,
+    #[serde(default = "lognormal_sigma")]
+    pub lognormal_sigma: At<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn distributions() -> At<Vec<DistributionKind>> {
+    At::dflt(vec![
+        DistributionKind::Uniform,
+        DistributionKind::Zipf,
+        DistributionKind::Lognormal,
+    ])
+}
+fn isl_range() -> Range {
+    Range {
+        min: At::dflt(128),
+        max: At::dflt(4096),
+    }
+}
+fn osl_range() -> Range {
+    Range {
+        min: At::dflt(64),
+        max: At::dflt(2048),
+    }
+}
+fn zipf_exponent() -> At<f64> {
+    At::dflt(1.1)
+}
+fn lognormal_sigma() -> At<f64> {
+    At::dflt(0.6)
+}
+
+impl Default for SequenceDistribution {
+    fn default() -> Self {
+        SequenceDistribution {
+            distributions: distributions(),
+            isl: isl_range(),
+            osl: osl_range(),
+            concurrency: n16(),
+            step: s120(),
+            warmup: s10(),
+            zipf_exponent: zipf_exponent(),
+            lognormal_isl_median: None,
+            lognormal_osl_median: None,
+            lognormal_sigma: lognormal_sigma(),
+            rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixCache {
+    #[serde(default = "hit_ratios")]
+    pub hit_ratios: At<Vec<f64>>,
+    #[serde(default = "n2048")]
+    pub isl: At<u32>,
+    #[serde(default = "n512")]
+    pub osl: At<u32>,
+    #[serde(default = "n16")]
+    pub concurrency: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Shared prefixes in the pool each step draws from.
+    #[serde(default = "pool_size")]
+    pub pool_size: At<u32>,
+    /// KV block size the prefixes are aligned to (the server's block size; 16 for vLLM/Dynamo GPU).
+    #[serde(default = "n16")]
+    pub block_size: At<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn hit_ratios() -> At<Vec<f64>> {
+    At::dflt(vec![0.0, 0.25, 0.5, 0.75, 1.0])
+}
+fn pool_size() -> At<u32> {
+    At::dflt(4)
+}
+
+impl Default for PrefixCache {
+    fn default() -> Self {
+        PrefixCache {
+            hit_ratios: hit_ratios(),
+            isl: n2048(),
+            osl: n512(),
+            concurrency: n16(),
+            step: s120(),
+            warmup: s10(),
+            pool_size: pool_size(),
+            block_size: n16(),
+            rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pairing {
+    /// Every target gets the same prompts at the same time.
+    #[default]
+    Simultaneous,
+    /// Targets are driven one after another with the same prompts.
+    Sequential,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    #[serde(default)]
+    pub pairing: Pairing,
+    /// Workload order of one cycle; default: every configured workload in the document's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cycle: Vec<At<String>>,
+    /// How long requests still in flight at a step's end may finish before they count as `timeout`.
+    #[serde(default = "drain_grace")]
+    pub drain_grace: At<Dur>,
+    /// A step whose schedule lag p99 exceeds this is marked degraded (it measured the canary).
+    #[serde(default = "max_lag_p99")]
+    pub max_lag_p99: At<Dur>,
+    /// Pause between cycles.
+    #[serde(default = "s0")]
+    pub cycle_pause: At<Dur>,
+}
+
+fn drain_grace() -> At<Dur> {
+    At::dflt(Dur::secs(30))
+}
+fn max_lag_p99() -> At<Dur> {
+    At::dflt(Dur::millis(50))
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Schedule {
+            pairing: Pairing::default(),
+            cycle: Vec::new(),
+            drain_grace: drain_grace(),
+            max_lag_p99: max_lag_p99(),
+            cycle_pause: s0(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Page,
+    Critical,
+    #[default]
+    Warning,
+    Ticket,
+    Info,
+}
+
+/// One SLO: a comparison expression (`expr`) or a burn-rate objective (`objective` + `sli`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloConfig {
+    pub name: At<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expr: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<At<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sli: Option<At<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<At<Dur>>,
+    #[serde(default = "slo_window")]
+    pub window: At<Dur>,
+    #[serde(default = "min_samples")]
+    pub min_samples: At<u64>,
+    #[serde(default = "s0", rename = "for")]
+    pub for_: At<Dur>,
+    #[serde(default)]
+    pub severity: Severity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook_url: Option<String>,
+}
+
+fn slo_window() -> At<Dur> {
+    At::dflt(Dur::secs(30 * 60))
+}
+fn min_samples() -> At<u64> {
+    At::dflt(100)
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Export {
+    #[serde(default = "listen")]
+    pub listen: At<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp: Option<Otlp>,
+    /// How often the servers' own `/metrics` are scraped.
+    #[serde(default = "s15")]
+    pub server_metrics_interval: At<Dur>,
+    /// Whether `POST /-/reload` is served.
+    #[serde(default = "yes")]
+    pub reload_endpoint: bool,
+}
+
+fn listen() -> At<String> {
+    At::dflt("127.0.0.1:9464".to_owned())
+}
+fn s15() -> At<Dur> {
+    At::dflt(Dur::secs(15))
+}
+
+impl Default for Export {
+    fn default() -> Self {
+        Export {
+            listen: listen(),
+            otlp: None,
+            server_metrics_interval: s15(),
+            reload_endpoint: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum OtlpProtocol {
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Otlp {
+    pub endpoint: At<String>,
+    #[serde(default)]
+    pub protocol: OtlpProtocol,
+    #[serde(default = "s15")]
+    pub interval: At<Dur>,
+    /// One span per request, with TTFT as an event.
+    #[serde(default)]
+    pub spans: bool,
+}

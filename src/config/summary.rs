@@ -1,0 +1,172 @@
+//! The normalised, human-readable summary `llm-canary check` prints for a valid config.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use super::at::Dur;
+use super::schema::Config;
+
+impl Config {
+    /// Steps of each configured workload with their (time-scaled) durations, in cycle order.
+    pub fn cycle_plan(&self) -> Vec<(&'static str, usize, Duration)> {
+        let scale = *self.time_scale;
+        let w = &self.workloads;
+        self.cycle()
+            .into_iter()
+            .map(|name| {
+                let (steps, each) = match name {
+                    "concurrency_sweep" => w
+                        .concurrency_sweep
+                        .as_ref()
+                        .map(|s| (s.levels.len(), s.step.0)),
+                    "multi_turn" => w.multi_turn.as_ref().map(|m| (1, m.duration.0)),
+                    "sequence_distribution" => w
+                        .sequence_distribution
+                        .as_ref()
+                        .map(|d| (d.distributions.len(), d.step.0)),
+                    "prefix_cache" => w
+                        .prefix_cache
+                        .as_ref()
+                        .map(|p| (p.hit_ratios.len(), p.step.0)),
+                    _ => None,
+                }
+                .unwrap_or((0, Duration::ZERO));
+                (name, steps, each.mul_f64(scale) * steps as u32)
+            })
+            .collect()
+    }
+
+    /// A short summary of everything the config will do.
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "targets ({}):", self.targets.len());
+        for t in &self.targets {
+            let endpoint = match (&t.url, &t.simulated) {
+                (Some(u), _) => u.value.clone(),
+                (None, Some(_)) => "embedded simulator".to_owned(),
+                (None, None) => String::new(),
+            };
+            let _ = write!(
+                out,
+                "  {:<14} {:<13} {}  model={} api={:?} dialect={:?}",
+                *t.name,
+                t.serving_mode.as_str(),
+                endpoint,
+                t.model,
+                t.api,
+                t.dialect
+            );
+            if !t.server_metrics.is_empty() {
+                let _ = write!(out, " server_metrics={}", t.server_metrics.len());
+            }
+            if let Some(c) = &t.cost_per_hour_usd {
+                let _ = write!(out, " cost=${:.2}/h", **c);
+            }
+            out.push('\n');
+        }
+        if let Some(d) = &self.discovery {
+            let _ = writeln!(
+                out,
+                "discovery: kubernetes namespaces={:?} dynamo_graph_deployments={}",
+                d.kubernetes.namespaces, d.kubernetes.dynamo_graph_deployments
+            );
+        }
+        let _ = writeln!(
+            out,
+            "tokenizer: {}",
+            self.tokenizer
+                .as_ref()
+                .map(|t| t.value.as_str())
+                .unwrap_or("built-in approximation (real lengths read back from usage)")
+        );
+        let plan = self.cycle_plan();
+        let total: Duration = plan.iter().map(|p| p.2).sum();
+        let _ = writeln!(
+            out,
+            "cycle: {} workloads, {} steps, {} per cycle at time_scale {} (pairing {:?})",
+            plan.len(),
+            plan.iter().map(|p| p.1).sum::<usize>(),
+            Dur(round_secs(total)),
+            *self.time_scale,
+            self.schedule.pairing
+        );
+        let w = &self.workloads;
+        for (name, steps, dur) in &plan {
+            let detail = match *name {
+                "concurrency_sweep" => w.concurrency_sweep.as_ref().map(|s| {
+                    format!(
+                        "levels {:?}, ISL {} / OSL {}, step {}, warmup {}",
+                        *s.levels, *s.isl, *s.osl, *s.step, *s.warmup
+                    )
+                }),
+                "multi_turn" => w.multi_turn.as_ref().map(|m| {
+                    format!(
+                        "{} conversations x {} turns, ISL {} / OSL {}, duration {}, think time {}",
+                        *m.conversations, *m.turns, *m.isl, *m.osl, *m.duration, *m.think_time
+                    )
+                }),
+                "sequence_distribution" => w.sequence_distribution.as_ref().map(|d| {
+                    format!(
+                        "{:?}, ISL {}-{} / OSL {}-{}, concurrency {}, step {}",
+                        d.distributions
+                            .iter()
+                            .map(|k| k.as_str())
+                            .collect::<Vec<_>>(),
+                        *d.isl.min,
+                        *d.isl.max,
+                        *d.osl.min,
+                        *d.osl.max,
+                        *d.concurrency,
+                        *d.step
+                    )
+                }),
+                "prefix_cache" => w.prefix_cache.as_ref().map(|p| {
+                    format!(
+                        "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}",
+                        *p.hit_ratios, *p.isl, *p.osl, *p.concurrency, *p.step, *p.block_size
+                    )
+                }),
+                _ => None,
+            }
+            .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {name:<22} {steps} steps, {:>8}  {detail}",
+                Dur(round_secs(*dur)).to_string()
+            );
+        }
+        let _ = writeln!(out, "slos ({}):", self.slos.len());
+        for s in &self.slos {
+            let kind = match (&s.expr, &s.objective, &s.period) {
+                (Some(_), _, _) => format!(
+                    "expr, window {}, min_samples {}, for {}",
+                    *s.window, *s.min_samples, *s.for_
+                ),
+                (None, Some(o), p) => format!(
+                    "burn-rate {}% over {}",
+                    **o,
+                    p.as_ref()
+                        .map(|p| p.to_string())
+                        .unwrap_or_else(|| "30d".into())
+                ),
+                _ => String::new(),
+            };
+            let _ = writeln!(out, "  {:<28} {kind}", *s.name);
+        }
+        let _ = writeln!(
+            out,
+            "export: listen {}{}",
+            *self.export.listen,
+            self.export
+                .otlp
+                .as_ref()
+                .map(|o| format!(", otlp {} every {}", *o.endpoint, *o.interval))
+                .unwrap_or_default()
+        );
+        out
+    }
+}
+
+fn round_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_f64().round() as u64)
+}

@@ -1,0 +1,524 @@
+//! Semantic validation of a parsed config: every value checked, every problem reported at once.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use super::at::{At, Dur};
+use super::error::{Diagnostic, did_you_mean};
+use super::schema::*;
+
+/// Bounds that keep absurd values from reaching the scheduler (1e9 workers, 10 MB prompts).
+pub const MAX_CONCURRENCY: u32 = 4096;
+pub const MAX_ISL: u32 = 262_144;
+pub const MAX_OSL: u32 = 131_072;
+pub const MAX_TURNS: u32 = 100;
+pub const MAX_RPS: f64 = 100_000.0;
+pub const MAX_TIME_SCALE: f64 = 100.0;
+
+struct Check {
+    diags: Vec<Diagnostic>,
+}
+
+impl Check {
+    fn err(&mut self, pos: Option<(u64, u64)>, msg: impl Into<String>, hint: Option<String>) {
+        let mut d = Diagnostic::new(pos, msg);
+        d.hint = hint;
+        self.diags.push(d);
+    }
+
+    fn range_u32(&mut self, v: &At<u32>, key: &str, lo: u32, hi: u32) {
+        if **v < lo || **v > hi {
+            self.err(
+                v.pos,
+                format!("`{key}` is {}, must be between {lo} and {hi}", **v),
+                None,
+            );
+        }
+    }
+
+    fn positive_dur(&mut self, v: &At<Dur>, key: &str) {
+        if v.is_zero() {
+            self.err(
+                v.pos,
+                format!("`{key}` must be longer than 0"),
+                Some("write a duration such as `120s` or `5m`".into()),
+            );
+        }
+    }
+
+    fn finite_in(&mut self, v: &At<f64>, key: &str, lo: f64, hi: f64, lo_open: bool) {
+        let x = **v;
+        let below = if lo_open { x <= lo } else { x < lo };
+        if !x.is_finite() || below || x > hi {
+            let lo_bracket = if lo_open { "(" } else { "[" };
+            self.err(
+                v.pos,
+                format!("`{key}` is {x}, must be in {lo_bracket}{lo}, {hi}]"),
+                None,
+            );
+        }
+    }
+
+    fn url(&mut self, v: &At<String>, key: &str) {
+        match url::Url::parse(v) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(u) => self.err(
+                v.pos,
+                format!("`{key}` `{}` is not an http(s) URL with a host", **v),
+                Some(format!(
+                    "scheme `{}` is not supported; write e.g. `http://host:8000`",
+                    u.scheme()
+                )),
+            ),
+            Err(e) => self.err(
+                v.pos,
+                format!("`{key}` `{}` is not a URL: {e}", **v),
+                Some("write e.g. `http://dynamo-agg-frontend:8000`".into()),
+            ),
+        }
+    }
+
+    fn label_safe_name(&mut self, v: &At<String>, what: &str) {
+        let ok = !v.is_empty()
+            && v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            self.err(
+                v.pos,
+                format!("{what} `{}` is not a valid name", **v),
+                Some("use 1-63 characters from a-z, A-Z, 0-9, `-`, `_`, `.`".into()),
+            );
+        }
+    }
+
+    fn rate(&mut self, rate: &Option<Rate>, workload: &str) {
+        if let Some(r) = rate {
+            self.finite_in(&r.rps, &format!("{workload}.rate.rps"), 0.0, MAX_RPS, true);
+            self.range_u32(
+                &r.max_inflight,
+                &format!("{workload}.rate.max_inflight"),
+                1,
+                100_000,
+            );
+        }
+    }
+
+    fn step_and_warmup(&mut self, step: &At<Dur>, warmup: &At<Dur>, workload: &str) {
+        self.positive_dur(step, &format!("{workload}.step"));
+        if **warmup >= **step && !step.is_zero() {
+            self.err(
+                warmup.pos,
+                format!(
+                    "`{workload}.warmup` ({}) must be shorter than the step ({})",
+                    **warmup, **step
+                ),
+                Some("nothing would be measured; shorten the warmup or lengthen the step".into()),
+            );
+        }
+    }
+}
+
+/// Checks every value of `cfg`; returns all problems found (empty = valid).
+pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
+    let mut c = Check { diags: Vec::new() };
+
+    if cfg.targets.is_empty() && cfg.discovery.is_none() {
+        c.err(
+            Some((1, 1)),
+            "no targets",
+            Some("add a `targets:` list, or enable `discovery.kubernetes`".into()),
+        );
+    }
+    let mut seen: HashMap<&str, Option<(u64, u64)>> = HashMap::new();
+    for t in &cfg.targets {
+        c.label_safe_name(&t.name, "target name");
+        if let Some(first) = seen.insert(t.name.as_str(), t.name.pos) {
+            let at = first
+                .map(|(l, col)| format!(" (first at line {l}, column {col})"))
+                .unwrap_or_default();
+            c.err(
+                t.name.pos,
+                format!("duplicate target name `{}`{at}", *t.name),
+                Some("target names are the `target` label and must be unique".into()),
+            );
+        }
+        match (&t.url, &t.simulated) {
+            (Some(u), None) => c.url(u, "url"),
+            (None, Some(sim)) => {
+                for problem in sim.validate() {
+                    c.err(sim.pos, format!("simulated: {problem}"), None);
+                }
+            }
+            (Some(u), Some(_)) => c.err(
+                u.pos,
+                format!("target `{}` has both `url` and `simulated`", *t.name),
+                Some(
+                    "keep one: `url` for a real deployment, `simulated` for the embedded simulator"
+                        .into(),
+                ),
+            ),
+            (None, None) => c.err(
+                t.name.pos,
+                format!("target `{}` has neither `url` nor `simulated`", *t.name),
+                Some("add `url: http://host:port` or `simulated: {}`".into()),
+            ),
+        }
+        if t.model.trim().is_empty() {
+            c.err(
+                t.name.pos,
+                format!("target `{}` has an empty `model`", *t.name),
+                Some("write `auto` to use the first id of /v1/models".into()),
+            );
+        }
+        if let Some(env) = &t.api_key_env {
+            let ok = !env.is_empty()
+                && env
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+                && !env.starts_with(|ch: char| ch.is_ascii_digit());
+            if !ok {
+                c.err(
+                    env.pos,
+                    format!(
+                        "`api_key_env` `{}` is not an environment variable name",
+                        **env
+                    ),
+                    Some("name the variable, e.g. `OPENAI_API_KEY` — never the key itself".into()),
+                );
+            }
+            if t.api_key_file.is_some() {
+                c.err(
+                    env.pos,
+                    "`api_key_env` and `api_key_file` are both set",
+                    Some("keep one source for the key".into()),
+                );
+            }
+        }
+        for u in &t.server_metrics {
+            c.url(u, "server_metrics");
+        }
+        if let Some(cost) = &t.cost_per_hour_usd {
+            c.finite_in(cost, "cost_per_hour_usd", 0.0, 1e6, false);
+        }
+        if let Some(tls) = &t.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            let pos = tls
+                .cert_file
+                .as_ref()
+                .or(tls.key_file.as_ref())
+                .and_then(|a| a.pos);
+            c.err(
+                pos,
+                "`tls.cert_file` and `tls.key_file` go together",
+                Some("a client certificate needs its key".into()),
+            );
+        }
+    }
+    if let Some(d) = &cfg.discovery
+        && !d.kubernetes.dynamo_graph_deployments
+        && cfg.targets.is_empty()
+    {
+        c.err(None, "discovery is on but finds nothing: `dynamo_graph_deployments` is false and there are no static targets", None);
+    }
+
+    if let Some(tok) = &cfg.tokenizer {
+        let p = base_dir.join(tok.as_str());
+        let ok = p.is_file() || p.join("tokenizer.json").is_file();
+        if !ok {
+            c.err(
+                tok.pos,
+                format!("tokenizer `{}` not found (looked for a tokenizer.json file or a directory holding one)", **tok),
+                Some("give a local path, relative to the config file; hub names are not downloaded".into()),
+            );
+        }
+    }
+    c.finite_in(&cfg.time_scale, "time_scale", 0.0, MAX_TIME_SCALE, true);
+
+    let cc = &cfg.client;
+    c.positive_dur(&cc.connect_timeout, "client.connect_timeout");
+    c.positive_dur(&cc.request_timeout, "client.request_timeout");
+    if *cc.max_event_bytes < 1024 || *cc.max_event_bytes > 64 << 20 {
+        c.err(
+            cc.max_event_bytes.pos,
+            format!(
+                "`client.max_event_bytes` is {}, must be between 1024 and 67108864",
+                *cc.max_event_bytes
+            ),
+            None,
+        );
+    }
+
+    validate_workloads(&mut c, &cfg.workloads);
+    validate_schedule(&mut c, cfg);
+    validate_slos(&mut c, &cfg.slos);
+
+    let ex = &cfg.export;
+    if ex.listen.parse::<SocketAddr>().is_err() {
+        c.err(
+            ex.listen.pos,
+            format!("`export.listen` `{}` is not an address", *ex.listen),
+            Some("write IP:PORT, e.g. `127.0.0.1:9464` or `0.0.0.0:9464`".into()),
+        );
+    }
+    c.positive_dur(
+        &ex.server_metrics_interval,
+        "export.server_metrics_interval",
+    );
+    if let Some(o) = &ex.otlp {
+        c.url(&o.endpoint, "export.otlp.endpoint");
+        c.positive_dur(&o.interval, "export.otlp.interval");
+    }
+    c.diags
+}
+
+fn validate_workloads(c: &mut Check, w: &Workloads) {
+    if w.concurrency_sweep.is_none()
+        && w.multi_turn.is_none()
+        && w.sequence_distribution.is_none()
+        && w.prefix_cache.is_none()
+    {
+        c.err(
+            None,
+            "`workloads` names no workload",
+            Some(format!("add one of {}", WORKLOAD_NAMES.join(", "))),
+        );
+    }
+    if let Some(s) = &w.concurrency_sweep {
+        if s.levels.is_empty() {
+            c.err(
+                s.levels.pos,
+                "`concurrency_sweep.levels` is empty",
+                Some("e.g. `[1, 2, 4, 8, 16, 32, 64]`".into()),
+            );
+        }
+        for &l in s.levels.iter() {
+            if l == 0 || l > MAX_CONCURRENCY {
+                c.err(
+                    s.levels.pos,
+                    format!("concurrency level {l} must be between 1 and {MAX_CONCURRENCY}"),
+                    None,
+                );
+            }
+        }
+        c.range_u32(&s.isl, "concurrency_sweep.isl", 1, MAX_ISL);
+        c.range_u32(&s.osl, "concurrency_sweep.osl", 1, MAX_OSL);
+        c.step_and_warmup(&s.step, &s.warmup, "concurrency_sweep");
+        c.rate(&s.rate, "concurrency_sweep");
+    }
+    if let Some(m) = &w.multi_turn {
+        c.range_u32(&m.turns, "multi_turn.turns", 1, MAX_TURNS);
+        c.range_u32(
+            &m.conversations,
+            "multi_turn.conversations",
+            1,
+            MAX_CONCURRENCY,
+        );
+        c.range_u32(&m.isl, "multi_turn.isl", 1, MAX_ISL);
+        c.range_u32(&m.osl, "multi_turn.osl", 1, MAX_OSL);
+        c.positive_dur(&m.duration, "multi_turn.duration");
+        let context = u64::from(*m.turns) * (u64::from(*m.isl) + u64::from(*m.osl));
+        if context > u64::from(MAX_ISL) {
+            c.err(m.turns.pos, format!("the last turn's context would be {context} tokens (turns × (isl + osl)), above {MAX_ISL}"), Some("use fewer turns or shorter messages".into()));
+        }
+    }
+    if let Some(d) = &w.sequence_distribution {
+        if d.distributions.is_empty() {
+            c.err(
+                d.distributions.pos,
+                "`sequence_distribution.distributions` is empty",
+                Some("e.g. `[uniform, zipf, lognormal]`".into()),
+            );
+        }
+        let mut kinds = d.distributions.to_vec();
+        kinds.sort_by_key(|k| k.as_str());
+        kinds.dedup();
+        if kinds.len() != d.distributions.len() {
+            c.err(
+                d.distributions.pos,
+                "`sequence_distribution.distributions` names a distribution twice",
+                None,
+            );
+        }
+        for (r, key, hi) in [(&d.isl, "isl", MAX_ISL), (&d.osl, "osl", MAX_OSL)] {
+            c.range_u32(&r.min, &format!("sequence_distribution.{key}.min"), 1, hi);
+            c.range_u32(&r.max, &format!("sequence_distribution.{key}.max"), 1, hi);
+            if *r.min > *r.max {
+                c.err(
+                    r.min.pos,
+                    format!(
+                        "`sequence_distribution.{key}.min` ({}) is above `max` ({})",
+                        *r.min, *r.max
+                    ),
+                    Some("swap them".into()),
+                );
+            }
+        }
+        c.range_u32(
+            &d.concurrency,
+            "sequence_distribution.concurrency",
+            1,
+            MAX_CONCURRENCY,
+        );
+        c.step_and_warmup(&d.step, &d.warmup, "sequence_distribution");
+        c.finite_in(
+            &d.zipf_exponent,
+            "sequence_distribution.zipf_exponent",
+            0.0,
+            10.0,
+            true,
+        );
+        c.finite_in(
+            &d.lognormal_sigma,
+            "sequence_distribution.lognormal_sigma",
+            0.0,
+            5.0,
+            true,
+        );
+        for (m, r, key) in [
+            (&d.lognormal_isl_median, &d.isl, "lognormal_isl_median"),
+            (&d.lognormal_osl_median, &d.osl, "lognormal_osl_median"),
+        ] {
+            if let Some(m) = m {
+                c.finite_in(
+                    m,
+                    &format!("sequence_distribution.{key}"),
+                    f64::from(*r.min),
+                    f64::from(*r.max),
+                    false,
+                );
+            }
+        }
+        c.rate(&d.rate, "sequence_distribution");
+    }
+    if let Some(p) = &w.prefix_cache {
+        if p.hit_ratios.is_empty() {
+            c.err(
+                p.hit_ratios.pos,
+                "`prefix_cache.hit_ratios` is empty",
+                Some("e.g. `[0.0, 0.25, 0.5, 0.75, 1.0]`".into()),
+            );
+        }
+        for &r in p.hit_ratios.iter() {
+            if !(0.0..=1.0).contains(&r) {
+                c.err(
+                    p.hit_ratios.pos,
+                    format!("hit ratio {r} is outside [0, 1]"),
+                    Some("ratios are fractions: 0.25, not 25".into()),
+                );
+            }
+        }
+        c.range_u32(&p.isl, "prefix_cache.isl", 1, MAX_ISL);
+        c.range_u32(&p.osl, "prefix_cache.osl", 1, MAX_OSL);
+        c.range_u32(
+            &p.concurrency,
+            "prefix_cache.concurrency",
+            1,
+            MAX_CONCURRENCY,
+        );
+        c.range_u32(&p.pool_size, "prefix_cache.pool_size", 1, 1024);
+        c.range_u32(&p.block_size, "prefix_cache.block_size", 1, 1024);
+        if *p.block_size > *p.isl {
+            c.err(
+                p.block_size.pos,
+                format!(
+                    "`prefix_cache.block_size` ({}) is larger than the ISL ({})",
+                    *p.block_size, *p.isl
+                ),
+                Some("no whole block could be shared".into()),
+            );
+        }
+        c.step_and_warmup(&p.step, &p.warmup, "prefix_cache");
+        c.rate(&p.rate, "prefix_cache");
+    }
+}
+
+fn validate_schedule(c: &mut Check, cfg: &Config) {
+    let s = &cfg.schedule;
+    for name in &s.cycle {
+        if !WORKLOAD_NAMES.contains(&name.as_str()) {
+            let hint = did_you_mean(name, WORKLOAD_NAMES)
+                .map(|b| format!("did you mean `{b}`?"))
+                .unwrap_or_else(|| format!("expected one of {}", WORKLOAD_NAMES.join(", ")));
+            c.err(
+                name.pos,
+                format!("unknown workload `{}` in `schedule.cycle`", **name),
+                Some(hint),
+            );
+        } else if !cfg.workloads.is_configured(name) {
+            c.err(
+                name.pos,
+                format!(
+                    "`schedule.cycle` names `{}` but `workloads` does not configure it",
+                    **name
+                ),
+                Some(format!("add `{}:` under `workloads`", **name)),
+            );
+        }
+    }
+    c.positive_dur(&s.max_lag_p99, "schedule.max_lag_p99");
+    if *s.drain_grace > Dur::secs(3600) {
+        c.err(
+            s.drain_grace.pos,
+            "`schedule.drain_grace` is longer than an hour",
+            None,
+        );
+    }
+}
+
+fn validate_slos(c: &mut Check, slos: &[SloConfig]) {
+    let mut seen: HashMap<&str, ()> = HashMap::new();
+    for s in slos {
+        c.label_safe_name(&s.name, "SLO name");
+        if seen.insert(s.name.as_str(), ()).is_some() {
+            c.err(
+                s.name.pos,
+                format!("duplicate SLO name `{}`", *s.name),
+                None,
+            );
+        }
+        match (&s.expr, &s.sli, &s.objective) {
+            (Some(e), None, None) => {
+                if e.trim().is_empty() {
+                    c.err(e.pos, "`expr` is empty", None);
+                }
+            }
+            (None, Some(sli), Some(obj)) => {
+                if sli.trim().is_empty() {
+                    c.err(sli.pos, "`sli` is empty", None);
+                }
+                c.finite_in(obj, "objective", 0.0, 100.0, true);
+                if **obj >= 100.0 {
+                    c.err(obj.pos, "an objective of 100 % leaves no error budget", Some("use e.g. 99.0".into()));
+                }
+                match &s.period {
+                    Some(p) => c.positive_dur(p, "period"),
+                    None => {}
+                }
+            }
+            _ => c.err(
+                s.name.pos,
+                format!("SLO `{}` needs either `expr` or both `sli` and `objective`", *s.name),
+                Some("`expr` compares values; `sli` + `objective` (+ `period`) define a burn-rate SLO".into()),
+            ),
+        }
+        c.positive_dur(&s.window, "window");
+        if *s.min_samples == 0 {
+            c.err(s.min_samples.pos, "`min_samples` must be at least 1", None);
+        }
+    }
+}
+
+impl Workloads {
+    pub fn is_configured(&self, name: &str) -> bool {
+        match name {
+            "concurrency_sweep" => self.concurrency_sweep.is_some(),
+            "multi_turn" => self.multi_turn.is_some(),
+            "sequence_distribution" => self.sequence_distribution.is_some(),
+            "prefix_cache" => self.prefix_cache.is_some(),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Every config fixture under tests/testdata/config: good ones load, bad ones fail with exactly the
+//! messages in their `.expected` file (one line per diagnostic, each naming FILE:LINE:COL).
+
+use std::path::{Path, PathBuf};
+
+use llm_canary::config::{Config, ConfigError};
+
+fn fixtures(kind: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/testdata/config")
+        .join(kind);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+#[test]
+fn good_configs_load() {
+    for path in fixtures("good") {
+        if let Err(e) = Config::load(&path) {
+            panic!("{} should be valid:\n{e}", path.display());
+        }
+    }
+}
+
+#[test]
+fn bad_configs_report_every_error_with_position() {
+    for path in fixtures("bad") {
+        let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
+        let expected: Vec<&str> = expected.lines().filter(|l| !l.is_empty()).collect();
+        let err = match Config::load(&path) {
+            Ok(_) => panic!("{} should be rejected", path.display()),
+            Err(e) => e,
+        };
+        let ConfigError::Invalid { diagnostics, .. } = &err else {
+            panic!("{}: not a validation error: {err}", path.display());
+        };
+        let rendered = err.to_string();
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert_eq!(
+            diagnostics.len(),
+            expected.len(),
+            "{}: want {} diagnostics, got:\n{rendered}",
+            path.display(),
+            expected.len()
+        );
+        let file = path.display().to_string();
+        for want in &expected {
+            let found = if want.starts_with(':') {
+                lines
+                    .iter()
+                    .any(|l| l.starts_with(&format!("{file}{want}")))
+            } else {
+                lines.iter().any(|l| l.contains(want))
+            };
+            assert!(
+                found,
+                "{}: missing `{want}` in:\n{rendered}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn shipped_examples_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in ["examples/seed-plan.yaml", "examples/demo.yaml"] {
+        let cfg = Config::load(&root.join(name)).unwrap_or_else(|e| panic!("{name}:\n{e}"));
+        assert_eq!(cfg.targets.len(), 2, "{name}");
+        assert_eq!(cfg.cycle().len(), 4, "{name} runs all four workloads");
+    }
+    let demo = Config::demo();
+    let modes: Vec<_> = demo.targets.iter().map(|t| t.serving_mode).collect();
+    assert!(modes.contains(&llm_canary::config::ServingMode::Aggregated));
+    assert!(modes.contains(&llm_canary::config::ServingMode::Disaggregated));
+    assert!(demo.targets.iter().all(|t| t.simulated.is_some()));
+}
+
+#[test]
+fn seed_plan_carries_the_source_documents_numbers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = Config::load(&root.join("examples/seed-plan.yaml")).unwrap();
+    let w = &cfg.workloads;
+    let sweep = w.concurrency_sweep.as_ref().unwrap();
+    assert_eq!(*sweep.levels, vec![1, 2, 4, 8, 16, 32, 64]);
+    assert_eq!((*sweep.isl, *sweep.osl), (1024, 512));
+    assert_eq!(sweep.step.as_secs(), 120);
+    let mt = w.multi_turn.as_ref().unwrap();
+    assert_eq!(
+        (*mt.turns, *mt.conversations, *mt.isl, *mt.osl),
+        (5, 8, 512, 256)
+    );
+    assert_eq!(mt.duration.as_secs(), 300);
+    let sd = w.sequence_distribution.as_ref().unwrap();
+    assert_eq!(
+        (*sd.isl.min, *sd.isl.max, *sd.osl.min, *sd.osl.max),
+        (128, 4096, 64, 2048)
+    );
+    assert_eq!(*sd.concurrency, 16);
+    let pc = w.prefix_cache.as_ref().unwrap();
+    assert_eq!(*pc.hit_ratios, vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    assert_eq!((*pc.isl, *pc.osl, *pc.concurrency), (2048, 512, 16));
+    // The whole plan at time scale 1: 7 + 1 + 3 + 5 steps, 35 minutes.
+    let plan = cfg.cycle_plan();
+    assert_eq!(plan.iter().map(|p| p.1).sum::<usize>(), 16);
+    assert_eq!(plan.iter().map(|p| p.2.as_secs()).sum::<u64>(), 35 * 60);
+}
+
+#[test]
+fn defaults_are_the_source_documents() {
+    let cfg = Config::parse(
+        "targets:\n  - { name: a, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }\n",
+        "inline.yaml",
+        Path::new("."),
+    )
+    .unwrap();
+    assert_eq!(cfg.cycle(), llm_canary::config::WORKLOAD_NAMES.to_vec());
+    assert_eq!(*cfg.time_scale, 1.0);
+    assert_eq!(*cfg.export.listen, "127.0.0.1:9464");
+    let plan = cfg.cycle_plan();
+    assert_eq!(plan.iter().map(|p| p.2.as_secs()).sum::<u64>(), 35 * 60);
+}
