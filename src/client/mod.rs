@@ -1,1 +1,572 @@
-//! client (in progress).
+//! The OpenAI-compatible streaming measurement client: sends one streamed completion to a target
+//! and returns its [`RequestRecord`] (DESIGN §4). Server misbehaviour never surfaces as an `Err`:
+//! every failure becomes an [`Outcome`] with its error latency.
+//!
+//! One shared [`reqwest::Client`] (connection pool, `TCP_NODELAY`) serves every request. Each
+//! network read is stamped with `Instant::now()` the moment it arrives and before anything parses
+//! it; every SSE event in that read shares the stamp.
+
+mod body;
+mod record;
+mod sse;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use tokio::time::Instant;
+use url::Url;
+
+use crate::config::{Api, Dialect, LengthControl};
+
+pub use body::{BodySpec, ChatMessage, Prompt, Role, encode as encode_body};
+pub use record::{
+    MAX_RECORD_SPAN, Outcome, RecordSummary, RequestRecord, ServerTiming, TokenCounter, Usage,
+    WorkerId,
+};
+pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
+
+use stream::{Flow, StreamDecoder, truncate};
+
+/// Errors in setting the client up. Requests themselves never fail with an error: see
+/// [`StreamClient::send`].
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid target URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("the API key contains characters not allowed in an HTTP header")]
+    InvalidApiKey,
+    #[error("invalid client setting: {0}")]
+    InvalidConfig(String),
+    #[error("cannot build the HTTP client: {0}")]
+    Build(#[from] reqwest::Error),
+}
+
+/// Client-wide settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientConfig {
+    /// Limit on establishing a TCP connection.
+    pub connect_timeout: Duration,
+    /// Limit on one whole request, from the actual send to the end of the stream; at most
+    /// [`MAX_RECORD_SPAN`].
+    pub request_timeout: Duration,
+    /// Cap on one SSE line or event; a larger one is a `bad_response`, so a broken server cannot
+    /// exhaust memory.
+    pub max_event_bytes: usize,
+    /// Cap on the stored error message.
+    pub max_error_bytes: usize,
+    /// After the outcome is decided (`[DONE]`, an error status), how long to keep reading the rest
+    /// of the body: long enough to hand a clean connection back to the pool or to capture an error
+    /// message, short enough that a server which never closes cannot hold a worker.
+    pub tail_grace: Duration,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(600),
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            max_error_bytes: 512,
+            tail_grace: Duration::from_millis(250),
+            pool_idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+impl ClientConfig {
+    fn validate(&self) -> Result<(), ClientError> {
+        let bad = |why: &str| Err(ClientError::InvalidConfig(why.to_owned()));
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout must be positive");
+        }
+        if self.request_timeout.is_zero() || self.request_timeout > MAX_RECORD_SPAN {
+            return bad("request_timeout must be positive and at most 1h");
+        }
+        if self.max_event_bytes < 1024 {
+            return bad("max_event_bytes must be at least 1024");
+        }
+        Ok(())
+    }
+}
+
+/// A bearer API key. It has no `Display` and its `Debug` is redacted, so it cannot reach a log by
+/// accident.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Where and how to send: one target's endpoint.
+#[derive(Clone)]
+pub struct Endpoint {
+    url: Url,
+    api: Api,
+    model: String,
+    length_control: LengthControl,
+    nvext: bool,
+    authorization: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &self.url.as_str())
+            .field("api", &self.api)
+            .field("model", &self.model)
+            .field("length_control", &self.length_control)
+            .field("nvext", &self.nvext)
+            .field(
+                "api_key",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// An endpoint on `base_url` (`http://host:8000` or `http://host:8000/v1`), with the length
+    /// fields and `nvext` the dialect accepts.
+    pub fn new(
+        base_url: &str,
+        api: Api,
+        model: impl Into<String>,
+        dialect: Dialect,
+    ) -> Result<Self, ClientError> {
+        let invalid = |reason: &str| ClientError::InvalidUrl {
+            url: base_url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let mut url = Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid("the scheme must be http or https"));
+        }
+        if url.cannot_be_a_base() {
+            return Err(invalid("not a base URL"));
+        }
+        let base_path = url.path().trim_end_matches('/');
+        let suffix = match api {
+            Api::Chat => "chat/completions",
+            Api::Completions => "completions",
+        };
+        let path = if base_path.ends_with("/v1") {
+            format!("{base_path}/{suffix}")
+        } else {
+            format!("{base_path}/v1/{suffix}")
+        };
+        url.set_path(&path);
+        Ok(Self {
+            url,
+            api,
+            model: model.into(),
+            length_control: dialect.length_control(),
+            nvext: dialect.supports_nvext(),
+            authorization: None,
+        })
+    }
+
+    /// Overrides the dialect's length-control preset.
+    pub fn with_length_control(mut self, length_control: LengthControl) -> Self {
+        self.length_control = length_control;
+        self
+    }
+
+    /// Asks (or stops asking) for `nvext.timing` and `nvext.worker_id`.
+    pub fn with_nvext(mut self, nvext: bool) -> Self {
+        self.nvext = nvext;
+        self
+    }
+
+    /// Sends `Authorization: Bearer <key>` with every request.
+    pub fn with_api_key(mut self, key: &ApiKey) -> Result<Self, ClientError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.0))
+            .map_err(|_| ClientError::InvalidApiKey)?;
+        // Keeps the value out of HTTP-level debug output too.
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
+    }
+
+    /// The full URL requests go to.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub fn length_control(&self) -> LengthControl {
+        self.length_control
+    }
+
+    pub fn nvext(&self) -> bool {
+        self.nvext
+    }
+
+    fn body_spec(&self) -> BodySpec<'_> {
+        BodySpec {
+            api: self.api,
+            model: &self.model,
+            length_control: self.length_control,
+            nvext: self.nvext,
+        }
+    }
+}
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRequest {
+    /// Sent as `x-request-id`; must be a valid header value (the workloads make ASCII ids).
+    pub request_id: String,
+    pub prompt: Prompt,
+    /// The requested output length.
+    pub osl: u32,
+}
+
+/// The measurement client, cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct StreamClient {
+    http: reqwest::Client,
+    config: ClientConfig,
+    counter: Option<Arc<dyn TokenCounter>>,
+}
+
+impl std::fmt::Debug for StreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamClient")
+            .field("config", &self.config)
+            .field("token_counter", &self.counter.is_some())
+            .finish()
+    }
+}
+
+impl StreamClient {
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        config.validate()?;
+        // reqwest is built without a bundled TLS crypto provider and refuses to build a client
+        // until one is installed; ring is the one this crate links. Losing the race to another
+        // installer is fine: a provider is then installed.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(config.pool_idle_timeout)
+            // A redirected POST turns into a GET elsewhere: report it instead of following it.
+            .redirect(reqwest::redirect::Policy::none())
+            // Latency through an environment proxy would measure the proxy, not the target.
+            .no_proxy()
+            .build()?;
+        Ok(Self {
+            http,
+            config,
+            counter: None,
+        })
+    }
+
+    /// Counts tokens per content chunk with `counter` instead of one per chunk.
+    pub fn with_token_counter(mut self, counter: Arc<dyn TokenCounter>) -> Self {
+        self.counter = Some(counter);
+        self
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Sends `request` to `endpoint` and follows its stream to the end. `intended` is when the
+    /// schedule wanted it sent; latencies are measured from there. Never fails: connection
+    /// errors, statuses, stream errors and timeouts become the record's outcome.
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        request: &StreamRequest,
+        intended: Instant,
+    ) -> RequestRecord {
+        self.send_until(endpoint, request, intended, std::future::pending())
+            .await
+    }
+
+    /// Like [`StreamClient::send`], but when `cutoff` completes first (a step's drain deadline,
+    /// a shutdown) the request is abandoned and counts as `timeout`, with everything received
+    /// until then kept: a request still in flight is never silently dropped.
+    pub async fn send_until(
+        &self,
+        endpoint: &Endpoint,
+        request: &StreamRequest,
+        intended: Instant,
+        cutoff: impl std::future::Future<Output = ()>,
+    ) -> RequestRecord {
+        let body = body::encode(&endpoint.body_spec(), &request.prompt, request.osl);
+        let sent = Instant::now();
+        let mut rec = RequestRecord::new(request.request_id.clone(), intended, sent);
+        let deadline = sent + self.config.request_timeout;
+        let exchange = self.exchange(endpoint, request, body, deadline, &mut rec);
+        let message = tokio::select! {
+            finished = tokio::time::timeout_at(deadline, exchange) => finished.err().map(|_| format!(
+                "no complete response within {:?}",
+                self.config.request_timeout
+            )),
+            () = cutoff => Some("still in flight when the step's drain ended".to_owned()),
+        };
+        if let Some(message) = message {
+            // Ignored by `settle` when the outcome was already decided and only the tail was
+            // being read.
+            rec.settle(Outcome::Timeout, Instant::now(), Some(message));
+        }
+        if !rec.outcome.is_ok() {
+            tracing::debug!(
+                request_id = %rec.request_id,
+                outcome = rec.outcome.as_str(),
+                error = rec.error.as_deref().unwrap_or(""),
+                "request failed"
+            );
+        }
+        rec
+    }
+
+    async fn exchange(
+        &self,
+        endpoint: &Endpoint,
+        request: &StreamRequest,
+        body: bytes::Bytes,
+        deadline: Instant,
+        rec: &mut RequestRecord,
+    ) {
+        let mut builder = self
+            .http
+            .post(endpoint.url.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .header("x-request-id", request.request_id.as_str())
+            .body(body);
+        if let Some(authorization) = &endpoint.authorization {
+            builder = builder.header(AUTHORIZATION, authorization.clone());
+        }
+        let mut response = match builder.send().await {
+            Ok(response) => response,
+            Err(err) => {
+                let at = Instant::now();
+                let message = self.message(&err);
+                rec.settle(classify_send_error(&err), at, Some(message));
+                return;
+            }
+        };
+        let at = Instant::now();
+        rec.first_byte = Some(at);
+        let status = response.status();
+        rec.http_status = Some(status.as_u16());
+        if !status.is_success() {
+            // The outcome is decided at the status line; the body only adds a message.
+            rec.settle(
+                Outcome::from_status(status.as_u16()),
+                at,
+                Some(format!("HTTP {status}")),
+            );
+            let tail_deadline = deadline.min(at + self.config.tail_grace);
+            let text =
+                read_error_body(&mut response, tail_deadline, self.config.max_error_bytes).await;
+            let message = format!("HTTP {status}: {}", text.trim());
+            rec.error = Some(truncate(&message, self.config.max_error_bytes));
+            return;
+        }
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !content_type
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream")
+        {
+            let message = format!("HTTP {status} with content type {content_type:?}, not SSE");
+            rec.settle(
+                Outcome::BadResponse,
+                at,
+                Some(truncate(&message, self.config.max_error_bytes)),
+            );
+            return;
+        }
+
+        let mut decoder = StreamDecoder::new(
+            self.config.max_event_bytes,
+            self.counter.as_deref(),
+            self.config.max_error_bytes,
+        );
+        loop {
+            let read = response.chunk().await;
+            // Stamped before anything looks at the bytes.
+            let at = Instant::now();
+            let flow = match read {
+                Ok(Some(bytes)) => {
+                    rec.first_body_byte.get_or_insert(at);
+                    decoder.on_read(rec, bytes, at)
+                }
+                Ok(None) => decoder.on_eof(rec, at),
+                Err(err) => {
+                    let outcome = if err.is_timeout() {
+                        Outcome::Timeout
+                    } else {
+                        Outcome::StreamTruncated
+                    };
+                    Flow::Finished(outcome, Some(self.message(&err)))
+                }
+            };
+            if let Flow::Finished(outcome, message) = flow {
+                rec.settle(outcome, at, message);
+                if outcome.is_ok() {
+                    // Reading the end of the chunked body lets the connection return to the pool.
+                    let tail_deadline = deadline.min(at + self.config.tail_grace);
+                    drain(&mut response, tail_deadline).await;
+                }
+                // A failed stream is dropped unread: its connection is closed, not reused.
+                return;
+            }
+        }
+    }
+
+    fn message(&self, err: &reqwest::Error) -> String {
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(err);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        truncate(&text, self.config.max_error_bytes)
+    }
+}
+
+/// The outcome of a request that got no response head.
+fn classify_send_error(err: &reqwest::Error) -> Outcome {
+    if err.is_connect() {
+        Outcome::Connect
+    } else if err.is_timeout() {
+        Outcome::Timeout
+    } else if err.is_builder() {
+        // The request could not be formed (an id that is not a header value): nothing valid
+        // reached the server.
+        Outcome::BadResponse
+    } else {
+        // Connected, but the connection ended before a complete response head: the server cut
+        // the exchange short.
+        Outcome::StreamTruncated
+    }
+}
+
+/// Up to `limit` bytes of an error body, read until `deadline`.
+async fn read_error_body(
+    response: &mut reqwest::Response,
+    deadline: Instant,
+    limit: usize,
+) -> String {
+    let mut collected = Vec::new();
+    while collected.len() < limit {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => {
+                let room = limit - collected.len();
+                collected.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&collected).into_owned()
+}
+
+/// Reads and discards the rest of a body until it ends or `deadline` passes.
+async fn drain(response: &mut reqwest::Response, deadline: Instant) {
+    while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_urls_accept_a_base_with_or_without_v1() {
+        let chat = Endpoint::new("http://h:8000", Api::Chat, "m", Dialect::Dynamo).unwrap();
+        assert_eq!(chat.url().as_str(), "http://h:8000/v1/chat/completions");
+        let v1 = Endpoint::new("http://h:8000/v1/", Api::Completions, "m", Dialect::Vllm).unwrap();
+        assert_eq!(v1.url().as_str(), "http://h:8000/v1/completions");
+        let prefixed = Endpoint::new("https://h/serve", Api::Chat, "m", Dialect::Openai).unwrap();
+        assert_eq!(
+            prefixed.url().as_str(),
+            "https://h/serve/v1/chat/completions"
+        );
+        assert!(Endpoint::new("ftp://h", Api::Chat, "m", Dialect::Dynamo).is_err());
+        assert!(Endpoint::new("not a url", Api::Chat, "m", Dialect::Dynamo).is_err());
+    }
+
+    #[test]
+    fn dialect_presets_and_overrides() {
+        let dynamo = Endpoint::new("http://h", Api::Chat, "m", Dialect::Dynamo).unwrap();
+        assert!(dynamo.nvext());
+        assert!(dynamo.length_control().ignore_eos);
+        let vllm = Endpoint::new("http://h", Api::Chat, "m", Dialect::Vllm)
+            .unwrap()
+            .with_nvext(true);
+        assert!(vllm.nvext());
+    }
+
+    #[test]
+    fn api_keys_never_show_in_debug_output() {
+        let key = ApiKey::new("sk-very-secret");
+        let endpoint = Endpoint::new("http://h", Api::Chat, "m", Dialect::Openai)
+            .unwrap()
+            .with_api_key(&key)
+            .unwrap();
+        let shown = format!("{key:?} {endpoint:?}");
+        assert!(!shown.contains("very-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+        assert!(matches!(
+            Endpoint::new("http://h", Api::Chat, "m", Dialect::Openai)
+                .unwrap()
+                .with_api_key(&ApiKey::new("bad\nkey")),
+            Err(ClientError::InvalidApiKey)
+        ));
+    }
+
+    #[test]
+    fn client_config_is_validated() {
+        assert!(StreamClient::new(ClientConfig::default()).is_ok());
+        for config in [
+            ClientConfig {
+                request_timeout: Duration::from_secs(7200),
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                connect_timeout: Duration::ZERO,
+                ..ClientConfig::default()
+            },
+            ClientConfig {
+                max_event_bytes: 10,
+                ..ClientConfig::default()
+            },
+        ] {
+            assert!(matches!(
+                StreamClient::new(config),
+                Err(ClientError::InvalidConfig(_))
+            ));
+        }
+    }
+}

@@ -1,0 +1,617 @@
+//! The per-request record of DESIGN §4: every instant the client observed for one request, what
+//! the server reported (usage, `nvext`), the outcome, and every metric derived from them.
+//!
+//! All instants come from `tokio::time::Instant` and content-chunk instants are stamped when the
+//! bytes arrive, before JSON parsing, so parsing cost never shows up as server latency.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// Counts the tokens of a piece of streamed text. Without one, every content chunk counts as one
+/// token (what OpenAI-compatible servers send when streaming token by token).
+pub trait TokenCounter: Send + Sync {
+    fn count(&self, text: &str) -> usize;
+}
+
+/// How a request ended: the `outcome` label (DESIGN §4 and §6). `osl_mismatch` is not an outcome;
+/// it is counted separately, see [`RequestRecord::osl_mismatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The stream ended with `[DONE]`.
+    Ok,
+    /// No connection: refused, unresolvable, or the connect timeout passed.
+    Connect,
+    /// No complete response within the per-request timeout.
+    Timeout,
+    /// A 4xx status other than 429.
+    Http4xx,
+    Http429,
+    Http5xx,
+    /// The server reported a failure inside the stream: an `event: error` frame or an
+    /// `{"error": ...}` data chunk.
+    StreamError,
+    /// The response ended (EOF or a broken connection) without `[DONE]`.
+    StreamTruncated,
+    /// Unparseable: a chunk that is not JSON, a line over the size cap, a non-SSE content type on
+    /// a success status, or another unexpected status.
+    BadResponse,
+}
+
+impl Outcome {
+    /// Every outcome, for registering metric series up front.
+    pub const ALL: [Outcome; 9] = [
+        Outcome::Ok,
+        Outcome::Connect,
+        Outcome::Timeout,
+        Outcome::Http4xx,
+        Outcome::Http429,
+        Outcome::Http5xx,
+        Outcome::StreamError,
+        Outcome::StreamTruncated,
+        Outcome::BadResponse,
+    ];
+
+    /// The label value (contract).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Connect => "connect",
+            Outcome::Timeout => "timeout",
+            Outcome::Http4xx => "http_4xx",
+            Outcome::Http429 => "http_429",
+            Outcome::Http5xx => "http_5xx",
+            Outcome::StreamError => "stream_error",
+            Outcome::StreamTruncated => "stream_truncated",
+            Outcome::BadResponse => "bad_response",
+        }
+    }
+
+    /// Same as [`Outcome::as_str`], under the name metric code looks for.
+    pub fn label(self) -> &'static str {
+        self.as_str()
+    }
+
+    pub fn is_ok(self) -> bool {
+        self == Outcome::Ok
+    }
+
+    /// The outcome of a non-success HTTP status.
+    pub fn from_status(status: u16) -> Outcome {
+        match status {
+            429 => Outcome::Http429,
+            400..=499 => Outcome::Http4xx,
+            500..=599 => Outcome::Http5xx,
+            _ => Outcome::BadResponse,
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Token usage as the server reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`; vLLM and Dynamo omit it when zero.
+    pub cached_tokens: u64,
+}
+
+/// Dynamo's `nvext.timing`, as sent; every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerTiming {
+    /// Unix time in milliseconds at which the frontend received the request.
+    pub request_received_ms: Option<f64>,
+    pub prefill_wait_time_ms: Option<f64>,
+    pub prefill_time_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub total_time_ms: Option<f64>,
+    /// The router's predicted KV-cache hit rate, 0..1.
+    pub kv_hit_rate: Option<f64>,
+    pub kv_transfer_estimated_latency_ms: Option<f64>,
+}
+
+/// Dynamo's `nvext.worker_id`: one id, or the prefill and decode workers of a disaggregated
+/// deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WorkerId {
+    Id(u64),
+    Name(String),
+    Split {
+        #[serde(default)]
+        prefill_worker_id: Option<u64>,
+        #[serde(default)]
+        decode_worker_id: Option<u64>,
+        #[serde(default)]
+        prefill_dp_rank: Option<u32>,
+        #[serde(default)]
+        decode_dp_rank: Option<u32>,
+    },
+}
+
+/// One content chunk: when its bytes arrived, as microseconds after the actual send (8 bytes per
+/// chunk instead of 24 with an `Instant`), and how many tokens it carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkStamp {
+    offset_us: u32,
+    tokens: u32,
+}
+
+/// The longest request a record can describe: chunk offsets are `u32` microseconds. The client
+/// refuses per-request timeouts above this.
+pub const MAX_RECORD_SPAN: Duration = Duration::from_secs(3600);
+
+/// Everything observed about one request. Built by the client; [`RequestRecord::new`],
+/// [`RequestRecord::push_content`] and [`RequestRecord::settle`] also let tests and simulations
+/// build records directly.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// The `x-request-id` sent.
+    pub request_id: String,
+    /// When the request should have been sent (the schedule); latencies are measured from here.
+    pub intended: Instant,
+    /// When the client actually started sending.
+    pub sent: Instant,
+    /// When the response head arrived (the first byte of the response is no later than this).
+    pub first_byte: Option<Instant>,
+    /// When the first body bytes arrived.
+    pub first_body_byte: Option<Instant>,
+    /// When `[DONE]` arrived.
+    pub done: Option<Instant>,
+    /// When the last chunk carrying `usage` arrived.
+    pub usage_at: Option<Instant>,
+    /// When the outcome was decided: the end of the stream, or the error instant.
+    pub end: Instant,
+    pub outcome: Outcome,
+    pub http_status: Option<u16>,
+    /// The body's `id`.
+    pub response_id: Option<String>,
+    /// The assistant's reply text (content only, not reasoning): multi-turn sends it back.
+    pub reply: String,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    /// `nvext.timing`, from the chunk that carried it (the one with `finish_reason`).
+    pub server_timing: Option<ServerTiming>,
+    pub worker_id: Option<WorkerId>,
+    /// What went wrong, truncated; for logs and reports, never a metric label.
+    pub error: Option<String>,
+    chunks: Vec<ChunkStamp>,
+    settled: bool,
+}
+
+impl RequestRecord {
+    /// A record of a request sent at `sent` for the schedule's `intended` instant. Until
+    /// [`RequestRecord::settle`] is called it counts as cut off (`stream_truncated`).
+    pub fn new(request_id: impl Into<String>, intended: Instant, sent: Instant) -> Self {
+        Self {
+            request_id: request_id.into(),
+            intended,
+            sent,
+            first_byte: None,
+            first_body_byte: None,
+            done: None,
+            usage_at: None,
+            end: sent,
+            outcome: Outcome::StreamTruncated,
+            http_status: None,
+            response_id: None,
+            reply: String::new(),
+            finish_reason: None,
+            usage: None,
+            server_timing: None,
+            worker_id: None,
+            error: None,
+            chunks: Vec::new(),
+            settled: false,
+        }
+    }
+
+    /// Records a content chunk that arrived at `at` carrying `tokens` tokens (at least 1: a chunk
+    /// with content holds a token even when a tokenizer splits it differently).
+    pub fn push_content(&mut self, at: Instant, tokens: usize) {
+        let offset = at.saturating_duration_since(self.sent);
+        let offset_us = u32::try_from(offset.as_micros()).unwrap_or(u32::MAX);
+        let tokens = u32::try_from(tokens.max(1)).unwrap_or(u32::MAX);
+        self.chunks.push(ChunkStamp { offset_us, tokens });
+    }
+
+    /// Fixes the outcome and the instant it was decided. The first call wins: a later failure
+    /// (say, the timeout firing while the connection drains) does not overwrite a decided outcome.
+    pub fn settle(&mut self, outcome: Outcome, at: Instant, error: Option<String>) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        self.outcome = outcome;
+        self.end = at;
+        if error.is_some() {
+            self.error = error;
+        }
+    }
+
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    fn chunk_at(&self, stamp: ChunkStamp) -> Instant {
+        self.sent + Duration::from_micros(u64::from(stamp.offset_us))
+    }
+
+    /// Every content chunk: arrival instant and tokens carried.
+    pub fn content_chunks(&self) -> impl ExactSizeIterator<Item = (Instant, u32)> + '_ {
+        self.chunks.iter().map(|s| (self.chunk_at(*s), s.tokens))
+    }
+
+    pub fn content_chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The first content chunk (content or reasoning content) arrived.
+    pub fn first_token_at(&self) -> Option<Instant> {
+        self.chunks.first().map(|s| self.chunk_at(*s))
+    }
+
+    pub fn last_token_at(&self) -> Option<Instant> {
+        self.chunks.last().map(|s| self.chunk_at(*s))
+    }
+
+    /// Time to first token: first content chunk − intended send.
+    pub fn ttft(&self) -> Option<Duration> {
+        self.first_token_at()
+            .map(|at| at.saturating_duration_since(self.intended))
+    }
+
+    /// Time to second token − intended send: the arrival of the chunk holding the second token
+    /// (the first chunk itself when it carried two or more).
+    pub fn ttst(&self) -> Option<Duration> {
+        let mut seen = 0u64;
+        for stamp in &self.chunks {
+            seen += u64::from(stamp.tokens);
+            if seen >= 2 {
+                return Some(
+                    self.chunk_at(*stamp)
+                        .saturating_duration_since(self.intended),
+                );
+            }
+        }
+        None
+    }
+
+    /// Tokens counted by the client (1 per content chunk, or the token counter's count).
+    pub fn client_tokens(&self) -> u64 {
+        self.chunks.iter().map(|s| u64::from(s.tokens)).sum()
+    }
+
+    /// Output tokens: `usage.completion_tokens`, or the client count when the server sent no
+    /// usage.
+    pub fn output_tokens(&self) -> u64 {
+        self.usage
+            .map(|u| u.completion_tokens)
+            .unwrap_or_else(|| self.client_tokens())
+    }
+
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.usage.map(|u| u.prompt_tokens)
+    }
+
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.usage.map(|u| u.cached_tokens)
+    }
+
+    /// Inter-token latency: (last content chunk − first content chunk) / (output tokens − 1), for
+    /// at least two output tokens.
+    pub fn itl(&self) -> Option<Duration> {
+        let tokens = self.output_tokens();
+        if tokens < 2 {
+            return None;
+        }
+        let span = self
+            .last_token_at()?
+            .saturating_duration_since(self.first_token_at()?);
+        let divisor = u32::try_from(tokens - 1).unwrap_or(u32::MAX);
+        Some(span / divisor)
+    }
+
+    /// The per-chunk gap distribution: for each content chunk after the first, (gap to the
+    /// previous chunk / k, k) where k is the chunk's token count, so a histogram records the value
+    /// k times (`record_n`). The first chunk has no gap: it belongs to TTFT.
+    pub fn token_gaps(&self) -> impl Iterator<Item = (Duration, u32)> + '_ {
+        self.chunks.windows(2).map(|pair| {
+            let gap = Duration::from_micros(u64::from(
+                pair[1].offset_us.saturating_sub(pair[0].offset_us),
+            ));
+            (gap / pair[1].tokens, pair[1].tokens)
+        })
+    }
+
+    /// Request latency. For a successful request: last content chunk − intended (not `[DONE]`, not
+    /// usage; a success without content falls back to the end of the stream). For a failure: the
+    /// error latency, error instant − intended.
+    pub fn latency(&self) -> Duration {
+        let until = match (self.outcome, self.last_token_at()) {
+            (Outcome::Ok, Some(last)) => last,
+            _ => self.end,
+        };
+        until.saturating_duration_since(self.intended)
+    }
+
+    /// The error latency (error instant − intended), only for failed requests.
+    pub fn error_latency(&self) -> Option<Duration> {
+        (!self.outcome.is_ok()).then(|| self.end.saturating_duration_since(self.intended))
+    }
+
+    /// Scheduling lag: actual send − intended send (zero if sent early).
+    pub fn schedule_lag(&self) -> Duration {
+        self.sent.saturating_duration_since(self.intended)
+    }
+
+    /// Client-side token count minus `usage.completion_tokens`, when the server sent usage.
+    pub fn token_count_disagreement(&self) -> Option<i64> {
+        let usage = self.usage?;
+        let client = i64::try_from(self.client_tokens()).unwrap_or(i64::MAX);
+        let server = i64::try_from(usage.completion_tokens).unwrap_or(i64::MAX);
+        Some(client.saturating_sub(server))
+    }
+
+    /// `cached / prompt` tokens, when usage reported a non-zero prompt.
+    pub fn cache_hit_ratio(&self) -> Option<f64> {
+        let usage = self.usage?;
+        (usage.prompt_tokens > 0).then(|| usage.cached_tokens as f64 / usage.prompt_tokens as f64)
+    }
+
+    /// A successful request whose output length differs from the requested OSL by more than
+    /// min(5 %, 50 tokens). Failed requests are not judged: their output was cut short by the
+    /// failure, which their outcome already counts.
+    pub fn osl_mismatch(&self, requested_osl: u32) -> bool {
+        if !self.outcome.is_ok() {
+            return false;
+        }
+        let tolerance = (f64::from(requested_osl) * 0.05).min(50.0);
+        let difference = self.output_tokens().abs_diff(u64::from(requested_osl));
+        difference as f64 > tolerance
+    }
+
+    /// A flat, serialisable view for per-request JSONL, with instants as milliseconds after
+    /// `epoch` (for example the start of the run).
+    pub fn summary(&self, epoch: Instant) -> RecordSummary {
+        let ms_after = |at: Instant| duration_ms(at.saturating_duration_since(epoch));
+        RecordSummary {
+            x_request_id: self.request_id.clone(),
+            response_id: self.response_id.clone(),
+            outcome: self.outcome,
+            http_status: self.http_status,
+            intended_ms: ms_after(self.intended),
+            sent_ms: ms_after(self.sent),
+            first_byte_ms: self.first_byte.map(ms_after),
+            first_token_ms: self.first_token_at().map(ms_after),
+            last_token_ms: self.last_token_at().map(ms_after),
+            done_ms: self.done.map(ms_after),
+            end_ms: ms_after(self.end),
+            ttft_ms: self.ttft().map(duration_ms),
+            ttst_ms: self.ttst().map(duration_ms),
+            itl_ms: self.itl().map(duration_ms),
+            latency_ms: duration_ms(self.latency()),
+            schedule_lag_ms: duration_ms(self.schedule_lag()),
+            prompt_tokens: self.prompt_tokens(),
+            completion_tokens: self.usage.map(|u| u.completion_tokens),
+            cached_tokens: self.cached_tokens(),
+            client_tokens: self.client_tokens(),
+            content_chunks: self.chunks.len(),
+            finish_reason: self.finish_reason.clone(),
+            worker_id: self.worker_id.clone(),
+            server_timing: self.server_timing.clone(),
+            error: self.error.clone(),
+        }
+    }
+}
+
+fn duration_ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One line of the bench's per-request JSONL.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecordSummary {
+    pub x_request_id: String,
+    pub response_id: Option<String>,
+    pub outcome: Outcome,
+    pub http_status: Option<u16>,
+    pub intended_ms: f64,
+    pub sent_ms: f64,
+    pub first_byte_ms: Option<f64>,
+    pub first_token_ms: Option<f64>,
+    pub last_token_ms: Option<f64>,
+    pub done_ms: Option<f64>,
+    pub end_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub ttst_ms: Option<f64>,
+    pub itl_ms: Option<f64>,
+    pub latency_ms: f64,
+    pub schedule_lag_ms: f64,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub client_tokens: u64,
+    pub content_chunks: usize,
+    pub finish_reason: Option<String>,
+    pub worker_id: Option<WorkerId>,
+    pub server_timing: Option<ServerTiming>,
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A record whose intended send is `t0`, sent 2 ms late, with content chunks at the given
+    /// millisecond offsets from `t0` carrying the given token counts.
+    fn record(t0: Instant, chunks: &[(u32, usize)]) -> RequestRecord {
+        let mut rec = RequestRecord::new("r-1", t0, t0 + 2 * MS);
+        for &(ms, tokens) in chunks {
+            rec.push_content(t0 + ms * MS, tokens);
+        }
+        rec
+    }
+
+    #[test]
+    fn outcome_labels_are_the_contract() {
+        let labels: Vec<&str> = Outcome::ALL.iter().map(|o| o.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "ok",
+                "connect",
+                "timeout",
+                "http_4xx",
+                "http_429",
+                "http_5xx",
+                "stream_error",
+                "stream_truncated",
+                "bad_response"
+            ]
+        );
+        assert_eq!(Outcome::from_status(429), Outcome::Http429);
+        assert_eq!(Outcome::from_status(422), Outcome::Http4xx);
+        assert_eq!(Outcome::from_status(503), Outcome::Http5xx);
+        assert_eq!(Outcome::from_status(304), Outcome::BadResponse);
+        assert_eq!(
+            serde_json::to_string(&Outcome::StreamTruncated).unwrap(),
+            "\"stream_truncated\""
+        );
+    }
+
+    #[test]
+    fn metrics_follow_design_section_4() {
+        let t0 = Instant::now();
+        let mut rec = record(t0, &[(50, 1), (60, 1), (70, 1), (100, 1)]);
+        rec.done = Some(t0 + 120 * MS);
+        rec.settle(Outcome::Ok, t0 + 130 * MS, None);
+        assert_eq!(rec.ttft(), Some(50 * MS));
+        assert_eq!(rec.ttst(), Some(60 * MS));
+        assert_eq!(rec.schedule_lag(), 2 * MS);
+        // Latency ends at the last content chunk, not [DONE] or the end of the stream.
+        assert_eq!(rec.latency(), 100 * MS);
+        assert_eq!(rec.error_latency(), None);
+        // No usage: the client count (4) is the output; (100 - 50) / 3.
+        assert_eq!(rec.output_tokens(), 4);
+        assert_eq!(rec.itl(), Some(50 * MS / 3));
+        // Usage wins over the client count.
+        rec.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 6,
+            cached_tokens: 4,
+        });
+        assert_eq!(rec.itl(), Some(10 * MS));
+        assert_eq!(rec.token_count_disagreement(), Some(-2));
+        assert_eq!(rec.cache_hit_ratio(), Some(0.4));
+        let gaps: Vec<_> = rec.token_gaps().collect();
+        assert_eq!(gaps, vec![(10 * MS, 1), (10 * MS, 1), (30 * MS, 1)]);
+    }
+
+    #[test]
+    fn multi_token_chunks_spread_their_gap() {
+        let t0 = Instant::now();
+        let rec = record(t0, &[(40, 3), (70, 3), (71, 1)]);
+        assert_eq!(rec.ttft(), Some(40 * MS));
+        // The first chunk already holds the second token.
+        assert_eq!(rec.ttst(), Some(40 * MS));
+        assert_eq!(rec.client_tokens(), 7);
+        let gaps: Vec<_> = rec.token_gaps().collect();
+        assert_eq!(gaps, vec![(10 * MS, 3), (MS, 1)]);
+        assert_eq!(rec.itl(), Some(31 * MS / 6));
+    }
+
+    #[test]
+    fn single_token_and_empty_outputs_have_no_itl() {
+        let t0 = Instant::now();
+        assert_eq!(record(t0, &[(5, 1)]).itl(), None);
+        assert_eq!(record(t0, &[(5, 1)]).ttst(), None);
+        let empty = record(t0, &[]);
+        assert_eq!(empty.ttft(), None);
+        assert_eq!(empty.itl(), None);
+        assert_eq!(empty.token_gaps().count(), 0);
+    }
+
+    #[test]
+    fn failures_report_error_latency_and_keep_the_first_outcome() {
+        let t0 = Instant::now();
+        let mut rec = record(t0, &[(50, 1)]);
+        rec.settle(Outcome::StreamError, t0 + 80 * MS, Some("boom".into()));
+        rec.settle(Outcome::Timeout, t0 + 900 * MS, Some("late".into()));
+        assert_eq!(rec.outcome, Outcome::StreamError);
+        assert_eq!(rec.error.as_deref(), Some("boom"));
+        assert_eq!(rec.latency(), 80 * MS);
+        assert_eq!(rec.error_latency(), Some(80 * MS));
+        assert!(!rec.osl_mismatch(100), "failures are not judged on length");
+    }
+
+    #[test]
+    fn osl_mismatch_tolerates_min_of_5_percent_and_50_tokens() {
+        let t0 = Instant::now();
+        let with_output = |completion: u64| {
+            let mut rec = record(t0, &[(1, 1)]);
+            rec.usage = Some(Usage {
+                completion_tokens: completion,
+                ..Usage::default()
+            });
+            rec.settle(Outcome::Ok, t0 + MS, None);
+            rec
+        };
+        // 5 % of 100 is 5 tokens.
+        assert!(!with_output(100).osl_mismatch(100));
+        assert!(!with_output(95).osl_mismatch(100));
+        assert!(!with_output(105).osl_mismatch(100));
+        assert!(with_output(94).osl_mismatch(100));
+        assert!(with_output(106).osl_mismatch(100));
+        // 5 % of 2000 is 100, capped at 50.
+        assert!(!with_output(1950).osl_mismatch(2000));
+        assert!(with_output(1949).osl_mismatch(2000));
+        // Small OSL: any difference counts.
+        assert!(with_output(9).osl_mismatch(10));
+    }
+
+    #[test]
+    fn summary_reports_milliseconds_after_the_epoch() {
+        let t0 = Instant::now();
+        let mut rec = record(t0, &[(50, 1), (60, 1)]);
+        rec.response_id = Some("chatcmpl-1".into());
+        rec.settle(Outcome::Ok, t0 + 70 * MS, None);
+        let summary = rec.summary(t0);
+        assert_eq!(summary.x_request_id, "r-1");
+        assert_eq!(summary.outcome, Outcome::Ok);
+        assert_eq!(summary.ttft_ms, Some(50.0));
+        assert_eq!(summary.itl_ms, Some(10.0));
+        assert_eq!(summary.sent_ms, 2.0);
+        assert_eq!(summary.latency_ms, 60.0);
+        let json = serde_json::to_value(&summary).unwrap();
+        assert_eq!(json["outcome"], "ok");
+        assert_eq!(json["response_id"], "chatcmpl-1");
+    }
+
+    #[test]
+    fn worker_id_accepts_every_shape() {
+        let one: WorkerId = serde_json::from_str("7").unwrap();
+        assert_eq!(one, WorkerId::Id(7));
+        let split: WorkerId =
+            serde_json::from_str(r#"{"prefill_worker_id": 1, "decode_worker_id": 2}"#).unwrap();
+        assert_eq!(
+            split,
+            WorkerId::Split {
+                prefill_worker_id: Some(1),
+                decode_worker_id: Some(2),
+                prefill_dp_rank: None,
+                decode_dp_rank: None,
+            }
+        );
+    }
+}

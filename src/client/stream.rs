@@ -1,0 +1,480 @@
+//! Turns the SSE body of a streamed completion into a [`RequestRecord`]: content chunks with the
+//! instant of the network read that carried them, the reply text, usage, `nvext`, and the outcome
+//! of the stream (`[DONE]`, an error frame, unparseable data, or an early end).
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::record::{Outcome, RequestRecord, ServerTiming, TokenCounter, Usage, WorkerId};
+use super::sse::{SseEvent, SseParser};
+
+/// What the reader should do after a network read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// The stream goes on: read more.
+    Continue,
+    /// The stream is decided: `[DONE]` (ok) or a failure, with its message.
+    Finished(Outcome, Option<String>),
+}
+
+// The chunk shapes, borrowing strings from the event data when they have no escapes.
+#[derive(Deserialize)]
+struct ChunkJson<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<ChoiceJson<'a>>>,
+    #[serde(default)]
+    usage: Option<UsageJson>,
+    // Parsed into a Value only when present (the last chunk); kept lenient so an unexpected
+    // attribution field never turns a good stream into a bad response.
+    #[serde(default)]
+    nvext: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+    /// vLLM reports a mid-stream failure as an error response object: `"object": "error"` with a
+    /// `message`, instead of an `error` member.
+    #[serde(borrow, default)]
+    object: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    message: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceJson<'a> {
+    #[serde(borrow, default)]
+    delta: Option<DeltaJson<'a>>,
+    /// The completions API streams `text` instead of `delta`.
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaJson<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct UsageJson {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetailsJson>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetailsJson {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// The decoder of one response body.
+pub(crate) struct StreamDecoder<'c> {
+    parser: SseParser,
+    counter: Option<&'c dyn TokenCounter>,
+    message_limit: usize,
+}
+
+impl<'c> StreamDecoder<'c> {
+    pub(crate) fn new(
+        max_event_bytes: usize,
+        counter: Option<&'c dyn TokenCounter>,
+        message_limit: usize,
+    ) -> Self {
+        Self {
+            parser: SseParser::new(max_event_bytes),
+            counter,
+            message_limit,
+        }
+    }
+
+    /// One network read that arrived at `at` (stamped before this call). Every event in it shares
+    /// that instant.
+    pub(crate) fn on_read(&mut self, rec: &mut RequestRecord, bytes: Bytes, at: Instant) -> Flow {
+        self.parser.feed(bytes);
+        loop {
+            match self.parser.next_event() {
+                Ok(Some(event)) => {
+                    if let Flow::Finished(outcome, message) = self.on_event(rec, &event, at) {
+                        return Flow::Finished(outcome, message);
+                    }
+                }
+                Ok(None) => return Flow::Continue,
+                Err(err) => return Flow::Finished(Outcome::BadResponse, Some(err.to_string())),
+            }
+        }
+    }
+
+    /// The body ended at `at`. Without `[DONE]` the stream was cut off.
+    pub(crate) fn on_eof(&mut self, rec: &mut RequestRecord, at: Instant) -> Flow {
+        if let Some(event) = self.parser.finish() {
+            if let Flow::Finished(outcome, message) = self.on_event(rec, &event, at) {
+                return Flow::Finished(outcome, message);
+            }
+        }
+        Flow::Finished(
+            Outcome::StreamTruncated,
+            Some("stream ended without [DONE]".to_owned()),
+        )
+    }
+
+    fn on_event(&mut self, rec: &mut RequestRecord, event: &SseEvent, at: Instant) -> Flow {
+        if event.is_error() {
+            let text = if event.data.is_empty() {
+                event.comment.as_deref().unwrap_or(b"event: error")
+            } else {
+                &event.data
+            };
+            let message = truncate(&String::from_utf8_lossy(text), self.message_limit);
+            return Flow::Finished(Outcome::StreamError, Some(message));
+        }
+        // Named events other than the default carry no completion data.
+        if event.event.is_some() && event.name() != b"message" {
+            return Flow::Continue;
+        }
+        if event.is_done() {
+            rec.done = Some(at);
+            return Flow::Finished(Outcome::Ok, None);
+        }
+        if event.data.trim_ascii().is_empty() {
+            return Flow::Continue;
+        }
+        let chunk: ChunkJson<'_> = match serde_json::from_slice(&event.data) {
+            Ok(chunk) => chunk,
+            Err(err) => {
+                let preview = String::from_utf8_lossy(&event.data[..event.data.len().min(80)]);
+                let message = format!("unparseable chunk ({err}): {preview}");
+                return Flow::Finished(
+                    Outcome::BadResponse,
+                    Some(truncate(&message, self.message_limit)),
+                );
+            }
+        };
+        if let Some(error) = &chunk.error {
+            let message = truncate(&error_message(error), self.message_limit);
+            return Flow::Finished(Outcome::StreamError, Some(message));
+        }
+        if chunk.object.as_deref() == Some("error") {
+            let message = chunk.message.as_deref().unwrap_or("error object in stream");
+            return Flow::Finished(
+                Outcome::StreamError,
+                Some(truncate(message, self.message_limit)),
+            );
+        }
+        self.apply(rec, chunk, at);
+        Flow::Continue
+    }
+
+    fn apply(&self, rec: &mut RequestRecord, chunk: ChunkJson<'_>, at: Instant) {
+        if rec.response_id.is_none() {
+            rec.response_id = chunk.id.as_ref().map(|id| id.as_ref().to_owned());
+        }
+        let mut finished_here = false;
+        for choice in chunk.choices.iter().flatten() {
+            let (content, reasoning) = match &choice.delta {
+                Some(delta) => (
+                    delta.content.as_deref(),
+                    delta
+                        .reasoning_content
+                        .as_deref()
+                        .or(delta.reasoning.as_deref()),
+                ),
+                None => (choice.text.as_deref(), None),
+            };
+            let content = content.unwrap_or("");
+            let reasoning = reasoning.unwrap_or("");
+            // A role-only or otherwise empty delta is not a token.
+            if !content.is_empty() || !reasoning.is_empty() {
+                let tokens = match self.counter {
+                    Some(counter) => counter.count(content) + counter.count(reasoning),
+                    None => 1,
+                };
+                rec.push_content(at, tokens);
+                rec.reply.push_str(content);
+            }
+            if let Some(reason) = &choice.finish_reason {
+                rec.finish_reason = Some(reason.as_ref().to_owned());
+                finished_here = true;
+            }
+        }
+        if let Some(usage) = chunk.usage {
+            rec.usage = Some(Usage {
+                prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+                completion_tokens: usage.completion_tokens.unwrap_or(0),
+                cached_tokens: usage
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .unwrap_or(0),
+            });
+            rec.usage_at = Some(at);
+        }
+        if let Some(nvext) = chunk.nvext {
+            // Dynamo puts timing on the finish_reason chunk; a server that puts it elsewhere is
+            // still heard, but the finish_reason chunk's copy is never overwritten.
+            if finished_here || rec.server_timing.is_none() {
+                if let Some(timing) = nvext
+                    .get("timing")
+                    .and_then(|t| serde_json::from_value::<ServerTiming>(t.clone()).ok())
+                {
+                    rec.server_timing = Some(timing);
+                }
+            }
+            if let Some(worker) = nvext
+                .get("worker_id")
+                .and_then(|w| serde_json::from_value::<WorkerId>(w.clone()).ok())
+            {
+                rec.worker_id = Some(worker);
+            }
+        }
+    }
+}
+
+/// The human part of an `{"error": ...}` value: its `message`, or the value itself.
+fn error_message(error: &serde_json::Value) -> String {
+    match error {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Object(fields) => match fields.get("message") {
+            Some(serde_json::Value::String(text)) => text.clone(),
+            _ => error.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Cuts `text` to at most `limit` bytes on a character boundary, marking the cut.
+pub(crate) fn truncate(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    struct Words;
+    impl TokenCounter for Words {
+        fn count(&self, text: &str) -> usize {
+            text.split_whitespace().count()
+        }
+    }
+
+    fn decode(reads: &[(u32, &str)], counter: Option<&dyn TokenCounter>) -> RequestRecord {
+        let t0 = Instant::now();
+        let mut rec = RequestRecord::new("r", t0, t0);
+        let mut decoder = StreamDecoder::new(1 << 20, counter, 200);
+        let mut last = t0;
+        for &(ms, text) in reads {
+            last = t0 + ms * MS;
+            let flow = decoder.on_read(&mut rec, Bytes::copy_from_slice(text.as_bytes()), last);
+            if let Flow::Finished(outcome, message) = flow {
+                rec.settle(outcome, last, message);
+                return rec;
+            }
+        }
+        if let Flow::Finished(outcome, message) = decoder.on_eof(&mut rec, last) {
+            rec.settle(outcome, last, message);
+        }
+        rec
+    }
+
+    const ROLE: &str =
+        "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+
+    fn content(text: &str) -> String {
+        format!(
+            "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}}}}]}}\n\n",
+            serde_json::to_string(text).unwrap()
+        )
+    }
+
+    #[test]
+    fn a_full_chat_stream() {
+        let finish = "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}],\"nvext\":{\"timing\":{\"ttft_ms\":12.5,\"kv_hit_rate\":0.5,\"request_received_ms\":1700000000000},\"worker_id\":{\"prefill_worker_id\":3,\"decode_worker_id\":4}}}\n\n";
+        let usage = "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n";
+        let a = content("Hello");
+        let b = content(", wor");
+        let c = content("ld\n\"q\"");
+        let rec = decode(
+            &[
+                (5, ROLE),
+                (40, &a),
+                (50, &format!("{b}{c}")),
+                (60, &format!("{finish}{usage}data: [DONE]\n\n")),
+            ],
+            None,
+        );
+        assert_eq!(rec.outcome, Outcome::Ok);
+        assert_eq!(rec.response_id.as_deref(), Some("c1"));
+        assert_eq!(rec.reply, "Hello, world\n\"q\"");
+        // The role-only chunk at 5 ms is not the first token.
+        assert_eq!(rec.ttft(), Some(40 * MS));
+        // Two events in one read share the read's instant.
+        let stamps: Vec<_> = rec
+            .content_chunks()
+            .map(|(at, k)| (at - rec.sent, k))
+            .collect();
+        assert_eq!(stamps, vec![(40 * MS, 1), (50 * MS, 1), (50 * MS, 1)]);
+        assert_eq!(rec.finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            rec.usage,
+            Some(Usage {
+                prompt_tokens: 20,
+                completion_tokens: 3,
+                cached_tokens: 16
+            })
+        );
+        assert_eq!(rec.usage_at, Some(rec.sent + 60 * MS));
+        assert_eq!(rec.done, Some(rec.sent + 60 * MS));
+        let timing = rec.server_timing.clone().unwrap();
+        assert_eq!(timing.ttft_ms, Some(12.5));
+        assert_eq!(timing.kv_hit_rate, Some(0.5));
+        assert_eq!(timing.prefill_time_ms, None);
+        assert!(matches!(
+            rec.worker_id,
+            Some(WorkerId::Split {
+                prefill_worker_id: Some(3),
+                decode_worker_id: Some(4),
+                ..
+            })
+        ));
+        assert_eq!(rec.latency(), 50 * MS);
+        assert_eq!(rec.itl(), Some(5 * MS));
+    }
+
+    #[test]
+    fn reasoning_counts_for_ttft_but_not_for_the_reply() {
+        let r1 = "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"think\"}}]}\n\n";
+        let r2 = "data: {\"choices\":[{\"delta\":{\"reasoning\":\"more\"}}]}\n\n";
+        let rec = decode(
+            &[
+                (30, r1),
+                (35, r2),
+                (40, &content("answer")),
+                (41, "data: [DONE]\n\n"),
+            ],
+            None,
+        );
+        assert_eq!(rec.ttft(), Some(30 * MS));
+        assert_eq!(rec.client_tokens(), 3);
+        assert_eq!(rec.reply, "answer");
+    }
+
+    #[test]
+    fn completions_text_and_missing_cached_tokens() {
+        let t1 = "data: {\"id\":\"cmpl-9\",\"choices\":[{\"text\":\"a \"}]}\n\n";
+        let t2 = "data: {\"id\":\"cmpl-9\",\"choices\":[{\"text\":\"b c\",\"finish_reason\":\"length\"}]}\n\n";
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"prompt_tokens_details\":null}}\n\n";
+        let rec = decode(
+            &[(10, t1), (20, t2), (21, usage), (22, "data: [DONE]\n\n")],
+            Some(&Words),
+        );
+        assert_eq!(rec.outcome, Outcome::Ok);
+        assert_eq!(rec.reply, "a b c");
+        assert_eq!(rec.client_tokens(), 3);
+        assert_eq!(rec.token_count_disagreement(), Some(0));
+        assert_eq!(rec.cached_tokens(), Some(0));
+        assert_eq!(rec.token_gaps().collect::<Vec<_>>(), vec![(5 * MS, 2)]);
+    }
+
+    type Case<'a> = (Vec<(u32, &'a str)>, Outcome, &'a str);
+
+    #[test]
+    fn failures_are_classified() {
+        let a = content("x");
+        // (reads at millisecond offsets, expected outcome, text in the error)
+        let cases: Vec<Case<'_>> = vec![
+            (
+                vec![(10, &a), (20, "event: error\n: worker died\n\n")],
+                Outcome::StreamError,
+                "worker died",
+            ),
+            (
+                vec![(10, &a), (20, "event: error\ndata: overloaded\n\n")],
+                Outcome::StreamError,
+                "overloaded",
+            ),
+            (
+                vec![(
+                    10,
+                    "data: {\"error\":{\"message\":\"bad things\",\"code\":500}}\n\n",
+                )],
+                Outcome::StreamError,
+                "bad things",
+            ),
+            (
+                vec![(
+                    10,
+                    "data: {\"object\":\"error\",\"message\":\"vllm says no\",\"code\":400}\n\n",
+                )],
+                Outcome::StreamError,
+                "vllm says no",
+            ),
+            (
+                vec![(10, &a), (20, "data: {oops\n\n")],
+                Outcome::BadResponse,
+                "unparseable",
+            ),
+            (
+                vec![(10, &a), (20, "data: [1,2]\n\n")],
+                Outcome::BadResponse,
+                "unparseable",
+            ),
+            (
+                vec![(10, &a), (20, "data: {\"choices\": [{\"delta\": {\"con")],
+                Outcome::StreamTruncated,
+                "[DONE]",
+            ),
+            (vec![(10, &a)], Outcome::StreamTruncated, "[DONE]"),
+        ];
+        for (reads, outcome, needle) in cases {
+            let rec = decode(&reads, None);
+            assert_eq!(rec.outcome, outcome, "{reads:?}");
+            let error = rec.error.clone().unwrap_or_default();
+            assert!(error.contains(needle), "{error:?} lacks {needle:?}");
+            let last_ms = reads.last().unwrap().0;
+            assert_eq!(rec.error_latency(), Some(last_ms * MS));
+        }
+    }
+
+    #[test]
+    fn unknown_named_events_and_keep_alives_are_ignored() {
+        let rec = decode(
+            &[
+                (1, ": ping\n\n"),
+                (2, "event: metrics\ndata: {\"x\":1}\n\n"),
+                (3, &content("y")),
+                (4, "data: [DONE]\n\n"),
+            ],
+            None,
+        );
+        assert_eq!(rec.outcome, Outcome::Ok);
+        assert_eq!(rec.reply, "y");
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h…");
+        assert_eq!(truncate("hello", 5), "hello");
+    }
+}
