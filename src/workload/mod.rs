@@ -1,1 +1,5 @@
 //! workload (in progress).
+
+pub mod prompt;
+pub mod sampler;
+pub mod tokenizer;
