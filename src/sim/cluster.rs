@@ -1,0 +1,492 @@
+//! A simulated deployment: its worker pools (aggregated, or prefill + decode), the KV-aware router
+//! that places requests, the prefill → decode KV handoff, and the per-request output length.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::SimError;
+use super::engine::{
+    Completion, EngineConfig, FinishReason, Seq, ServerTiming, StreamEvent, Worker, WorkerRole,
+    WorkerSnapshot,
+};
+use super::kv::{TierConfig, block_hashes};
+use super::profile::{Gpu, H200, H200_DECODE, H200_PREFILL, Timing, TimingTable};
+use super::spec::{PoolSpec, SimSpec, TierSpec};
+use crate::config::ServingMode;
+
+/// A request as the engine sees it: token ids and length controls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub min_tokens: u32,
+    pub ignore_eos: bool,
+}
+
+impl GenerateRequest {
+    /// A request for exactly `osl` tokens, as the canary sends them.
+    pub fn exact(prompt: Vec<u32>, osl: u32) -> Self {
+        GenerateRequest {
+            prompt,
+            max_tokens: osl,
+            min_tokens: osl,
+            ignore_eos: true,
+        }
+    }
+}
+
+/// The events of one submitted request.
+#[derive(Debug)]
+pub struct RequestStream {
+    pub id: u64,
+    /// First word of the output text (see [`super::text::output_word`]).
+    pub word_offset: u32,
+    rx: mpsc::UnboundedReceiver<StreamEvent>,
+}
+
+impl RequestStream {
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        self.rx.recv().await
+    }
+
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
+        self.rx.poll_recv(cx)
+    }
+
+    /// An event that is already there, without waiting.
+    pub fn try_next(&mut self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
+    }
+}
+
+/// One pool's resolved hardware.
+#[derive(Debug, Clone, Copy)]
+struct PoolHw {
+    gpu: Gpu,
+    tp: u32,
+    cost_per_hour_usd: f64,
+    kv_blocks: u64,
+}
+
+/// A running simulated deployment.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    mode: ServingMode,
+    block_size: usize,
+    /// Aggregated workers, or the prefill pool in disaggregated mode.
+    front: Vec<Arc<Worker>>,
+    /// Decode pool (disaggregated only).
+    decode: Vec<Arc<Worker>>,
+    fixed: Option<(Duration, Duration)>,
+    overlap_weight: f64,
+    handoff_overhead: Duration,
+    link_bytes_per_second: f64,
+    kv_bytes_per_token: u64,
+    eos_probability: f64,
+    next_id: AtomicU64,
+    rng: Mutex<StdRng>,
+    cost_per_hour_usd: f64,
+    cancel: CancellationToken,
+}
+
+fn tier(spec: Option<TierSpec>, bytes_per_block: f64) -> Option<TierConfig> {
+    spec.map(|t| TierConfig {
+        capacity_blocks: (t.capacity_gb * 1e9 / bytes_per_block) as u64,
+        bytes_per_second: t.bandwidth_gbps * 1e9,
+    })
+}
+
+impl Cluster {
+    /// Builds the pools of `spec` for `mode` and starts one engine loop per worker on the current
+    /// tokio runtime. `table` is the loaded timing table for `profile: table`.
+    pub fn start(
+        spec: &SimSpec,
+        mode: ServingMode,
+        table: Option<TimingTable>,
+    ) -> Result<Cluster, SimError> {
+        let errors = spec.validate();
+        if !errors.is_empty() {
+            return Err(SimError::InvalidSpec(errors));
+        }
+        let profile_gpu = Gpu::by_name(&spec.profile).unwrap_or(H200);
+        let timing = match spec.profile.as_str() {
+            "fast" => Timing::Fast,
+            "fixed" => Timing::Fixed {
+                ttft: spec.fixed_ttft,
+                itl: spec.fixed_itl,
+            },
+            "table" => Timing::Table(Arc::new(table.or_else(|| spec.table.clone()).ok_or_else(
+                || SimError::InvalidSpec(vec!["profile: table needs a table".into()]),
+            )?)),
+            _ => Timing::Formula {
+                prefill: H200_PREFILL,
+                decode: H200_DECODE,
+            },
+        };
+        let shape = spec.model_shape();
+        let kv_bytes_per_token = shape.kv_bytes_per_token();
+        let bytes_per_block = (kv_bytes_per_token * u64::from(spec.block_size)) as f64;
+        let resolve = |pool: &PoolSpec| -> PoolHw {
+            let gpu = pool
+                .gpu
+                .as_deref()
+                .and_then(Gpu::by_name)
+                .unwrap_or(profile_gpu);
+            let derived = shape.kv_blocks(&gpu, pool.tp, spec.block_size);
+            PoolHw {
+                gpu,
+                tp: pool.tp,
+                cost_per_hour_usd: pool
+                    .cost_per_hour_usd
+                    .unwrap_or(gpu.cost_per_hour_usd * f64::from(pool.tp)),
+                kv_blocks: pool
+                    .kv_blocks
+                    .unwrap_or(derived)
+                    .min(u64::from(u32::MAX - 1)),
+            }
+        };
+        let disaggregated = mode == ServingMode::Disaggregated;
+        let pools: Vec<(WorkerRole, u32, PoolHw)> = if disaggregated {
+            vec![
+                (
+                    WorkerRole::Prefill,
+                    spec.prefill_workers,
+                    resolve(&spec.prefill),
+                ),
+                (
+                    WorkerRole::Decode,
+                    spec.decode_workers,
+                    resolve(&spec.decode),
+                ),
+            ]
+        } else {
+            vec![(
+                WorkerRole::Aggregated,
+                spec.workers,
+                resolve(&spec.aggregated),
+            )]
+        };
+        if let Some((role, _, hw)) = pools.iter().find(|(_, _, hw)| hw.kv_blocks == 0) {
+            return Err(SimError::InvalidSpec(vec![format!(
+                "{} pool: {} × {} cannot hold the model's weights ({} GB); set kv_blocks or use more GPUs",
+                role.as_str(),
+                hw.tp,
+                hw.gpu.name,
+                shape.weights_gb
+            )]));
+        }
+        // The real-time daemon needs a clock-accurate loop; the scales make A100/L40S estimates.
+        let scaled = matches!(timing, Timing::Formula { .. } | Timing::Table(_));
+        let cancel = CancellationToken::new();
+        let (handoff_tx, handoff_rx) = mpsc::unbounded_channel();
+        let mut front = Vec::new();
+        let mut decode = Vec::new();
+        let mut cost = 0.0;
+        let mut next_worker = 0u32;
+        for (role, count, hw) in pools {
+            for _ in 0..count {
+                let cfg = EngineConfig {
+                    worker_id: next_worker,
+                    role,
+                    block_size: spec.block_size as usize,
+                    max_batched_tokens: spec.max_batched_tokens,
+                    max_running: spec.max_running as usize,
+                    timing: timing.clone(),
+                    prefill_scale: if scaled {
+                        hw.gpu.prefill_scale(hw.tp)
+                    } else {
+                        1.0
+                    },
+                    decode_scale: if scaled {
+                        hw.gpu.decode_scale(hw.tp)
+                    } else {
+                        1.0
+                    },
+                    num_blocks: hw.kv_blocks as u32,
+                    bytes_per_block,
+                    cpu_tier: tier(spec.cpu_tier, bytes_per_block),
+                    disk_tier: tier(spec.disk_tier, bytes_per_block),
+                };
+                next_worker += 1;
+                cost += hw.cost_per_hour_usd;
+                let worker = Worker::new(cfg);
+                let tx = (role == WorkerRole::Prefill).then(|| handoff_tx.clone());
+                tokio::spawn(Arc::clone(&worker).run(tx, cancel.child_token()));
+                if role == WorkerRole::Decode {
+                    decode.push(worker);
+                } else {
+                    front.push(worker);
+                }
+            }
+        }
+        let inner = Arc::new(Inner {
+            mode,
+            block_size: spec.block_size as usize,
+            front,
+            decode,
+            fixed: match timing {
+                Timing::Fixed { ttft, itl } => Some((ttft, itl)),
+                _ => None,
+            },
+            overlap_weight: spec.overlap_weight,
+            handoff_overhead: spec.handoff_overhead,
+            link_bytes_per_second: spec.link_gbps * 1e9,
+            kv_bytes_per_token,
+            eos_probability: spec.eos_probability,
+            next_id: AtomicU64::new(1),
+            rng: Mutex::new(StdRng::seed_from_u64(spec.seed)),
+            cost_per_hour_usd: cost,
+            cancel,
+        });
+        if disaggregated {
+            tokio::spawn(handoffs(Arc::downgrade(&inner), handoff_rx));
+        }
+        Ok(Cluster { inner })
+    }
+
+    pub fn mode(&self) -> ServingMode {
+        self.inner.mode
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.inner.block_size
+    }
+
+    /// Price of every worker together, USD per hour.
+    pub fn cost_per_hour_usd(&self) -> f64 {
+        self.inner.cost_per_hour_usd
+    }
+
+    /// Snapshots of every worker (prefill/aggregated first, then decode).
+    pub fn snapshots(&self) -> Vec<WorkerSnapshot> {
+        self.inner
+            .front
+            .iter()
+            .chain(&self.inner.decode)
+            .map(|w| w.lock().snapshot())
+            .collect()
+    }
+
+    /// Stops every engine loop.
+    pub fn shutdown(&self) {
+        self.inner.cancel.cancel();
+    }
+
+    /// A fresh request id.
+    pub fn next_request_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Places a request and returns its event stream.
+    pub fn submit(&self, req: GenerateRequest) -> RequestStream {
+        let inner = &self.inner;
+        let id = self.next_request_id();
+        let received = Instant::now();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let word_offset = (id as u32).wrapping_mul(7);
+        let stream = RequestStream {
+            id,
+            word_offset,
+            rx,
+        };
+        let (output_len, finish_reason) = self.output_length(&req);
+        let prompt_len = req.prompt.len() as u32;
+        if prompt_len == 0 {
+            let _ = tx.send(StreamEvent::Rejected("the prompt is empty".into()));
+            return stream;
+        }
+        if let Some((ttft, itl)) = inner.fixed {
+            tokio::spawn(fixed_clock(
+                tx,
+                received,
+                ttft,
+                itl,
+                prompt_len,
+                output_len,
+                finish_reason,
+            ));
+            return stream;
+        }
+        let bs = inner.block_size;
+        let capacity = |pool: &[Arc<Worker>]| {
+            pool.iter()
+                .map(|w| w.lock().config().num_blocks as usize * bs)
+                .min()
+                .unwrap_or(0)
+        };
+        let needed = (prompt_len + output_len) as usize;
+        let fits = if inner.decode.is_empty() {
+            needed <= capacity(&inner.front)
+        } else {
+            prompt_len as usize <= capacity(&inner.front) && needed <= capacity(&inner.decode)
+        };
+        if !fits {
+            let _ = tx.send(StreamEvent::Rejected(format!(
+                "prompt ({prompt_len} tokens) plus max_tokens ({output_len}) exceeds the KV capacity of a worker"
+            )));
+            return stream;
+        }
+        let hashes = block_hashes(&req.prompt, bs);
+        let worker = route(
+            &inner.front,
+            &hashes,
+            prompt_len as usize,
+            bs,
+            inner.overlap_weight,
+        );
+        let seq = Seq::new(
+            id,
+            req.prompt.into(),
+            hashes,
+            output_len,
+            finish_reason,
+            word_offset,
+            received,
+            tx,
+        );
+        worker.submit(seq);
+        stream
+    }
+
+    /// Output length: exact with `ignore_eos`, else `min_tokens` plus a geometric number of tokens
+    /// before the simulated EOS, capped by `max_tokens`.
+    fn output_length(&self, req: &GenerateRequest) -> (u32, FinishReason) {
+        let max = req.max_tokens.max(1);
+        let p = self.inner.eos_probability;
+        if req.ignore_eos || p <= 0.0 {
+            return (max, FinishReason::Length);
+        }
+        let u: f64 = self
+            .inner
+            .rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .random_range(f64::MIN_POSITIVE..1.0);
+        let extra = (u.ln() / (1.0 - p).ln()).floor();
+        let len = f64::from(req.min_tokens.max(1)) + extra;
+        if len >= f64::from(max) {
+            (max, FinishReason::Length)
+        } else {
+            (len as u32, FinishReason::Stop)
+        }
+    }
+
+    /// Draws a uniform number in [0, 1) from the seeded generator (for fault sampling).
+    pub fn random_unit(&self) -> f64 {
+        self.inner
+            .rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .random::<f64>()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// KV-aware placement: the worker with the lowest `weight × prefill blocks + load blocks`, where
+/// prefill blocks are the prompt blocks not already cached there. Ties go to the lower id.
+fn route<'a>(
+    pool: &'a [Arc<Worker>],
+    hashes: &[u64],
+    prompt_len: usize,
+    block_size: usize,
+    weight: f64,
+) -> &'a Arc<Worker> {
+    if pool.len() == 1 {
+        return &pool[0];
+    }
+    let prompt_blocks = prompt_len.div_ceil(block_size);
+    pool.iter()
+        .map(|w| {
+            let core = w.lock();
+            let prefill = prompt_blocks - core.overlap_blocks(hashes);
+            let cost = weight * prefill as f64 + core.load_blocks() as f64;
+            (cost, w)
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, w)| w)
+        .expect("pools are never empty")
+}
+
+/// Receives finished prefills, waits out the KV transfer, and places them on a decode worker.
+async fn handoffs(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Seq>) {
+    while let Some(mut seq) = rx.recv().await {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let bytes = seq.prompt.len() as f64 * strong.kv_bytes_per_token as f64;
+        let transfer =
+            strong.handoff_overhead + Duration::from_secs_f64(bytes / strong.link_bytes_per_second);
+        seq.kv_transfer = transfer;
+        seq.kv_ready = true;
+        let weak = inner.clone();
+        drop(strong);
+        tokio::spawn(async move {
+            // From the modelled end of the prefill, so the loop's wake-up slack is not counted twice.
+            let ready = seq.prefill_done.map_or_else(Instant::now, |t| t + transfer);
+            tokio::time::sleep_until(ready).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            // Decode placement balances load; the prefix already travelled with the request.
+            let worker = route(&inner.decode, &[], 0, inner.block_size, 0.0);
+            worker.submit(seq);
+        });
+    }
+}
+
+/// The `fixed` profile: a per-request clock independent of batching and KV.
+async fn fixed_clock(
+    tx: mpsc::UnboundedSender<StreamEvent>,
+    received: Instant,
+    ttft: Duration,
+    itl: Duration,
+    prompt_tokens: u32,
+    output_len: u32,
+    finish_reason: FinishReason,
+) {
+    let first = received + ttft;
+    for i in 0..output_len {
+        let at = first + itl * i;
+        tokio::time::sleep_until(at).await;
+        if tx.send(StreamEvent::Token { at }).is_err() {
+            return;
+        }
+    }
+    let finished = first + itl * output_len.saturating_sub(1);
+    let completion = Completion {
+        prompt_tokens,
+        completion_tokens: output_len,
+        cached_tokens: 0,
+        finish_reason,
+        worker_id: 0,
+        prefill_worker_id: None,
+        preemptions: 0,
+        timing: ServerTiming {
+            received,
+            first_scheduled: received,
+            prefill_done: first,
+            first_token: first,
+            finished,
+            kv_transfer: Duration::ZERO,
+        },
+    };
+    let _ = tx.send(StreamEvent::Done(Box::new(completion)));
+}

@@ -1,0 +1,965 @@
+//! The simulator's HTTP server (hyper 1, HTTP/1.1, TCP_NODELAY): OpenAI chat and completions,
+//! streaming as SSE with one chunk per token, `/v1/models`, `/health`, `/metrics`, and the
+//! injected faults on the wire.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::cluster::{Cluster, GenerateRequest, RequestStream};
+use super::engine::{Completion, StreamEvent};
+use super::faults::FaultPlan;
+use super::metrics::{FrontendMetrics, RequestOutcome};
+use super::spec::{FaultSpec, RefuseMode, SimSpec};
+use super::text::{self, PromptTokenizer};
+use super::{SendLog, metrics};
+use crate::config::ServingMode;
+
+/// Largest request body accepted.
+const MAX_BODY_BYTES: usize = 32 << 20;
+/// `max_tokens` when the request names none.
+const DEFAULT_MAX_TOKENS: u32 = 256;
+/// How long shutdown waits for open responses.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// Pause before an injected reset, so the bytes before it reach the client.
+const ABORT_FLUSH: Duration = Duration::from_millis(20);
+/// Above this many buffered bytes a frame is handed over even if more tokens are ready.
+const FRAME_BYTES: usize = 64 * 1024;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct ServerState {
+    pub model: String,
+    pub mode: ServingMode,
+    pub tokenizer: PromptTokenizer,
+    pub cluster: Cluster,
+    pub faults: watch::Receiver<Arc<FaultSpec>>,
+    pub send_log: Mutex<SendLog>,
+    pub frontend: FrontendMetrics,
+    /// Record each token's send instant (the `fixed` profile).
+    pub record_send_times: bool,
+    pub created: u64,
+}
+
+impl ServerState {
+    pub fn new(
+        spec: &SimSpec,
+        mode: ServingMode,
+        tokenizer: PromptTokenizer,
+        cluster: Cluster,
+        faults: watch::Receiver<Arc<FaultSpec>>,
+        send_log: Mutex<SendLog>,
+    ) -> Self {
+        ServerState {
+            model: spec.model.clone(),
+            mode,
+            tokenizer,
+            cluster,
+            faults,
+            send_log,
+            frontend: FrontendMetrics::default(),
+            record_send_times: spec.profile == "fixed",
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+}
+
+/// The accept loop: serves connections until `cancel`, honouring the connection-refusing faults,
+/// then drains open connections for at most [`DRAIN_LIMIT`].
+pub async fn serve(
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: Arc<ServerState>,
+    cancel: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    let mut faults = state.faults.clone();
+    let mut listener = Some(listener);
+    loop {
+        let refuse = faults.borrow_and_update().refuse_connections;
+        if refuse == Some(RefuseMode::StopAccepting) {
+            // Closing the socket makes connects fail with "connection refused".
+            listener = None;
+            tokio::select! {
+                changed = faults.changed() => if changed.is_err() { break },
+                _ = cancel.cancelled() => break,
+            }
+            continue;
+        }
+        let Some(l) = listener.as_ref() else {
+            match TcpListener::bind(addr).await {
+                Ok(l) => listener = Some(l),
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "simulator cannot re-open its port, retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = cancel.cancelled() => break,
+                    }
+                }
+            }
+            continue;
+        };
+        tokio::select! {
+            accepted = l.accept() => match accepted {
+                Ok((stream, _)) => {
+                    if refuse == Some(RefuseMode::CloseImmediately) {
+                        drop(stream);
+                        continue;
+                    }
+                    // Per-token chunks must leave at once, not wait for Nagle.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY failed");
+                    }
+                    tracker.spawn(serve_connection(stream, Arc::clone(&state), cancel.clone()));
+                }
+                Err(e) => {
+                    // Typically EMFILE: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "simulator accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            changed = faults.changed() => if changed.is_err() { break },
+            _ = cancel.cancelled() => break,
+        }
+    }
+    drop(listener);
+    tracker.close();
+    if tokio::time::timeout(DRAIN_LIMIT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = tracker.len(),
+            "simulator shutdown: connections still open after the drain limit"
+        );
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    state: Arc<ServerState>,
+    cancel: CancellationToken,
+) {
+    let service = service_fn(move |req| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(handle(state, req).await) }
+    });
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        // Client resets and injected aborts end here; neither is the server's failure.
+        tracing::debug!(error = %e, "simulator connection ended with an error");
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<SimBody> {
+    let mut resp = Response::new(SimBody::full(value.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response<SimBody> {
+    let kind = match status.as_u16() {
+        429 => "rate_limit_exceeded",
+        400..=499 => "invalid_request_error",
+        _ => "internal_server_error",
+    };
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}),
+    )
+}
+
+async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<SimBody> {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/chat/completions") => completion(state, req, Endpoint::Chat).await,
+        (&Method::POST, "/v1/completions") => completion(state, req, Endpoint::Completions).await,
+        (&Method::GET, "/v1/models") => json_response(
+            StatusCode::OK,
+            &json!({"object": "list", "data": [{
+                "id": state.model, "object": "model", "created": state.created, "owned_by": "llm-canary-sim"
+            }]}),
+        ),
+        (&Method::GET, "/health") => {
+            let instances: Vec<Value> = state
+                .cluster
+                .snapshots()
+                .iter()
+                .map(|w| {
+                    json!({
+                        "component": if w.role == super::WorkerRole::Prefill { "prefill" } else { "backend" },
+                        "endpoint": "generate",
+                        "namespace": "dynamo",
+                        "instance_id": w.worker_id,
+                    })
+                })
+                .collect();
+            json_response(
+                StatusCode::OK,
+                &json!({"status": "healthy", "serving_mode": state.mode.as_str(), "endpoints": ["/v1/chat/completions", "/v1/completions", "/v1/models"], "instances": instances}),
+            )
+        }
+        (&Method::GET, "/metrics") => {
+            let mut resp = Response::new(SimBody::full(metrics::render(&state, &state.cluster)));
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        (_, path) => error_response(StatusCode::NOT_FOUND, &format!("no route for {path}")),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat_completions",
+            Endpoint::Completions => "completions",
+        }
+    }
+}
+
+/// The request fields the simulator reads; others are accepted and ignored, as real servers do.
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    prompt: Option<Value>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    min_tokens: Option<u32>,
+    #[serde(default)]
+    ignore_eos: bool,
+    #[serde(default)]
+    nvext: Option<NvExt>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct NvExt {
+    #[serde(default)]
+    extra_fields: Vec<String>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+}
+
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        // Multi-part content: concatenate the text parts.
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+fn prompt_tokens(
+    state: &ServerState,
+    body: &CompletionBody,
+    endpoint: Endpoint,
+) -> Result<Vec<u32>, String> {
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = body.messages.as_ref().ok_or("`messages` is required")?;
+            if messages.is_empty() {
+                return Err("`messages` must not be empty".into());
+            }
+            let flat = text::chat_template(
+                messages
+                    .iter()
+                    .map(|m| (m.role.as_str(), content_text(&m.content))),
+            );
+            Ok(state.tokenizer.encode(&flat))
+        }
+        Endpoint::Completions => match body.prompt.as_ref().ok_or("`prompt` is required")? {
+            Value::String(s) => Ok(state.tokenizer.encode(s)),
+            Value::Array(items) if items.iter().all(Value::is_u64) => Ok(items
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|t| t as u32)
+                .collect()),
+            Value::Array(items) if items.len() == 1 && items[0].is_string() => Ok(state
+                .tokenizer
+                .encode(items[0].as_str().unwrap_or_default())),
+            _ => {
+                Err("`prompt` must be a string, a one-string array or an array of token ids".into())
+            }
+        },
+    }
+}
+
+fn now_unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn usage_json(c: &Completion) -> Value {
+    let mut usage = json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    });
+    // vLLM and Dynamo omit the details when nothing was cached; clients must treat absence as 0.
+    if c.cached_tokens > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": c.cached_tokens});
+    }
+    usage
+}
+
+fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -> Option<Value> {
+    if !want_timing && !want_worker {
+        return None;
+    }
+    let mut nvext = json!({});
+    if want_timing {
+        let t = &c.timing;
+        let age = Instant::now().saturating_duration_since(t.received);
+        nvext["timing"] = json!({
+            "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
+            "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
+            "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
+            "ttft_ms": ms(t.first_token.saturating_duration_since(t.received)),
+            "total_time_ms": ms(t.finished.saturating_duration_since(t.received)),
+            "kv_hit_rate": if c.prompt_tokens == 0 { 0.0 } else { f64::from(c.cached_tokens) / f64::from(c.prompt_tokens) },
+            "kv_transfer_estimated_latency_ms": ms(t.kv_transfer),
+        });
+    }
+    if want_worker {
+        nvext["worker_id"] = json!({
+            "prefill_worker_id": c.prefill_worker_id.unwrap_or(c.worker_id),
+            "decode_worker_id": c.worker_id,
+        });
+    }
+    Some(nvext)
+}
+
+async fn completion(
+    state: Arc<ServerState>,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+) -> Response<SimBody> {
+    let received = Instant::now();
+    let header_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let faults = Arc::clone(&state.faults.borrow());
+    let plan = if faults.is_empty() {
+        FaultPlan::default()
+    } else {
+        FaultPlan::sample(&faults, || state.cluster.random_unit())
+    };
+    let bytes = match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            state
+                .frontend
+                .request_rejected(endpoint.as_str(), "unknown");
+            return error_response(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}"));
+        }
+    };
+    if let Some(delay) = plan.slow_first_byte {
+        tokio::time::sleep(delay).await;
+    }
+    let body: CompletionBody = match serde_json::from_slice(&bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            state
+                .frontend
+                .request_rejected(endpoint.as_str(), "unknown");
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}"));
+        }
+    };
+    let request_type = if body.stream { "stream" } else { "unary" };
+    if let Some(status) = plan.error_status {
+        state
+            .frontend
+            .request_rejected(endpoint.as_str(), request_type);
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = error_response(status, &format!("simulated error {}", status.as_u16()));
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+        }
+        return resp;
+    }
+    let prompt = match prompt_tokens(&state, &body, endpoint) {
+        Ok(p) => p,
+        Err(message) => {
+            state
+                .frontend
+                .request_rejected(endpoint.as_str(), request_type);
+            return error_response(StatusCode::BAD_REQUEST, &message);
+        }
+    };
+    let max_tokens = body
+        .max_completion_tokens
+        .or(body.max_tokens)
+        .unwrap_or(DEFAULT_MAX_TOKENS)
+        .max(1);
+    let ignore_eos = body.ignore_eos
+        || body
+            .nvext
+            .as_ref()
+            .and_then(|n| n.ignore_eos)
+            .unwrap_or(false);
+    let extra = body
+        .nvext
+        .as_ref()
+        .map(|n| n.extra_fields.as_slice())
+        .unwrap_or(&[]);
+    let want_timing = extra.iter().any(|f| f == "timing");
+    let want_worker = extra.iter().any(|f| f == "worker_id");
+    let mut stream = state.cluster.submit(GenerateRequest {
+        prompt,
+        max_tokens,
+        min_tokens: body.min_tokens.unwrap_or(0).min(max_tokens),
+        ignore_eos,
+    });
+    if let Some(StreamEvent::Rejected(message)) = stream.try_next() {
+        state
+            .frontend
+            .request_rejected(endpoint.as_str(), request_type);
+        return error_response(StatusCode::BAD_REQUEST, &message);
+    }
+    state.frontend.request_started();
+    let id = match endpoint {
+        Endpoint::Chat => format!("chatcmpl-{}", stream.id),
+        Endpoint::Completions => format!("cmpl-{}", stream.id),
+    };
+    let log_key = header_id.clone().unwrap_or_else(|| id.clone());
+    let format = ChunkFormat::new(endpoint, &id, state.created, &state.model);
+    let mut tracker = RequestTracker {
+        state: Arc::clone(&state),
+        outcome: RequestOutcome {
+            endpoint: endpoint.as_str(),
+            request_type,
+            success: false,
+        },
+        received,
+        first_token: None,
+        last_token: None,
+        tokens: 0,
+        queued: true,
+        finished: false,
+        send_times: state.record_send_times.then(Vec::new),
+        log_key,
+    };
+    let mut resp = if body.stream {
+        let sse = SseBody {
+            stream,
+            format,
+            tracker,
+            plan,
+            include_usage: body.stream_options.is_some_and(|o| o.include_usage),
+            want_timing,
+            want_worker,
+            stall: None,
+            state: SseState::Streaming,
+        };
+        let mut resp = Response::new(SimBody::Sse(Box::new(sse)));
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert("cache-control", HeaderValue::from_static("no-cache"));
+        resp
+    } else {
+        unary(
+            &mut stream,
+            &mut tracker,
+            &plan,
+            &format,
+            want_timing,
+            want_worker,
+        )
+        .await
+    };
+    if let Some(id) = header_id.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        resp.headers_mut().insert("x-request-id", id);
+    }
+    resp
+}
+
+/// A non-streaming answer: waits for every token, then one JSON body.
+async fn unary(
+    stream: &mut RequestStream,
+    tracker: &mut RequestTracker,
+    plan: &FaultPlan,
+    format: &ChunkFormat,
+    want_timing: bool,
+    want_worker: bool,
+) -> Response<SimBody> {
+    let mut content = String::new();
+    let completion = loop {
+        match stream.next().await {
+            Some(StreamEvent::Token { .. }) => {
+                content.push(' ');
+                content.push_str(text::output_word(stream.word_offset, tracker.tokens));
+                tracker.token(Instant::now());
+                if plan.stall.is_some_and(|(after, _)| after == tracker.tokens)
+                    && let Some((_, d)) = plan.stall
+                {
+                    tokio::time::sleep(d).await;
+                }
+            }
+            Some(StreamEvent::Done(c)) => break c,
+            Some(StreamEvent::Rejected(m)) => return error_response(StatusCode::BAD_REQUEST, &m),
+            None => {
+                return error_response(StatusCode::SERVICE_UNAVAILABLE, "simulator shutting down");
+            }
+        }
+    };
+    if plan.error_event.is_some() {
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "simulated engine failure",
+        );
+    }
+    let (object, choice) = match format.endpoint {
+        Endpoint::Chat => (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": completion.finish_reason.as_str()}),
+        ),
+        Endpoint::Completions => (
+            "text_completion",
+            json!({"index": 0, "text": content, "logprobs": null, "finish_reason": completion.finish_reason.as_str()}),
+        ),
+    };
+    let mut value = json!({
+        "id": format.id, "object": object, "created": format.created, "model": format.model,
+        "choices": [choice], "usage": usage_json(&completion),
+    });
+    if let Some(nvext) = nvext_json(&completion, want_timing, want_worker) {
+        value["nvext"] = nvext;
+    }
+    tracker.finish(true, Some(&completion));
+    let text = value.to_string();
+    let mut resp = json_response(StatusCode::OK, &Value::Null);
+    *resp.body_mut() = if plan.malformed_after.is_some() {
+        SimBody::full(text[..text.len() / 2].to_string())
+    } else if plan.truncate.is_some() {
+        // Half the body, then the connection drops: a Content-Length the client never receives.
+        SimBody::Truncated(
+            Some(Bytes::from(text[..text.len() / 2].to_string())),
+            text.len() as u64,
+        )
+    } else {
+        SimBody::full(text)
+    };
+    resp
+}
+
+/// Request-level bookkeeping shared by both answer shapes; records metrics once, even when the
+/// client disconnects mid-stream (on drop).
+struct RequestTracker {
+    state: Arc<ServerState>,
+    outcome: RequestOutcome,
+    received: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    tokens: u32,
+    queued: bool,
+    finished: bool,
+    send_times: Option<Vec<Instant>>,
+    log_key: String,
+}
+
+impl RequestTracker {
+    fn token(&mut self, now: Instant) {
+        self.tokens += 1;
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            self.queued = false;
+            self.state
+                .frontend
+                .dequeued(Some(now.saturating_duration_since(self.received)));
+        }
+        self.last_token = Some(now);
+        if let Some(t) = &mut self.send_times {
+            t.push(now);
+        }
+    }
+
+    fn finish(&mut self, success: bool, completion: Option<&Completion>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        if self.queued {
+            self.queued = false;
+            self.state.frontend.dequeued(None);
+        }
+        self.outcome.success = success;
+        let end = self.last_token.unwrap_or_else(Instant::now);
+        let itl = match (self.first_token, self.last_token) {
+            (Some(a), Some(b)) if self.tokens >= 2 => Some((b - a) / (self.tokens - 1)),
+            _ => None,
+        };
+        self.state.frontend.request_finished(
+            self.outcome,
+            end.saturating_duration_since(self.received),
+            completion.map(|c| (c.prompt_tokens, c.completion_tokens, c.cached_tokens, itl)),
+        );
+        if let Some(times) = self.send_times.take() {
+            self.state
+                .send_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(std::mem::take(&mut self.log_key), times);
+        }
+    }
+}
+
+impl Drop for RequestTracker {
+    fn drop(&mut self) {
+        // A client that hung up mid-stream: count it as an error, keep the gauges balanced.
+        self.finish(false, None);
+    }
+}
+
+/// Precomputed pieces of the per-token chunk, so a token costs two copies and a word.
+struct ChunkFormat {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    head: String,
+    token_prefix: String,
+    token_suffix: &'static str,
+}
+
+impl ChunkFormat {
+    fn new(endpoint: Endpoint, id: &str, created: u64, model: &str) -> Self {
+        let object = match endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        let model_json = Value::String(model.to_string()).to_string();
+        let head = format!(
+            "{{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model_json},"
+        );
+        let (token_prefix, token_suffix) = match endpoint {
+            Endpoint::Chat => (
+                format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\""),
+                "\"},\"finish_reason\":null}]}\n\n",
+            ),
+            Endpoint::Completions => (
+                format!("data: {head}\"choices\":[{{\"index\":0,\"text\":\""),
+                "\",\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+            ),
+        };
+        ChunkFormat {
+            endpoint,
+            id: id.to_string(),
+            created,
+            model: model.to_string(),
+            head,
+            token_prefix,
+            token_suffix,
+        }
+    }
+
+    fn role_chunk(&self, buf: &mut BytesMut) {
+        let _ = write!(
+            buf,
+            "data: {}\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"finish_reason\":null}}]}}\n\n",
+            self.head
+        );
+    }
+
+    fn token(&self, buf: &mut BytesMut, word: &str) {
+        buf.extend_from_slice(self.token_prefix.as_bytes());
+        buf.extend_from_slice(b" ");
+        buf.extend_from_slice(word.as_bytes());
+        buf.extend_from_slice(self.token_suffix.as_bytes());
+    }
+
+    fn data(&self, buf: &mut BytesMut, value: &Value) {
+        let _ = write!(buf, "data: {value}\n\n");
+    }
+
+    fn finish_chunk(&self, c: &Completion, nvext: Option<Value>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": {}, "finish_reason": c.finish_reason.as_str()})
+            }
+            Endpoint::Completions => {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": c.finish_reason.as_str()})
+            }
+        };
+        let mut v = self.envelope(vec![choice]);
+        if let Some(nvext) = nvext {
+            v["nvext"] = nvext;
+        }
+        v
+    }
+
+    fn envelope(&self, choices: Vec<Value>) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
+    }
+}
+
+enum SseState {
+    Streaming,
+    /// The next poll resets the connection (abrupt truncation).
+    Abort,
+    Done,
+}
+
+/// The SSE body: one `data:` event per token, written as soon as the engine emits it. Tokens that
+/// are already waiting when the connection polls share a frame, which changes nothing on the wire
+/// (each still is its own event) but saves syscalls when the client is slower than the engine.
+pub(crate) struct SseBody {
+    stream: RequestStream,
+    format: ChunkFormat,
+    tracker: RequestTracker,
+    plan: FaultPlan,
+    include_usage: bool,
+    want_timing: bool,
+    want_worker: bool,
+    stall: Option<Pin<Box<Sleep>>>,
+    state: SseState,
+}
+
+/// The error that makes hyper drop the connection mid-body.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("simulated connection reset")]
+    InjectedReset,
+    #[error("the engine stopped")]
+    EngineGone,
+}
+
+impl SseBody {
+    fn poll_frame_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(sleep) = self.stall.as_mut() {
+            ready!(sleep.as_mut().poll(cx));
+            self.stall = None;
+        }
+        match self.state {
+            SseState::Done => return Poll::Ready(None),
+            SseState::Abort => {
+                self.state = SseState::Done;
+                return Poll::Ready(Some(Err(BodyError::InjectedReset)));
+            }
+            SseState::Streaming => {}
+        }
+        let mut buf = BytesMut::new();
+        loop {
+            let event = match self.stream.poll_next(cx) {
+                Poll::Ready(e) => e,
+                Poll::Pending if buf.is_empty() => return Poll::Pending,
+                Poll::Pending => break,
+            };
+            match event {
+                Some(StreamEvent::Token { .. }) => {
+                    let now = Instant::now();
+                    if self.tracker.tokens == 0 && self.format.endpoint == Endpoint::Chat {
+                        self.format.role_chunk(&mut buf);
+                    }
+                    let word = text::output_word(self.stream.word_offset, self.tracker.tokens);
+                    self.format.token(&mut buf, word);
+                    self.tracker.token(now);
+                    if self.apply_faults(&mut buf) || buf.len() >= FRAME_BYTES {
+                        break;
+                    }
+                }
+                Some(StreamEvent::Done(c)) => {
+                    let nvext = nvext_json(&c, self.want_timing, self.want_worker);
+                    self.format
+                        .data(&mut buf, &self.format.finish_chunk(&c, nvext));
+                    if self.include_usage {
+                        let mut usage = self.format.envelope(Vec::new());
+                        usage["usage"] = usage_json(&c);
+                        self.format.data(&mut buf, &usage);
+                    }
+                    buf.extend_from_slice(b"data: [DONE]\n\n");
+                    self.tracker.finish(true, Some(&c));
+                    self.state = SseState::Done;
+                    break;
+                }
+                Some(StreamEvent::Rejected(message)) => {
+                    self.error_event(&mut buf, &message);
+                    break;
+                }
+                None => {
+                    if buf.is_empty() {
+                        self.state = SseState::Done;
+                        return Poll::Ready(Some(Err(BodyError::EngineGone)));
+                    }
+                    self.state = SseState::Abort;
+                    break;
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+    }
+
+    /// Applies the faults due after the token just written; true when the frame must go now.
+    fn apply_faults(&mut self, buf: &mut BytesMut) -> bool {
+        let n = self.tracker.tokens;
+        if self.plan.malformed_after == Some(n) {
+            let _ = write!(
+                buf,
+                "data: {}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"\n\n",
+                self.format.head
+            );
+        }
+        if let Some((after, message)) = &self.plan.error_event
+            && *after == n
+        {
+            let message = message.clone();
+            self.error_event(buf, &message);
+            return true;
+        }
+        if let Some((after, abrupt)) = self.plan.truncate
+            && after == n
+        {
+            self.tracker.finish(false, None);
+            if abrupt {
+                // Hyper drops buffered bytes when a body fails, so let it flush the last tokens
+                // (it does when the body is pending) before the reset.
+                self.stall = Some(Box::pin(tokio::time::sleep(ABORT_FLUSH)));
+                self.state = SseState::Abort;
+            } else {
+                self.state = SseState::Done;
+            }
+            return true;
+        }
+        if let Some((after, duration)) = self.plan.stall
+            && after == n
+        {
+            self.stall = Some(Box::pin(tokio::time::sleep(duration)));
+            return true;
+        }
+        false
+    }
+
+    fn error_event(&mut self, buf: &mut BytesMut, message: &str) {
+        let payload =
+            json!({"error": {"message": message, "type": "internal_server_error", "code": 500}});
+        let comment = message.replace(['\r', '\n'], " ");
+        let _ = write!(buf, "event: error\n: {comment}\ndata: {payload}\n\n");
+        self.tracker.finish(false, None);
+        self.state = SseState::Done;
+    }
+}
+
+/// Every response body the simulator sends.
+pub(crate) enum SimBody {
+    Full(Option<Bytes>),
+    /// Part of a body announced with a larger Content-Length, then a reset.
+    Truncated(Option<Bytes>, u64),
+    Sse(Box<SseBody>),
+}
+
+impl SimBody {
+    fn full(text: impl Into<Bytes>) -> Self {
+        SimBody::Full(Some(text.into()))
+    }
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            SimBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            SimBody::Truncated(bytes, _) => Poll::Ready(Some(match bytes.take() {
+                Some(b) => Ok(Frame::data(b)),
+                None => Err(BodyError::InjectedReset),
+            })),
+            SimBody::Sse(sse) => sse.poll_frame_inner(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, SimBody::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            SimBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            SimBody::Full(None) => SizeHint::with_exact(0),
+            SimBody::Truncated(_, announced) => SizeHint::with_exact(*announced),
+            SimBody::Sse(_) => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! The simulator's configuration: [`SimSpec`] (what a target's `simulated:` block holds) and
+//! [`FaultSpec`] (what goes wrong on purpose), both strict serde structs with a `validate` that
+//! lists every problem.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::profile::{Gpu, ModelShape, TimingTable};
+
+/// Timing profile names accepted by [`SimSpec::profile`].
+pub const PROFILES: [&str; 7] = ["default", "h200", "a100", "l40s", "fast", "fixed", "table"];
+
+/// One simulated serving deployment. The serving mode comes from the target, not from here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimSpec {
+    /// `default` (the H200 formula), `h200`/`a100`/`l40s` (every pool on that GPU), `fast` (zero
+    /// delay), `fixed` (TTFT `fixed_ttft`, ITL `fixed_itl`) or `table` (`table`/`table_file`).
+    pub profile: String,
+    /// Inline measured profile for `profile: table`.
+    pub table: Option<TimingTable>,
+    /// Measured profile in a JSON or YAML file for `profile: table`.
+    pub table_file: Option<PathBuf>,
+    #[serde(with = "duration_text")]
+    pub fixed_ttft: Duration,
+    #[serde(with = "duration_text")]
+    pub fixed_itl: Duration,
+    /// Workers of an aggregated deployment.
+    pub workers: u32,
+    pub prefill_workers: u32,
+    pub decode_workers: u32,
+    /// Hardware of the aggregated workers.
+    pub aggregated: PoolSpec,
+    /// Hardware of the prefill workers.
+    pub prefill: PoolSpec,
+    /// Hardware of the decode workers.
+    pub decode: PoolSpec,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Token budget of one pass.
+    pub max_batched_tokens: u32,
+    /// Cap on sequences running at once per worker.
+    pub max_running: u32,
+    /// KV handoff fixed cost in disaggregated mode.
+    #[serde(with = "duration_text")]
+    pub handoff_overhead: Duration,
+    /// Prefill → decode link bandwidth in gigabytes (not bits) per second.
+    pub link_gbps: f64,
+    /// Weight of the prefill blocks in the KV router's cost.
+    pub overlap_weight: f64,
+    /// Model id served on `/v1/models` and echoed in responses.
+    pub model: String,
+    /// KV footprint and weights; absent = the preset matching `model` (Qwen3-30B-A3B-FP8 if none).
+    pub model_shape: Option<ModelShape>,
+    pub cpu_tier: Option<TierSpec>,
+    pub disk_tier: Option<TierSpec>,
+    /// `tokenizer.json` (or its directory); absent = one token per word.
+    pub tokenizer: Option<PathBuf>,
+    /// Chance per output token of the simulated EOS once `min_tokens` are out (without
+    /// `ignore_eos`).
+    pub eos_probability: f64,
+    /// Seed of every random choice (EOS positions, fault sampling).
+    pub seed: u64,
+    pub faults: FaultSpec,
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec {
+            profile: "default".to_string(),
+            table: None,
+            table_file: None,
+            fixed_ttft: Duration::from_millis(100),
+            fixed_itl: Duration::from_millis(10),
+            workers: 1,
+            prefill_workers: 1,
+            decode_workers: 1,
+            aggregated: PoolSpec::default(),
+            prefill: PoolSpec::default(),
+            decode: PoolSpec::default(),
+            block_size: 64,
+            max_batched_tokens: 8192,
+            max_running: 256,
+            handoff_overhead: Duration::from_millis(5),
+            link_gbps: 64.0,
+            overlap_weight: 1.0,
+            model: "Qwen/Qwen3-30B-A3B-FP8".to_string(),
+            model_shape: None,
+            cpu_tier: None,
+            disk_tier: None,
+            tokenizer: None,
+            eos_probability: 0.002,
+            seed: 0,
+            faults: FaultSpec::default(),
+        }
+    }
+}
+
+/// Hardware and price of one pool's workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSpec {
+    /// `h200`, `a100` or `l40s`; absent = the profile's GPU (H200 unless the profile names one).
+    pub gpu: Option<String>,
+    /// GPUs per worker (tensor parallel size).
+    pub tp: u32,
+    /// Price of one worker; absent = the GPU's list price × `tp`.
+    pub cost_per_hour_usd: Option<f64>,
+    /// KV capacity per worker in blocks; absent = derived from GPU memory minus weights.
+    pub kv_blocks: Option<u64>,
+}
+
+impl Default for PoolSpec {
+    fn default() -> Self {
+        PoolSpec {
+            gpu: None,
+            tp: 1,
+            cost_per_hour_usd: None,
+            kv_blocks: None,
+        }
+    }
+}
+
+/// An offload tier below GPU memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSpec {
+    pub capacity_gb: f64,
+    /// Transfer bandwidth to and from the GPU in gigabytes per second.
+    pub bandwidth_gbps: f64,
+}
+
+impl SimSpec {
+    /// The source document's deployments: aggregated = A100 × 4 (TP 4) workers; disaggregated =
+    /// A100 × 4 prefill workers with L40S × 2 (TP 2) decode workers.
+    pub fn source_document() -> Self {
+        let pool = |gpu: &str, tp| PoolSpec {
+            gpu: Some(gpu.to_string()),
+            tp,
+            ..PoolSpec::default()
+        };
+        SimSpec {
+            aggregated: pool("a100", 4),
+            prefill: pool("a100", 4),
+            decode: pool("l40s", 2),
+            ..SimSpec::default()
+        }
+    }
+
+    /// Every problem with the spec, as sentences naming the field.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if !PROFILES.contains(&self.profile.as_str()) {
+            errors.push(format!(
+                "profile: unknown profile {:?}, expected one of {}",
+                self.profile,
+                PROFILES.join(", ")
+            ));
+        }
+        if self.profile == "table" {
+            match (&self.table, &self.table_file) {
+                (None, None) => errors.push("profile: table needs `table` or `table_file`".into()),
+                (Some(_), Some(_)) => {
+                    errors.push("table and table_file: give one, not both".into())
+                }
+                (Some(t), None) => errors.extend(t.validate()),
+                (None, Some(_)) => {}
+            }
+        } else if self.table.is_some() || self.table_file.is_some() {
+            errors.push("table/table_file only apply with profile: table".into());
+        }
+        if self.profile == "fixed" && self.fixed_itl.is_zero() {
+            errors.push("fixed_itl must be greater than zero".into());
+        }
+        for (name, n) in [
+            ("workers", self.workers),
+            ("prefill_workers", self.prefill_workers),
+            ("decode_workers", self.decode_workers),
+        ] {
+            if n == 0 || n > 64 {
+                errors.push(format!("{name} must be between 1 and 64, got {n}"));
+            }
+        }
+        for (name, pool) in [
+            ("aggregated", &self.aggregated),
+            ("prefill", &self.prefill),
+            ("decode", &self.decode),
+        ] {
+            if let Some(gpu) = &pool.gpu
+                && Gpu::by_name(gpu).is_none()
+            {
+                errors.push(format!(
+                    "{name}.gpu: unknown GPU {gpu:?}, expected h200, a100 or l40s"
+                ));
+            }
+            if pool.tp == 0 || pool.tp > 16 {
+                errors.push(format!(
+                    "{name}.tp must be between 1 and 16, got {}",
+                    pool.tp
+                ));
+            }
+            if pool
+                .cost_per_hour_usd
+                .is_some_and(|c| !c.is_finite() || c < 0.0)
+            {
+                errors.push(format!(
+                    "{name}.cost_per_hour_usd must be a non-negative number"
+                ));
+            }
+            if pool.kv_blocks == Some(0) {
+                errors.push(format!("{name}.kv_blocks must be at least 1"));
+            }
+        }
+        if !(1..=4096).contains(&self.block_size) {
+            errors.push(format!(
+                "block_size must be between 1 and 4096, got {}",
+                self.block_size
+            ));
+        }
+        if self.max_batched_tokens == 0 {
+            errors.push("max_batched_tokens must be at least 1".into());
+        }
+        if self.max_running == 0 {
+            errors.push("max_running must be at least 1".into());
+        }
+        if !self.link_gbps.is_finite() || self.link_gbps <= 0.0 {
+            errors.push(format!(
+                "link_gbps must be positive, got {}",
+                self.link_gbps
+            ));
+        }
+        if !self.overlap_weight.is_finite() || self.overlap_weight < 0.0 {
+            errors.push("overlap_weight must be a non-negative number".into());
+        }
+        if !(0.0..1.0).contains(&self.eos_probability) {
+            errors.push(format!(
+                "eos_probability must be in [0, 1), got {}",
+                self.eos_probability
+            ));
+        }
+        if self.model.trim().is_empty() {
+            errors.push("model must not be empty".into());
+        }
+        for (name, tier) in [("cpu_tier", &self.cpu_tier), ("disk_tier", &self.disk_tier)] {
+            if let Some(t) = tier
+                && [t.capacity_gb, t.bandwidth_gbps]
+                    .iter()
+                    .any(|v| !v.is_finite() || *v <= 0.0)
+            {
+                errors.push(format!(
+                    "{name}: capacity_gb and bandwidth_gbps must be positive"
+                ));
+            }
+        }
+        if let Some(shape) = &self.model_shape
+            && shape.kv_bytes_per_token() == 0
+        {
+            errors.push(
+                "model_shape: layers, kv_heads, head_dim and dtype_bytes must be positive".into(),
+            );
+        }
+        errors.extend(
+            self.faults
+                .validate()
+                .into_iter()
+                .map(|e| format!("faults.{e}")),
+        );
+        errors
+    }
+
+    /// The model's shape: explicit, else the preset matching `model`, else Qwen3-30B-A3B-FP8.
+    pub fn model_shape(&self) -> ModelShape {
+        self.model_shape
+            .or_else(|| ModelShape::preset(&self.model))
+            .unwrap_or(super::profile::QWEN3_30B_A3B_FP8)
+    }
+}
+
+/// Faults the simulated deployment injects. Each kind applies to a `rate` fraction of requests
+/// (default all of them), sampled with the spec's seed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultSpec {
+    /// Answer with an HTTP error instead of serving.
+    pub error: Option<ErrorFault>,
+    /// Pause the stream after some tokens.
+    pub stall: Option<StallFault>,
+    /// End the stream without `data: [DONE]`.
+    pub truncate: Option<TruncateFault>,
+    /// Send one chunk that is not valid JSON.
+    pub malformed_chunk: Option<AfterTokens>,
+    /// Send an `event: error` frame and end the stream.
+    pub error_event: Option<ErrorEventFault>,
+    /// Delay the response headers.
+    pub slow_first_byte: Option<SlowFirstByte>,
+    /// Refuse new connections.
+    pub refuse_connections: Option<RefuseMode>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorFault {
+    #[serde(default = "one")]
+    pub rate: f64,
+    /// 429, 500 or 503 (any 4xx/5xx is accepted).
+    #[serde(default = "default_status")]
+    pub status: u16,
+}
+
+fn default_status() -> u16 {
+    500
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StallFault {
+    #[serde(default = "one")]
+    pub rate: f64,
+    pub after_tokens: u32,
+    #[serde(with = "duration_text")]
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TruncateFault {
+    #[serde(default = "one")]
+    pub rate: f64,
+    pub after_tokens: u32,
+    /// Reset the connection mid-body instead of ending the body cleanly without `[DONE]`.
+    #[serde(default)]
+    pub abrupt: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AfterTokens {
+    #[serde(default = "one")]
+    pub rate: f64,
+    pub after_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorEventFault {
+    #[serde(default = "one")]
+    pub rate: f64,
+    pub after_tokens: u32,
+    #[serde(default = "default_error_message")]
+    pub message: String,
+}
+
+fn default_error_message() -> String {
+    "simulated engine failure".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowFirstByte {
+    #[serde(default = "one")]
+    pub rate: f64,
+    #[serde(with = "duration_text")]
+    pub delay: Duration,
+}
+
+/// How connections are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefuseMode {
+    /// Close the listening socket: connects fail with "connection refused".
+    StopAccepting,
+    /// Accept, then close at once without a response.
+    CloseImmediately,
+}
+
+impl FaultSpec {
+    /// True when no fault is configured.
+    pub fn is_empty(&self) -> bool {
+        *self == FaultSpec::default()
+    }
+
+    /// Every problem, as sentences naming the field.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut rate = |name: &str, r: f64| {
+            if !(0.0..=1.0).contains(&r) {
+                errors.push(format!("{name}.rate must be in [0, 1], got {r}"));
+            }
+        };
+        if let Some(f) = &self.error {
+            rate("error", f.rate);
+        }
+        if let Some(f) = &self.stall {
+            rate("stall", f.rate);
+        }
+        if let Some(f) = &self.truncate {
+            rate("truncate", f.rate);
+        }
+        if let Some(f) = &self.malformed_chunk {
+            rate("malformed_chunk", f.rate);
+        }
+        if let Some(f) = &self.error_event {
+            rate("error_event", f.rate);
+        }
+        if let Some(f) = &self.slow_first_byte {
+            rate("slow_first_byte", f.rate);
+        }
+        if let Some(f) = &self.error
+            && !(400..=599).contains(&f.status)
+        {
+            errors.push(format!(
+                "error.status must be an HTTP error status (400-599), got {}",
+                f.status
+            ));
+        }
+        errors
+    }
+}
+
+/// Durations written as `250ms`, `5s`, `2m`, `1h`, `100us` (or a bare number of seconds).
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub fn parse(text: &str) -> Result<Duration, String> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}: expected e.g. 250ms, 5s, 2m"))?;
+        let seconds = match unit.trim() {
+            "" | "s" => value,
+            "ms" => value / 1e3,
+            "us" | "µs" => value / 1e6,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            other => return Err(format!("invalid duration unit {other:?} in {text:?}")),
+        };
+        if !seconds.is_finite() || seconds < 0.0 {
+            return Err(format!("invalid duration {text:?}"));
+        }
+        Ok(Duration::from_secs_f64(seconds))
+    }
+
+    pub fn format(d: Duration) -> String {
+        let ms = d.as_secs_f64() * 1e3;
+        if ms.fract() == 0.0 {
+            format!("{ms}ms")
+        } else {
+            format!("{}us", d.as_micros())
+        }
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Seconds(f64),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Text(t) => parse(&t).map_err(de::Error::custom),
+            Raw::Seconds(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+            Raw::Seconds(s) => Err(de::Error::custom(format!("invalid duration {s}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_contract() {
+        let spec = SimSpec::default();
+        assert!(spec.validate().is_empty(), "{:?}", spec.validate());
+        assert_eq!(spec.block_size, 64);
+        assert_eq!(spec.max_batched_tokens, 8192);
+        assert_eq!(spec.max_running, 256);
+        assert_eq!(spec.handoff_overhead, Duration::from_millis(5));
+        assert_eq!(spec.link_gbps, 64.0);
+        assert!(SimSpec::source_document().validate().is_empty());
+    }
+
+    #[test]
+    fn parses_strictly_with_durations_and_faults() {
+        let spec: SimSpec = serde_json::from_value(serde_json::json!({
+            "profile": "fast",
+            "prefill_workers": 2,
+            "handoff_overhead": "2.5ms",
+            "decode": {"gpu": "l40s", "tp": 2},
+            "faults": {"error": {"rate": 0.5, "status": 503}, "stall": {"after_tokens": 3, "duration": "1s"},
+                       "refuse_connections": "close_immediately"}
+        }))
+        .unwrap();
+        assert_eq!(spec.handoff_overhead, Duration::from_micros(2500));
+        assert_eq!(spec.faults.error.as_ref().unwrap().status, 503);
+        assert_eq!(spec.faults.stall.as_ref().unwrap().rate, 1.0);
+        assert!(spec.validate().is_empty());
+        let unknown = serde_json::from_value::<SimSpec>(serde_json::json!({"wokers": 2}));
+        assert!(unknown.unwrap_err().to_string().contains("wokers"));
+    }
+
+    #[test]
+    fn embeds_in_yaml_as_the_config_writes_it() {
+        let yaml = "profile: default\nprefill_workers: 2\ndecode_workers: 1\nhandoff_overhead: 5ms\n\
+                    cpu_tier: { capacity_gb: 64, bandwidth_gbps: 25 }\n\
+                    faults: { slow_first_byte: { delay: 2s, rate: 0.1 }, truncate: { after_tokens: 10 } }\n";
+        let spec: SimSpec = serde_saphyr::from_str(yaml).unwrap();
+        assert_eq!(spec.prefill_workers, 2);
+        assert_eq!(spec.cpu_tier.unwrap().capacity_gb, 64.0);
+        let slow = spec.faults.slow_first_byte.as_ref().unwrap();
+        assert_eq!((slow.delay, slow.rate), (Duration::from_secs(2), 0.1));
+        assert!(!spec.faults.truncate.as_ref().unwrap().abrupt);
+        assert!(spec.validate().is_empty());
+        assert!(serde_saphyr::from_str::<SimSpec>("faults: { stal: {} }").is_err());
+    }
+
+    #[test]
+    fn validate_lists_every_problem() {
+        let spec = SimSpec {
+            profile: "gpu9000".into(),
+            workers: 0,
+            link_gbps: 0.0,
+            faults: FaultSpec {
+                error: Some(ErrorFault {
+                    rate: 2.0,
+                    status: 200,
+                }),
+                ..FaultSpec::default()
+            },
+            ..SimSpec::default()
+        };
+        let errors = spec.validate();
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(errors.iter().any(|e| e.starts_with("faults.error.status")));
+    }
+
+    #[test]
+    fn durations_round_trip() {
+        for text in ["5ms", "1500ms", "250us"] {
+            let d = duration_text::parse(text).unwrap();
+            assert_eq!(duration_text::parse(&duration_text::format(d)).unwrap(), d);
+        }
+        assert_eq!(
+            duration_text::parse("2m").unwrap(),
+            Duration::from_secs(120)
+        );
+        assert!(duration_text::parse("5 parsecs").is_err());
+    }
+}

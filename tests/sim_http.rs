@@ -1,0 +1,645 @@
+//! The simulator over HTTP on loopback, checked with a plain reqwest client: the OpenAI wire shape
+//! (streaming and not), usage and `nvext`, `/v1/models`, `/health`, `/metrics`, every injected
+//! fault as a client sees it, and the `fixed` profile's recorded send instants.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use llm_canary::config::ServingMode;
+use llm_canary::sim::{
+    AfterTokens, ErrorEventFault, ErrorFault, FaultSpec, RefuseMode, SimHandle, SimSpec,
+    SlowFirstByte, StallFault, TruncateFault, start,
+};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+async fn sim(spec: SimSpec, mode: ServingMode) -> SimHandle {
+    start(spec, mode, loopback()).await.unwrap()
+}
+
+fn fast() -> SimSpec {
+    SimSpec {
+        profile: "fast".into(),
+        ..SimSpec::default()
+    }
+}
+
+fn words(n: usize, salt: &str) -> String {
+    (0..n)
+        .map(|i| format!("{salt}{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn chat_body(prompt: &str, osl: u32) -> Value {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": osl, "max_completion_tokens": osl, "min_tokens": osl, "ignore_eos": true,
+        "nvext": {"extra_fields": ["timing", "worker_id"]},
+    })
+}
+
+/// SSE events of a complete body, with the arrival instant of the frame that carried each.
+struct Events {
+    events: Vec<(String, Instant)>,
+    error: Option<reqwest::Error>,
+}
+
+async fn read_events(mut resp: reqwest::Response) -> Events {
+    let mut events = Vec::new();
+    let mut pending = String::new();
+    let error = loop {
+        match resp.chunk().await {
+            Ok(Some(bytes)) => {
+                let now = Instant::now();
+                pending.push_str(std::str::from_utf8(&bytes).unwrap());
+                while let Some(end) = pending.find("\n\n") {
+                    events.push((pending[..end].to_string(), now));
+                    pending.drain(..end + 2);
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    Events { events, error }
+}
+
+fn data_json(event: &str) -> Option<Value> {
+    let data = event.strip_prefix("data: ")?;
+    serde_json::from_str(data).ok()
+}
+
+fn content_events(events: &Events) -> Vec<(String, Instant)> {
+    events
+        .events
+        .iter()
+        .filter_map(|(e, at)| {
+            let v = data_json(e)?;
+            let c = v["choices"][0]["delta"]["content"].as_str()?;
+            (!c.is_empty()).then(|| (c.to_string(), *at))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn streaming_chat_has_the_openai_shape_usage_and_nvext() {
+    let sim = sim(fast(), ServingMode::Disaggregated).await;
+    let url = format!("{}/v1/chat/completions", sim.base_url());
+    let prompt = words(300, "w");
+    let resp = client()
+        .post(&url)
+        .header("x-request-id", "req-1")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body(&prompt, 12)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    assert_eq!(resp.headers()["x-request-id"], "req-1");
+    let ev = read_events(resp).await;
+    assert!(ev.error.is_none());
+    let all: Vec<&str> = ev.events.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(*all.last().unwrap(), "data: [DONE]");
+    let first = data_json(all[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert!(first["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(content_events(&ev).len(), 12, "one chunk per token");
+    let finish = data_json(all[all.len() - 3]).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let timing = &finish["nvext"]["timing"];
+    for key in [
+        "request_received_ms",
+        "prefill_wait_time_ms",
+        "prefill_time_ms",
+        "ttft_ms",
+        "total_time_ms",
+        "kv_hit_rate",
+        "kv_transfer_estimated_latency_ms",
+    ] {
+        assert!(timing[key].is_number(), "nvext.timing.{key} in {finish}");
+    }
+    assert!(timing["kv_transfer_estimated_latency_ms"].as_f64().unwrap() >= 5.0);
+    assert_eq!(finish["nvext"]["worker_id"]["prefill_worker_id"], 0);
+    assert_eq!(finish["nvext"]["worker_id"]["decode_worker_id"], 1);
+    let usage_chunk = data_json(all[all.len() - 2]).unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]));
+    let usage = &usage_chunk["usage"];
+    assert_eq!(usage["completion_tokens"], 12);
+    // 300 words + the template's 5 marker tokens for one user message.
+    assert_eq!(usage["prompt_tokens"], 305);
+    assert!(
+        usage.get("prompt_tokens_details").is_none(),
+        "cached_tokens is omitted when zero: {usage}"
+    );
+
+    // The same prompt again hits the prefix cache: 305 tokens → 4 whole blocks of 64.
+    let again = client()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body(&prompt, 4)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let ev = read_events(again).await;
+    let usage = data_json(&ev.events[ev.events.len() - 2].0).unwrap();
+    assert_eq!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"],
+        256
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn non_streaming_completions_and_the_read_endpoints() {
+    let sim = sim(fast(), ServingMode::Aggregated).await;
+    let base = sim.base_url();
+    let c = client();
+    let v: Value = c
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(
+            json!({"model": "m", "prompt": words(100, "p"), "max_tokens": 7, "ignore_eos": true})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 100);
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    assert_eq!(
+        v["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        7
+    );
+    // Token ids are accepted as the prompt too.
+    let v: Value = c
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(
+                &json!({"prompt": [1, 2, 3, 4], "max_tokens": 2, "ignore_eos": true}),
+            )
+            .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+
+    let models: Value = c
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "Qwen/Qwen3-30B-A3B-FP8");
+    let health: Value = c
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .map(|b| serde_json::from_slice(&b).unwrap())
+        .unwrap();
+    assert_eq!(health["status"], "healthy");
+    assert_eq!(health["instances"].as_array().unwrap().len(), 1);
+    let bad = c
+        .post(format!("{base}/v1/chat/completions"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    let metrics = c
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "dynamo_frontend_time_to_first_token_seconds_bucket",
+        "dynamo_frontend_inter_token_latency_seconds_bucket",
+        "dynamo_frontend_request_duration_seconds_count",
+        "dynamo_frontend_requests_total",
+        "dynamo_frontend_inflight_requests",
+        "dynamo_frontend_queued_requests",
+        "dynamo_frontend_input_sequence_tokens_sum",
+        "dynamo_frontend_output_sequence_tokens_sum",
+        "dynamo_frontend_cached_tokens_count",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    assert!(metrics.contains(
+        "dynamo_frontend_requests_total{model=\"Qwen/Qwen3-30B-A3B-FP8\",endpoint=\"completions\",request_type=\"unary\",status=\"success\"} 2"
+    ));
+    assert!(
+        metrics.contains("dynamo_frontend_inflight_requests{model=\"Qwen/Qwen3-30B-A3B-FP8\"} 0")
+    );
+    assert!(!metrics.contains("kvbm_"), "KVBM counters only with tiers");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn kvbm_counters_appear_with_offload_tiers() {
+    let spec = SimSpec {
+        cpu_tier: Some(llm_canary::sim::TierSpec {
+            capacity_gb: 1.0,
+            bandwidth_gbps: 20.0,
+        }),
+        ..fast()
+    };
+    let sim = sim(spec, ServingMode::Aggregated).await;
+    let text = client()
+        .get(format!("{}/metrics", sim.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("kvbm_offload_blocks_d2h_total"));
+    assert!(text.contains("kvbm_onboard_blocks_h2d_total"));
+    sim.shutdown().await;
+}
+
+async fn stream_with(
+    faults: FaultSpec,
+    osl: u32,
+) -> (SimHandle, reqwest::Result<reqwest::Response>, Instant) {
+    let sim = sim(SimSpec { faults, ..fast() }, ServingMode::Aggregated).await;
+    let sent = Instant::now();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", sim.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body("a b c", osl)).unwrap())
+        .send()
+        .await;
+    (sim, resp, sent)
+}
+
+#[tokio::test]
+async fn fault_error_status_with_an_openai_error_body() {
+    for status in [429u16, 500, 503] {
+        let (_sim, resp, _) = stream_with(
+            FaultSpec {
+                error: Some(ErrorFault { rate: 1.0, status }),
+                ..FaultSpec::default()
+            },
+            5,
+        )
+        .await;
+        let resp = resp.unwrap();
+        assert_eq!(resp.status().as_u16(), status);
+        if status == 429 {
+            assert_eq!(resp.headers()["retry-after"], "1");
+        }
+        let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+        assert_eq!(v["error"]["code"], status);
+    }
+}
+
+#[tokio::test]
+async fn fault_error_rate_hits_about_its_share() {
+    let sim = sim(
+        SimSpec {
+            faults: FaultSpec {
+                error: Some(ErrorFault {
+                    rate: 0.3,
+                    status: 503,
+                }),
+                ..FaultSpec::default()
+            },
+            ..fast()
+        },
+        ServingMode::Aggregated,
+    )
+    .await;
+    let c = client();
+    let mut errors = 0;
+    for _ in 0..100 {
+        let body = json!({"prompt": "x y", "max_tokens": 1});
+        let r = c
+            .post(format!("{}/v1/completions", sim.base_url()))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 503 {
+            errors += 1;
+        }
+    }
+    assert!(
+        (15..=45).contains(&errors),
+        "{errors} of 100 failed at rate 0.3"
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn fault_stall_pauses_after_n_tokens() {
+    let (_sim, resp, _) = stream_with(
+        FaultSpec {
+            stall: Some(StallFault {
+                rate: 1.0,
+                after_tokens: 3,
+                duration: Duration::from_millis(400),
+            }),
+            ..FaultSpec::default()
+        },
+        6,
+    )
+    .await;
+    let ev = read_events(resp.unwrap()).await;
+    let content = content_events(&ev);
+    assert_eq!(content.len(), 6);
+    let gap = content[3].1 - content[2].1;
+    assert!(gap >= Duration::from_millis(390), "stall gap {gap:?}");
+    assert_eq!(ev.events.last().unwrap().0, "data: [DONE]");
+}
+
+#[tokio::test]
+async fn fault_truncated_stream_ends_without_done() {
+    let (_sim, resp, _) = stream_with(
+        FaultSpec {
+            truncate: Some(TruncateFault {
+                rate: 1.0,
+                after_tokens: 4,
+                abrupt: false,
+            }),
+            ..FaultSpec::default()
+        },
+        10,
+    )
+    .await;
+    let ev = read_events(resp.unwrap()).await;
+    assert!(ev.error.is_none(), "a clean end of the body");
+    assert_eq!(content_events(&ev).len(), 4);
+    assert!(ev.events.iter().all(|(e, _)| e != "data: [DONE]"));
+}
+
+#[tokio::test]
+async fn fault_abrupt_truncation_resets_mid_body() {
+    let (_sim, resp, _) = stream_with(
+        FaultSpec {
+            truncate: Some(TruncateFault {
+                rate: 1.0,
+                after_tokens: 4,
+                abrupt: true,
+            }),
+            ..FaultSpec::default()
+        },
+        10,
+    )
+    .await;
+    let ev = read_events(resp.unwrap()).await;
+    assert!(ev.error.is_some(), "the body ends in an error");
+    assert_eq!(content_events(&ev).len(), 4);
+}
+
+#[tokio::test]
+async fn fault_malformed_chunk_is_not_json() {
+    let (_sim, resp, _) = stream_with(
+        FaultSpec {
+            malformed_chunk: Some(AfterTokens {
+                rate: 1.0,
+                after_tokens: 2,
+            }),
+            ..FaultSpec::default()
+        },
+        5,
+    )
+    .await;
+    let ev = read_events(resp.unwrap()).await;
+    let bad: Vec<_> = ev
+        .events
+        .iter()
+        .filter(|(e, _)| e.starts_with("data: {") && data_json(e).is_none())
+        .collect();
+    assert_eq!(bad.len(), 1, "exactly one unparseable chunk");
+}
+
+#[tokio::test]
+async fn fault_error_event_frame() {
+    let (_sim, resp, _) = stream_with(
+        FaultSpec {
+            error_event: Some(ErrorEventFault {
+                rate: 1.0,
+                after_tokens: 3,
+                message: "boom".into(),
+            }),
+            ..FaultSpec::default()
+        },
+        10,
+    )
+    .await;
+    let ev = read_events(resp.unwrap()).await;
+    let (last, _) = ev.events.last().unwrap();
+    let mut lines = last.lines();
+    assert_eq!(lines.next(), Some("event: error"));
+    assert_eq!(lines.next(), Some(": boom"));
+    let payload: Value =
+        serde_json::from_str(lines.next().unwrap().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(payload["error"]["message"], "boom");
+    assert_eq!(content_events(&ev).len(), 3);
+}
+
+#[tokio::test]
+async fn fault_slow_first_byte_delays_the_headers() {
+    let (_sim, resp, sent) = stream_with(
+        FaultSpec {
+            slow_first_byte: Some(SlowFirstByte {
+                rate: 1.0,
+                delay: Duration::from_millis(300),
+            }),
+            ..FaultSpec::default()
+        },
+        2,
+    )
+    .await;
+    let headers_at = Instant::now();
+    assert_eq!(resp.unwrap().status(), 200);
+    assert!(headers_at - sent >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn fault_refused_connections_both_ways_and_recovery() {
+    let sim = sim(fast(), ServingMode::Aggregated).await;
+    let url = format!("{}/v1/models", sim.base_url());
+    // A fresh client per call: a pooled keep-alive connection would bypass the listener.
+    assert!(
+        client()
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+
+    sim.set_faults(FaultSpec {
+        refuse_connections: Some(RefuseMode::StopAccepting),
+        ..FaultSpec::default()
+    });
+    let mut refused = false;
+    for _ in 0..50 {
+        match client().get(&url).send().await {
+            Err(e) if e.is_connect() => {
+                refused = true;
+                break;
+            }
+            // The accept loop may not have seen the change yet.
+            _ => tokio::task::yield_now().await,
+        }
+    }
+    assert!(refused, "connects are refused");
+
+    sim.set_faults(FaultSpec {
+        refuse_connections: Some(RefuseMode::CloseImmediately),
+        ..FaultSpec::default()
+    });
+    let mut closed = false;
+    for _ in 0..100 {
+        match client().get(&url).send().await {
+            Err(e) if !e.is_connect() => {
+                closed = true;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert!(closed, "connections close before a response");
+
+    sim.set_faults(FaultSpec::default());
+    let mut back = false;
+    for _ in 0..100 {
+        if client()
+            .get(&url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(back, "service resumes when the fault is cleared");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn fixed_profile_records_each_tokens_send_instant() {
+    let sim = sim(
+        SimSpec {
+            profile: "fixed".into(),
+            ..SimSpec::default()
+        },
+        ServingMode::Aggregated,
+    )
+    .await;
+    let sent = Instant::now();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", sim.base_url()))
+        .header("x-request-id", "fixed-1")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body("a b c", 10)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let ev = read_events(resp).await;
+    let arrivals: Vec<Instant> = content_events(&ev).into_iter().map(|(_, at)| at).collect();
+    let sends = sim
+        .token_send_times("fixed-1")
+        .expect("send times recorded");
+    assert_eq!(sends.len(), 10);
+    // Server-side: token i leaves at 100 ms + 10 ms·i after the request on an absolute schedule;
+    // a loaded machine may run a send late, never early.
+    for (i, at) in sends.iter().enumerate() {
+        let due = Duration::from_millis(100 + 10 * i as u64);
+        let late = (*at - sent).checked_sub(due).expect("never early");
+        assert!(
+            late < Duration::from_millis(50),
+            "token {i} late by {late:?}"
+        );
+    }
+    // Every token arrives after it was sent, and soon after on loopback.
+    for (s, a) in sends.iter().zip(&arrivals) {
+        assert!(a >= s && *a - *s < Duration::from_millis(50));
+    }
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_is_graceful_for_open_streams() {
+    let spec = SimSpec {
+        profile: "fixed".into(),
+        fixed_ttft: Duration::from_millis(10),
+        fixed_itl: Duration::from_millis(20),
+        ..SimSpec::default()
+    };
+    let sim = sim(spec, ServingMode::Aggregated).await;
+    let addr = sim.local_addr();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", sim.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body("a b", 20)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    // Shut down while the ~400 ms stream is open: it still completes.
+    let shutdown = tokio::spawn(sim.shutdown());
+    let ev = read_events(resp).await;
+    assert!(ev.error.is_none());
+    assert_eq!(content_events(&ev).len(), 20);
+    assert_eq!(ev.events.last().unwrap().0, "data: [DONE]");
+    shutdown.await.unwrap();
+    let after = client()
+        .get(format!("http://{addr}/v1/models"))
+        .send()
+        .await;
+    assert!(after.is_err(), "nothing listens after shutdown");
+}
