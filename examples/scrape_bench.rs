@@ -1,0 +1,227 @@
+//! Scrape benchmark of the `/metrics` exposition: fills the metrics with the full series set of
+//! two targets running all four workloads of the default plan, then times `Metrics::encode()`
+//! and HTTP scrapes, and the record path while scrapes run.
+//!
+//! Run with `cargo run --release --example scrape_bench`. Goal: scrape p99 ≤ 5 ms.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use llm_canary::config::ServingMode;
+use llm_canary::export::metrics::{Quantiles, ServerSnapshot, SloReading, SloState, StepSummary};
+use llm_canary::export::{AppState, HttpServer, Metrics, RequestLabels};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const ITERATIONS: usize = 1000;
+const OUTCOMES: [&str; 9] = [
+    "ok",
+    "connect",
+    "timeout",
+    "http_4xx",
+    "http_429",
+    "http_5xx",
+    "stream_error",
+    "stream_truncated",
+    "bad_response",
+];
+
+/// The step label sets of the default plan (DESIGN §3/§5) for one target.
+fn step_labels(target: &str, mode: ServingMode) -> Vec<RequestLabels> {
+    let mut steps = Vec::new();
+    for level in [1, 2, 4, 8, 16, 32, 64] {
+        steps.push(RequestLabels::new(target, mode, "concurrency_sweep").with_concurrency(level));
+    }
+    for turn in 1..=5 {
+        steps.push(RequestLabels::new(target, mode, "multi_turn").with_turn(turn));
+    }
+    for distribution in ["uniform", "zipf", "lognormal"] {
+        for isl_bucket in [128, 256, 512, 1024, 2048, 4096] {
+            steps.push(
+                RequestLabels::new(target, mode, "sequence_distribution")
+                    .with_distribution(distribution, isl_bucket),
+            );
+        }
+    }
+    for ratio in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        steps.push(RequestLabels::new(target, mode, "prefix_cache").with_prefix_ratio(ratio));
+    }
+    steps
+}
+
+fn fill(metrics: &Metrics) -> usize {
+    let mut label_sets = 0;
+    for (target, mode) in [
+        ("agg", ServingMode::Aggregated),
+        ("disagg", ServingMode::Disaggregated),
+    ] {
+        for labels in step_labels(target, mode) {
+            label_sets += 1;
+            for (i, outcome) in OUTCOMES.iter().enumerate() {
+                let scale = 1.0 + i as f64;
+                metrics.record_request(
+                    &labels,
+                    outcome,
+                    Some(0.05 * scale),
+                    Some(0.01 * scale),
+                    Some(2.0 * scale),
+                    1024,
+                    256,
+                    512,
+                );
+            }
+            metrics.record_chunk_gaps(&labels, &[(0.02, 1), (0.04, 2)]);
+            metrics.record_osl_mismatch(&labels);
+            metrics.record_token_count_mismatch(&labels);
+            metrics.observe_schedule_lag(target, &labels.workload, 0.0002);
+            let q = Quantiles {
+                p50: 0.1,
+                p90: 0.2,
+                p99: 0.4,
+            };
+            metrics.set_step(
+                &labels,
+                &StepSummary {
+                    ttft: Some(q),
+                    itl: Some(q),
+                    request_duration: Some(q),
+                    output_tokens_per_second: 1000.0,
+                    requests_per_second: 2.0,
+                    error_ratio: 0.01,
+                    cache_hit_ratio: Some(0.3),
+                    cost_per_million_tokens_usd: Some(18.0),
+                    end_timestamp_seconds: 1.75e9,
+                    degraded: false,
+                },
+            );
+        }
+        metrics.set_target_up(target, true);
+        std::mem::forget(metrics.track_inflight(target));
+        metrics.set_server(
+            target,
+            &ServerSnapshot {
+                prefix_cache_hit_ratio: Some(0.4),
+                kv_cache_usage_ratio: Some(0.6),
+                preemptions_total: Some(1.0),
+                evictions_total: Some(2.0),
+                ttft_mean_seconds: Some(0.2),
+            },
+        );
+    }
+    for slo in 0..8 {
+        metrics.set_slo(
+            &format!("slo-{slo}"),
+            &SloReading {
+                state: SloState::Pass,
+                value: Some(0.5),
+                threshold: Some(1.0),
+                value_lower: Some(0.4),
+                value_upper: Some(0.6),
+            },
+        );
+    }
+    metrics.record_config_reload(true);
+    label_sets
+}
+
+struct Summary {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+fn summarise(mut samples: Vec<Duration>) -> Summary {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Summary {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: at(1.0),
+    }
+}
+
+fn print(what: &str, s: &Summary) {
+    println!(
+        "{what:<28} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
+        s.p50.as_secs_f64() * 1e3,
+        s.p99.as_secs_f64() * 1e3,
+        s.max.as_secs_f64() * 1e3
+    );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new(&[0.1, 0.5, 2.0]));
+    let label_sets = fill(&metrics);
+    let exposition = metrics.encode()?;
+    let samples = exposition.lines().filter(|l| !l.starts_with('#')).count();
+    println!(
+        "{label_sets} request label sets, {} latency buckets, {samples} samples, {:.2} MiB per scrape",
+        metrics.latency_bounds().len(),
+        exposition.len() as f64 / (1024.0 * 1024.0)
+    );
+
+    let mut encode = Vec::with_capacity(ITERATIONS);
+    for _ in 0..ITERATIONS {
+        let start = Instant::now();
+        let text = metrics.encode()?;
+        encode.push(start.elapsed());
+        std::hint::black_box(text);
+    }
+    print("encode()", &summarise(encode));
+
+    let state = AppState::new(metrics.clone(), Arc::new(|| serde_json::json!({})));
+    let server = HttpServer::bind("127.0.0.1:0".parse()?, state).await?;
+    let url = format!("http://{}/metrics", server.local_addr()?);
+    let shutdown = CancellationToken::new();
+    let serving = tokio::spawn(server.serve(shutdown.clone()));
+    // reqwest is built without a default TLS provider; plain http still needs one installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+
+    // A recorder thread runs through the scrapes, timing each record_request.
+    let stop = Arc::new(AtomicBool::new(false));
+    let recorder = {
+        let metrics = metrics.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let labels = step_labels("agg", ServingMode::Aggregated);
+            let mut took = Vec::new();
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let l = &labels[i % labels.len()];
+                let start = Instant::now();
+                metrics.record_request(l, "ok", Some(0.2), Some(0.02), Some(3.0), 1024, 0, 512);
+                took.push(start.elapsed());
+                i += 1;
+            }
+            took
+        })
+    };
+
+    let mut scrape = Vec::with_capacity(ITERATIONS);
+    for _ in 0..ITERATIONS {
+        let start = Instant::now();
+        let body = client.get(&url).send().await?.bytes().await?;
+        scrape.push(start.elapsed());
+        anyhow::ensure!(body.ends_with(b"# EOF\n"), "truncated exposition");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let record = recorder
+        .join()
+        .map_err(|_| anyhow::anyhow!("recorder thread panicked"))?;
+    print("HTTP scrape (GET + body)", &summarise(scrape));
+    let records = record.len();
+    let record = summarise(record);
+    println!(
+        "{:<28} p50 {:>8.3} µs  p99 {:>8.3} µs  max {:>8.3} µs  ({records} calls during scrapes)",
+        "record_request()",
+        record.p50.as_secs_f64() * 1e6,
+        record.p99.as_secs_f64() * 1e6,
+        record.max.as_secs_f64() * 1e6
+    );
+    shutdown.cancel();
+    serving.await?;
+    Ok(())
+}

@@ -1,0 +1,446 @@
+//! The daemon's HTTP surface (DESIGN §2): `/metrics`, `/-/healthy`, `/-/ready`, `/-/reload` and
+//! `/api/v1/status` on a hyper 1 HTTP/1 server, with a readiness latch and a bounded graceful drain.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::metrics::Metrics;
+
+/// The content type of `/metrics` (contract, DESIGN §2).
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// Largest request body read (only `POST /-/reload` reads one, and ignores it); anything larger is
+/// refused with 413 rather than buffered.
+pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024;
+/// Largest request head; a scraper's or a probe's headers are far smaller.
+const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// A client that does not finish its request head in this time is disconnected, so a slow or
+/// stuck client cannot hold a connection (and the drain) open.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for in-flight requests (e.g. a scrape being written) by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Errors of the HTTP surface.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("cannot read the listening address: {0}")]
+    LocalAddr(io::Error),
+}
+
+/// Produces the `/api/v1/status` document (targets, workload phases, SLO verdicts). Called on
+/// every request to the endpoint, so it should read a snapshot, not compute one.
+pub trait StatusSource: Send + Sync {
+    fn status_json(&self) -> serde_json::Value;
+}
+
+impl<F> StatusSource for F
+where
+    F: Fn() -> serde_json::Value + Send + Sync,
+{
+    fn status_json(&self) -> serde_json::Value {
+        self()
+    }
+}
+
+/// What a reload returns: a message for the 200 answer, or the error text for the 500 answer.
+pub type ReloadFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+
+/// Reloads the config (DESIGN §3: validate completely, keep the old config on failure). The same
+/// hook should serve SIGHUP, so it must tolerate concurrent calls and record the outcome with
+/// [`Metrics::record_config_reload`].
+pub trait ReloadHook: Send + Sync {
+    fn reload(&self) -> ReloadFuture;
+}
+
+impl<F> ReloadHook for F
+where
+    F: Fn() -> ReloadFuture + Send + Sync,
+{
+    fn reload(&self) -> ReloadFuture {
+        self()
+    }
+}
+
+/// The readiness latch of `/-/ready`: unset until the daemon says it is ready (config loaded and
+/// the first scheduler tick ran), then set for good.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks the daemon ready; there is no way back.
+    pub fn set_ready(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Everything a request handler reads: the metrics, the readiness latch and the daemon's hooks.
+pub struct AppState {
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    reload: Option<Arc<dyn ReloadHook>>,
+    status: Arc<dyn StatusSource>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("readiness", &self.readiness)
+            .field("reload_enabled", &self.reload.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// State with reload disabled (`POST /-/reload` answers 403) and readiness unset.
+    pub fn new(metrics: Arc<Metrics>, status: Arc<dyn StatusSource>) -> Self {
+        Self {
+            metrics,
+            readiness: Readiness::new(),
+            reload: None,
+            status,
+        }
+    }
+
+    /// Enables `POST /-/reload` with `hook`.
+    pub fn with_reload(mut self, hook: Arc<dyn ReloadHook>) -> Self {
+        self.reload = Some(hook);
+        self
+    }
+
+    /// A handle on the readiness latch, for the daemon to set.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+/// How a shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownOutcome {
+    /// Every connection finished its in-flight request and closed.
+    Drained,
+    /// The drain timed out; the remaining connections were dropped.
+    DrainTimedOut { open_connections: usize },
+}
+
+/// The HTTP server on a bound listener.
+#[derive(Debug)]
+pub struct HttpServer {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    drain_timeout: Duration,
+}
+
+impl HttpServer {
+    /// Binds `addr` (port 0 picks a free port; read it back with [`HttpServer::local_addr`]).
+    pub async fn bind(addr: SocketAddr, state: AppState) -> Result<Self, HttpError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| HttpError::Bind { addr, source })?;
+        Ok(Self::from_listener(listener, state))
+    }
+
+    /// Serves on an already bound listener.
+    pub fn from_listener(listener: TcpListener, state: AppState) -> Self {
+        Self {
+            listener,
+            state: Arc::new(state),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+
+    /// Overrides how long a shutdown waits for in-flight requests.
+    pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = drain_timeout;
+        self
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Result<SocketAddr, HttpError> {
+        self.listener.local_addr().map_err(HttpError::LocalAddr)
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets every connection finish
+    /// its in-flight request (idle keep-alive connections close at once) and waits at most the
+    /// drain timeout for them.
+    pub async fn serve(self, shutdown: CancellationToken) -> ShutdownOutcome {
+        let connections = TaskTracker::new();
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _peer)) => {
+                        connections.spawn(serve_connection(
+                            stream,
+                            self.state.clone(),
+                            shutdown.clone(),
+                        ));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "accepting an HTTP connection failed");
+                        tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    }
+                },
+            }
+        }
+        // Closing the listener first makes new connection attempts fail fast during the drain.
+        drop(self.listener);
+        connections.close();
+        match tokio::time::timeout(self.drain_timeout, connections.wait()).await {
+            Ok(()) => {
+                tracing::debug!("HTTP server drained");
+                ShutdownOutcome::Drained
+            }
+            Err(_) => {
+                let open_connections = connections.len();
+                tracing::warn!(open_connections, "HTTP drain timed out");
+                ShutdownOutcome::DrainTimedOut { open_connections }
+            }
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: CancellationToken) {
+    let service = service_fn(move |request| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(route(&state, request).await) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = result {
+        // Clients hanging up mid-request are routine for probes; not worth more than debug.
+        tracing::debug!(%error, "HTTP connection ended with an error");
+    }
+}
+
+/// Answers one request. Generic over the body so unit tests can drive it without a socket.
+async fn route<B>(state: &AppState, request: Request<B>) -> Response<Full<Bytes>>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let method = request.method().clone();
+    match request.uri().path() {
+        "/metrics" => get_only(&method, || metrics(state)).await,
+        "/-/healthy" => get_only(&method, || async { text(StatusCode::OK, "OK") }).await,
+        "/-/ready" => {
+            get_only(&method, || async {
+                if state.readiness.is_ready() {
+                    text(StatusCode::OK, "OK")
+                } else {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            })
+            .await
+        }
+        "/api/v1/status" => get_only(&method, || async { status(state) }).await,
+        "/-/reload" => {
+            if method != Method::POST {
+                return method_not_allowed("POST");
+            }
+            reload(state, request.into_body()).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found"),
+    }
+}
+
+async fn get_only<F, Fut>(method: &Method, handler: F) -> Response<Full<Bytes>>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Response<Full<Bytes>>>,
+{
+    if method == Method::GET {
+        handler().await
+    } else {
+        method_not_allowed("GET")
+    }
+}
+
+async fn metrics(state: &AppState) -> Response<Full<Bytes>> {
+    let metrics = state.metrics.clone();
+    // Encoding a full series set takes milliseconds of CPU; keep it off the async workers that
+    // drive the traffic.
+    match tokio::task::spawn_blocking(move || metrics.encode()).await {
+        Ok(Ok(body)) => with_type(StatusCode::OK, OPENMETRICS_CONTENT_TYPE, body),
+        Ok(Err(error)) => {
+            tracing::error!(%error, "encoding /metrics failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+        }
+        Err(error) => {
+            tracing::error!(%error, "the /metrics encoder task failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, "encoder task failed")
+        }
+    }
+}
+
+fn status(state: &AppState) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(&state.status.status_json()) {
+        Ok(body) => with_type(StatusCode::OK, JSON_CONTENT_TYPE, body),
+        Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+    }
+}
+
+async fn reload<B>(state: &AppState, body: B) -> Response<Full<Bytes>>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(hook) = state.reload.clone() else {
+        return text(StatusCode::FORBIDDEN, "reload via HTTP is disabled");
+    };
+    // The body carries nothing; it is read (bounded) only so an oversized one is refused.
+    if Limited::new(body, MAX_REQUEST_BODY_BYTES)
+        .collect()
+        .await
+        .is_err()
+    {
+        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+    }
+    match hook.reload().await {
+        Ok(message) => {
+            tracing::info!(%message, "config reloaded via HTTP");
+            text(StatusCode::OK, message)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "config reload via HTTP failed; keeping the running config");
+            text(StatusCode::INTERNAL_SERVER_ERROR, error)
+        }
+    }
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    with_type(status, TEXT_CONTENT_TYPE, body)
+}
+
+fn with_type(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> AppState {
+        let status = Arc::new(|| serde_json::json!({"targets": []}));
+        AppState::new(Arc::new(Metrics::new(&[])), status)
+    }
+
+    fn request(method: Method, path: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = method;
+        *request.uri_mut() = path.parse().expect("uri");
+        request
+    }
+
+    async fn body_text(response: Response<Full<Bytes>>) -> String {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn reload_is_forbidden_without_a_hook() {
+        let response = route(&state(), request(Method::POST, "/-/reload", vec![])).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+
+    #[tokio::test]
+    async fn oversized_reload_body_is_refused_before_the_hook_runs() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        let hook: Arc<dyn ReloadHook> = Arc::new(move || -> ReloadFuture {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok("reloaded".to_owned()) })
+        });
+        let state = state().with_reload(hook);
+        let big = vec![b'x'; MAX_REQUEST_BODY_BYTES + 1];
+        let response = route(&state, request(Method::POST, "/-/reload", big)).await;
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        let small = vec![b'x'; MAX_REQUEST_BODY_BYTES];
+        let response = route(&state, request(Method::POST, "/-/reload", small)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(body_text(response).await, "reloaded");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn get_endpoints_refuse_other_methods() {
+        let state = state();
+        for path in ["/metrics", "/-/healthy", "/-/ready", "/api/v1/status"] {
+            let response = route(&state, request(Method::POST, path, vec![])).await;
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
+            assert_eq!(response.headers()[ALLOW], "GET", "{path}");
+        }
+    }
+}

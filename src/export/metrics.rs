@@ -1,0 +1,1801 @@
+//! The one place that names, registers and records every Prometheus metric of the daemon (DESIGN
+//! §6): the `Metrics` struct of handles built once at start-up, its typed label sets, the latency
+//! bucket grid, and the OpenMetrics text encoding served on `/metrics`.
+//!
+//! Cost of the classic histograms: the latency grid has ~124 bounds (10 % steps from 1 ms to
+//! 120 s, plus the SLO thresholds), so every request label set costs ~127 series per latency
+//! family (buckets, `+Inf`, `_sum`, `_count`), ~1 KiB of atomics in memory and ~25 KiB of text per
+//! scrape. The three per-request latency families (TTFT, ITL, request duration) over the ~35 step
+//! label sets of one target running all four workloads make ~13,500 histogram series per target;
+//! the chunk-gap histogram is kept per target and workload only. `examples/scrape_bench.rs`
+//! measures what that means for a scrape.
+//!
+//! Recording never waits on a scrape: histograms are arrays of atomics ([`AtomicHistogram`]),
+//! counters and gauges are atomics, and a [`Family`] lookup takes only a shared read lock, which a
+//! scrape also only reads. The exception is the first observation of a new label set (the first
+//! request of a step), which takes the family's write lock once and may wait for a scrape in
+//! progress.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::config::ServingMode;
+
+/// Errors of the metrics module.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The OpenMetrics text encoder failed (it only fails on a broken writer or an invalid metric).
+    #[error("encoding the OpenMetrics exposition failed")]
+    Encode(#[from] std::fmt::Error),
+}
+
+/// Lower end of the latency grid: 1 ms, below any TTFT or ITL a network client can see.
+const LATENCY_MIN_SECONDS: f64 = 0.001;
+/// Upper end of the latency grid: 120 s, the longest request the default workloads allow.
+const LATENCY_MAX_SECONDS: f64 = 120.0;
+/// Ratio between neighbouring grid bounds: ~10 % keeps the error of `histogram_quantile` under
+/// ~5 % while keeping the bucket count near 120.
+const LATENCY_STEP_RATIO: f64 = 1.1;
+/// Significant digits of a grid bound, so `le` labels read `0.00121`, not `0.0012100000000000001`.
+const BOUND_SIGNIFICANT_DIGITS: i32 = 4;
+/// Two bounds closer than this (relative) are the same bound.
+const BOUND_DEDUP_RELATIVE: f64 = 1e-12;
+
+/// The `outcome` label of a request that succeeded; every other value is an error kind of DESIGN §4.
+pub const OUTCOME_OK: &str = "ok";
+
+/// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values.
+const STEP_QUANTILE_LABELS: [&str; 3] = ["0.5", "0.9", "0.99"];
+
+type GaugeF64 = Gauge<f64, AtomicU64>;
+type CounterF64 = Counter<f64, AtomicU64>;
+
+/// Rounds `x` (> 0) to `digits` significant decimal digits. Dividing by an exact power of ten
+/// yields the double nearest to the decimal, so the shortest printed form is the decimal.
+fn round_significant(x: f64, digits: i32) -> f64 {
+    let exponent = x.log10().floor() as i32;
+    let shift = digits - 1 - exponent;
+    if shift >= 0 {
+        let scale = 10f64.powi(shift);
+        (x * scale).round() / scale
+    } else {
+        let scale = 10f64.powi(-shift);
+        (x / scale).round() * scale
+    }
+}
+
+fn same_bound(a: f64, b: f64) -> bool {
+    (a - b).abs() <= BOUND_DEDUP_RELATIVE * a.abs().max(b.abs())
+}
+
+/// The latency bucket bounds: a log grid at ~10 % steps from 1 ms to 120 s (rounded to four
+/// significant digits) merged with `extra_thresholds`, so that every SLO threshold is an exact
+/// bucket bound and `histogram_quantile`/`le` selectors hit it without interpolation.
+///
+/// The result is sorted and strictly increasing; a threshold within 1e-12 (relative) of a grid
+/// bound replaces that bound, so the threshold itself is present bit for bit. Non-finite
+/// thresholds are dropped (`+Inf` is implicit).
+pub fn latency_buckets(extra_thresholds: &[f64]) -> Vec<f64> {
+    let steps = ((LATENCY_MAX_SECONDS / LATENCY_MIN_SECONDS).ln() / LATENCY_STEP_RATIO.ln()).ceil();
+    let ratio = (LATENCY_MAX_SECONDS / LATENCY_MIN_SECONDS).powf(1.0 / steps);
+    let grid = (0..=steps as i32).map(|i| {
+        round_significant(
+            LATENCY_MIN_SECONDS * ratio.powi(i),
+            BOUND_SIGNIFICANT_DIGITS,
+        )
+    });
+    merge_bounds(grid, extra_thresholds)
+}
+
+/// The schedule-lag bucket bounds: 1-2-5 steps from 10 µs to 10 s. Lag is the canary's own
+/// health, so a coarse grid over a wide range is enough.
+pub fn schedule_lag_buckets() -> Vec<f64> {
+    let grid = (-5..=1).flat_map(|exponent| {
+        [1.0, 2.0, 5.0]
+            .into_iter()
+            .map(move |mantissa| round_significant(mantissa * 10f64.powi(exponent), 1))
+    });
+    merge_bounds(grid.filter(|b| *b <= 10.0), &[])
+}
+
+fn merge_bounds(grid: impl Iterator<Item = f64>, extra: &[f64]) -> Vec<f64> {
+    let mut bounds: Vec<f64> = Vec::new();
+    for &threshold in extra.iter().filter(|t| t.is_finite()) {
+        if !bounds.iter().any(|b| same_bound(*b, threshold)) {
+            bounds.push(threshold);
+        }
+    }
+    for bound in grid {
+        if !bounds.iter().any(|b| same_bound(*b, bound)) {
+            bounds.push(bound);
+        }
+    }
+    bounds.sort_by(f64::total_cmp);
+    bounds
+}
+
+/// A classic histogram whose record path is a handful of atomic operations. prometheus-client's
+/// own `Histogram` guards its buckets with a mutex that a scrape also takes; this one never
+/// blocks, so recording a request cannot wait on a scrape. The bounds are shared by every series
+/// of a family, so a series costs one counter per bucket.
+#[derive(Debug, Clone)]
+pub struct AtomicHistogram {
+    cells: Arc<HistogramCells>,
+}
+
+#[derive(Debug)]
+struct HistogramCells {
+    bounds: Arc<[f64]>,
+    /// Non-cumulative count per bucket; the last cell is the implicit `+Inf` bucket.
+    counts: Box<[AtomicU64]>,
+    sum_bits: AtomicU64,
+}
+
+impl AtomicHistogram {
+    /// A histogram over `bounds` (finite, strictly increasing; `+Inf` is added implicitly).
+    pub fn new(bounds: Arc<[f64]>) -> Self {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            cells: Arc::new(HistogramCells {
+                bounds,
+                counts,
+                sum_bits: AtomicU64::new(0f64.to_bits()),
+            }),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, value: f64) {
+        self.observe_n(value, 1);
+    }
+
+    /// Records `n` observations of `value` at once (a chunk of k tokens counts its per-token gap k
+    /// times). Non-finite values are dropped: one NaN would poison `_sum` for the life of the series.
+    pub fn observe_n(&self, value: f64, n: u64) {
+        if !value.is_finite() || n == 0 {
+            return;
+        }
+        // `le` semantics: the first bucket whose bound is >= value.
+        let index = self.cells.bounds.partition_point(|bound| *bound < value);
+        self.cells.counts[index].fetch_add(n, Ordering::Relaxed);
+        let add = value * n as f64;
+        // The closure always returns Some, so the update cannot fail.
+        let _ = self
+            .cells
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + add).to_bits())
+            });
+    }
+
+    /// Observation count (the sum of all bucket counts, so it always equals the `+Inf` bucket).
+    pub fn count(&self) -> u64 {
+        self.cells
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Sum of all observations.
+    pub fn sum(&self) -> f64 {
+        f64::from_bits(self.cells.sum_bits.load(Ordering::Relaxed))
+    }
+
+    /// The finite bucket bounds.
+    pub fn bounds(&self) -> &[f64] {
+        &self.cells.bounds
+    }
+}
+
+impl TypedMetric for AtomicHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for AtomicHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let mut buckets = Vec::with_capacity(self.cells.counts.len());
+        let mut count = 0u64;
+        for (i, cell) in self.cells.counts.iter().enumerate() {
+            let n = cell.load(Ordering::Relaxed);
+            count += n;
+            let bound = self.cells.bounds.get(i).copied().unwrap_or(f64::INFINITY);
+            buckets.push((bound, n));
+        }
+        encoder.encode_histogram::<NoLabelSet>(self.sum(), count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Builds the histograms of one family over shared bounds.
+#[derive(Debug, Clone)]
+pub struct SharedBuckets(Arc<[f64]>);
+
+impl MetricConstructor<AtomicHistogram> for SharedBuckets {
+    fn new_metric(&self) -> AtomicHistogram {
+        AtomicHistogram::new(self.0.clone())
+    }
+}
+
+/// The labels of every per-request and per-step series (DESIGN §5/§6). Labels that do not apply to
+/// the workload are empty strings, always present, so every series of a family has the same keys.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub target: String,
+    pub serving_mode: String,
+    pub workload: String,
+    pub concurrency: String,
+    pub turn: String,
+    pub distribution: String,
+    pub isl_bucket: String,
+    pub prefix_ratio: String,
+}
+
+/// A step is identified by the same labels as its requests.
+pub type StepLabels = RequestLabels;
+
+impl RequestLabels {
+    /// Labels of a request of `workload` against `target`; step labels start empty.
+    pub fn new(target: &str, serving_mode: ServingMode, workload: &str) -> Self {
+        Self {
+            target: target.to_owned(),
+            serving_mode: serving_mode.as_str().to_owned(),
+            workload: workload.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// `concurrency_sweep` step label.
+    pub fn with_concurrency(mut self, concurrency: u32) -> Self {
+        self.concurrency = concurrency.to_string();
+        self
+    }
+
+    /// `multi_turn` step label (1-based turn).
+    pub fn with_turn(mut self, turn: u32) -> Self {
+        self.turn = turn.to_string();
+        self
+    }
+
+    /// `sequence_distribution` step labels; `isl_bucket` is the log2 bucket's lower bound.
+    pub fn with_distribution(mut self, distribution: &str, isl_bucket: u64) -> Self {
+        self.distribution = distribution.to_owned();
+        self.isl_bucket = isl_bucket.to_string();
+        self
+    }
+
+    /// `prefix_cache` step label, formatted as Rust's shortest round-trip form (`0`, `0.25`, `1`).
+    pub fn with_prefix_ratio(mut self, prefix_ratio: f64) -> Self {
+        self.prefix_ratio = prefix_ratio.to_string();
+        self
+    }
+
+    fn mode_labels(&self) -> ModeLabels {
+        ModeLabels {
+            target: self.target.clone(),
+            serving_mode: self.serving_mode.clone(),
+            workload: self.workload.clone(),
+        }
+    }
+}
+
+/// The key of a per-request histogram series: the labels plus their text rendering, made once per
+/// series on its first scrape. A histogram line repeats the full label set ~127 times per series;
+/// writing it as one pre-rendered string instead of eight key/value pairs per line cuts the
+/// encoder's work per line by about half (measured with `examples/scrape_bench.rs`).
+#[derive(Debug, Clone)]
+struct Series {
+    labels: RequestLabels,
+    rendered: OnceLock<RenderedLabels>,
+}
+
+#[derive(Debug, Clone)]
+struct RenderedLabels {
+    /// `target="..",serving_mode="..",…,isl_bucket="..",prefix_ratio`: every pair but the last
+    /// value, escaped here.
+    head: Box<str>,
+    /// The raw last value; the encoder escapes it.
+    last_value: Box<str>,
+}
+
+impl Series {
+    fn new(labels: &RequestLabels) -> Self {
+        Self {
+            labels: labels.clone(),
+            rendered: OnceLock::new(),
+        }
+    }
+
+    fn render(&self) -> RenderedLabels {
+        let l = &self.labels;
+        let pairs = [
+            ("target", &l.target),
+            ("serving_mode", &l.serving_mode),
+            ("workload", &l.workload),
+            ("concurrency", &l.concurrency),
+            ("turn", &l.turn),
+            ("distribution", &l.distribution),
+            ("isl_bucket", &l.isl_bucket),
+        ];
+        let mut head = String::with_capacity(160);
+        for (key, value) in pairs {
+            head.push_str(key);
+            head.push_str("=\"");
+            for c in value.chars() {
+                match c {
+                    '\\' => head.push_str("\\\\"),
+                    '"' => head.push_str("\\\""),
+                    '\n' => head.push_str("\\n"),
+                    c => head.push(c),
+                }
+            }
+            head.push_str("\",");
+        }
+        head.push_str("prefix_ratio");
+        RenderedLabels {
+            head: head.into(),
+            last_value: l.prefix_ratio.as_str().into(),
+        }
+    }
+}
+
+impl PartialEq for Series {
+    fn eq(&self, other: &Self) -> bool {
+        self.labels == other.labels
+    }
+}
+
+impl Eq for Series {}
+
+impl std::hash::Hash for Series {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.labels.hash(state);
+    }
+}
+
+impl EncodeLabelSet for Series {
+    /// Writes the same text as `RequestLabels`' derived encoding. Only the text encoders are
+    /// enabled (no protobuf feature), and they write a label key verbatim.
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let rendered = self.rendered.get_or_init(|| self.render());
+        let mut label = encoder.encode_label();
+        let mut key = label.encode_label_key()?;
+        key.write_str(&rendered.head)?;
+        let mut value = key.encode_label_value()?;
+        value.write_str(&rendered.last_value)?;
+        value.finish()
+    }
+}
+
+/// Request labels plus `outcome` (`ok` or an error kind).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    #[prometheus(flatten)]
+    pub request: RequestLabels,
+    pub outcome: String,
+}
+
+/// Step labels plus `quantile`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepQuantileLabels {
+    #[prometheus(flatten)]
+    pub step: StepLabels,
+    pub quantile: String,
+}
+
+/// `target`, `serving_mode`, `workload`: the coarse per-request counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub target: String,
+    pub serving_mode: String,
+    pub workload: String,
+}
+
+/// `target` only: server-side and target health series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    pub target: String,
+}
+
+/// `target`, `workload`: the schedule lag histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetWorkloadLabels {
+    pub target: String,
+    pub workload: String,
+}
+
+/// `slo`: the SLO value gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SloLabels {
+    pub slo: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: String,
+}
+
+/// p50, p90 and p99 of one latency over a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Quantiles {
+    fn values(self) -> [f64; 3] {
+        [self.p50, self.p90, self.p99]
+    }
+}
+
+/// A step's summary over its steady window (DESIGN §5), exported as `llm_canary_step_*`. A `None`
+/// removes the series, so a step without samples does not keep the previous cycle's value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepSummary {
+    pub ttft: Option<Quantiles>,
+    pub itl: Option<Quantiles>,
+    pub request_duration: Option<Quantiles>,
+    pub output_tokens_per_second: f64,
+    pub requests_per_second: f64,
+    pub error_ratio: f64,
+    pub cache_hit_ratio: Option<f64>,
+    pub cost_per_million_tokens_usd: Option<f64>,
+    /// Unix time of the end of the step's window.
+    pub end_timestamp_seconds: f64,
+    /// Schedule lag p99 exceeded its limit: the step measured the canary, not the server.
+    pub degraded: bool,
+}
+
+/// What one scrape of a target's own `/metrics` yielded; `None` leaves a series untouched.
+/// Counter totals are the server's cumulative values; the canary mirrors their increase.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServerSnapshot {
+    pub prefix_cache_hit_ratio: Option<f64>,
+    pub kv_cache_usage_ratio: Option<f64>,
+    pub preemptions_total: Option<f64>,
+    pub evictions_total: Option<f64>,
+    pub ttft_mean_seconds: Option<f64>,
+}
+
+/// The verdict of an SLO: the `state` label of `llm_canary_slo_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SloState {
+    Pass,
+    Fail,
+    InsufficientData,
+}
+
+impl SloState {
+    /// Every state, in exposition order.
+    pub const ALL: [SloState; 3] = [SloState::Pass, SloState::Fail, SloState::InsufficientData];
+
+    /// The `state` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloState::Pass => "pass",
+            SloState::Fail => "fail",
+            SloState::InsufficientData => "insufficient_data",
+        }
+    }
+}
+
+/// One evaluation of an SLO. `None` values remove their series (e.g. no interval without samples).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SloReading {
+    pub state: SloState,
+    pub value: Option<f64>,
+    pub threshold: Option<f64>,
+    pub value_lower: Option<f64>,
+    pub value_upper: Option<f64>,
+}
+
+/// `llm_canary_slo_state`: one state per SLO, encoded as a gauge per `state` with exactly one at 1.
+/// Holding the state as one value (not three gauges) means no scrape can see two states at 1 or
+/// none, which three separately set gauges would allow between the two writes.
+#[derive(Debug, Clone, Default)]
+struct SloStateSet {
+    states: Arc<RwLock<BTreeMap<String, SloState>>>,
+}
+
+impl SloStateSet {
+    fn set(&self, slo: &str, state: SloState) {
+        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
+        states.insert(slo.to_owned(), state);
+    }
+
+    fn remove(&self, slo: &str) {
+        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
+        states.remove(slo);
+    }
+
+    fn get(&self, slo: &str) -> Option<SloState> {
+        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
+        states.get(slo).copied()
+    }
+}
+
+impl EncodeMetric for SloStateSet {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
+        for (slo, current) in states.iter() {
+            for state in SloState::ALL {
+                let labels = [("slo", slo.as_str()), ("state", state.as_str())];
+                let value: i64 = if state == *current { 1 } else { 0 };
+                encoder.encode_family(&labels)?.encode_gauge(&value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    fn is_empty(&self) -> bool {
+        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
+        states.is_empty()
+    }
+}
+
+/// The label sets created per target, so a target that disappears can be removed from every
+/// family (prometheus-client cannot enumerate a family's label sets). Written only when a series
+/// is first created, never on the steady record path.
+#[derive(Debug, Default)]
+struct TargetSeries {
+    requests: HashSet<RequestLabels>,
+    outcomes: HashSet<OutcomeLabels>,
+    modes: HashSet<ModeLabels>,
+    lags: HashSet<TargetWorkloadLabels>,
+    /// Last cumulative server counter values seen, to mirror their increase.
+    last_preemptions: Option<f64>,
+    last_evictions: Option<f64>,
+}
+
+/// Every metric family of the daemon, registered once in [`Metrics::new`].
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    latency_bounds: Arc<[f64]>,
+    tracked: Mutex<HashMap<String, TargetSeries>>,
+    /// Size of the previous exposition, to allocate the next one in one go.
+    last_encoded_len: AtomicUsize,
+
+    ttft: Family<Series, AtomicHistogram, SharedBuckets>,
+    itl: Family<Series, AtomicHistogram, SharedBuckets>,
+    request_duration: Family<Series, AtomicHistogram, SharedBuckets>,
+    /// Coarser labels than the per-request histograms: the per-token gap distribution is read per
+    /// target and workload, and per step it would add another ~126 series per step label set.
+    chunk_gap: Family<ModeLabels, AtomicHistogram, SharedBuckets>,
+    requests: Family<OutcomeLabels, Counter>,
+    prompt_tokens: Family<RequestLabels, Counter>,
+    cached_tokens: Family<RequestLabels, Counter>,
+    output_tokens: Family<RequestLabels, Counter>,
+    osl_mismatch: Family<ModeLabels, Counter>,
+    token_count_mismatch: Family<ModeLabels, Counter>,
+
+    step_ttft: Family<StepQuantileLabels, GaugeF64>,
+    step_itl: Family<StepQuantileLabels, GaugeF64>,
+    step_request_duration: Family<StepQuantileLabels, GaugeF64>,
+    step_output_tokens_per_second: Family<StepLabels, GaugeF64>,
+    step_requests_per_second: Family<StepLabels, GaugeF64>,
+    step_error_ratio: Family<StepLabels, GaugeF64>,
+    step_cache_hit_ratio: Family<StepLabels, GaugeF64>,
+    step_cost_per_million_tokens: Family<StepLabels, GaugeF64>,
+    step_end_timestamp: Family<StepLabels, GaugeF64>,
+    step_degraded: Family<StepLabels, Gauge>,
+
+    server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
+    server_preemptions: Family<TargetLabels, CounterF64>,
+    server_evictions: Family<TargetLabels, CounterF64>,
+    server_ttft_mean: Family<TargetLabels, GaugeF64>,
+
+    slo_state: SloStateSet,
+    slo_value: Family<SloLabels, GaugeF64>,
+    slo_threshold: Family<SloLabels, GaugeF64>,
+    slo_value_lower: Family<SloLabels, GaugeF64>,
+    slo_value_upper: Family<SloLabels, GaugeF64>,
+
+    target_up: Family<TargetLabels, Gauge>,
+    schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
+    inflight: Family<TargetLabels, Gauge>,
+    build_info: Family<VersionLabels, Gauge>,
+    config_last_reload_successful: Gauge,
+    config_last_reload_success_timestamp: GaugeF64,
+}
+
+/// Decrements the in-flight gauge when the request it counts ends, however it ends.
+#[derive(Debug)]
+#[must_use = "the request counts as in flight only while the guard lives"]
+pub struct InflightGuard {
+    gauge: Gauge,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Metrics {
+    /// Builds and registers every family. `latency_thresholds` are the SLO thresholds in seconds
+    /// (from the config); each becomes an exact bucket bound of the latency histograms. Buckets are
+    /// fixed for the life of the process so histograms survive a config reload.
+    pub fn new(latency_thresholds: &[f64]) -> Self {
+        let latency_bounds: Arc<[f64]> = latency_buckets(latency_thresholds).into();
+        let latency = SharedBuckets(latency_bounds.clone());
+        let lag = SharedBuckets(schedule_lag_buckets().into());
+        let metrics = Self {
+            registry: Registry::default(),
+            latency_bounds,
+            tracked: Mutex::new(HashMap::new()),
+            last_encoded_len: AtomicUsize::new(0),
+            ttft: Family::new_with_constructor(latency.clone()),
+            itl: Family::new_with_constructor(latency.clone()),
+            request_duration: Family::new_with_constructor(latency.clone()),
+            chunk_gap: Family::new_with_constructor(latency),
+            requests: Family::default(),
+            prompt_tokens: Family::default(),
+            cached_tokens: Family::default(),
+            output_tokens: Family::default(),
+            osl_mismatch: Family::default(),
+            token_count_mismatch: Family::default(),
+            step_ttft: Family::default(),
+            step_itl: Family::default(),
+            step_request_duration: Family::default(),
+            step_output_tokens_per_second: Family::default(),
+            step_requests_per_second: Family::default(),
+            step_error_ratio: Family::default(),
+            step_cache_hit_ratio: Family::default(),
+            step_cost_per_million_tokens: Family::default(),
+            step_end_timestamp: Family::default(),
+            step_degraded: Family::default(),
+            server_prefix_cache_hit_ratio: Family::default(),
+            server_kv_cache_usage_ratio: Family::default(),
+            server_preemptions: Family::default(),
+            server_evictions: Family::default(),
+            server_ttft_mean: Family::default(),
+            slo_state: SloStateSet::default(),
+            slo_value: Family::default(),
+            slo_threshold: Family::default(),
+            slo_value_lower: Family::default(),
+            slo_value_upper: Family::default(),
+            target_up: Family::default(),
+            schedule_lag: Family::new_with_constructor(lag),
+            inflight: Family::default(),
+            build_info: Family::default(),
+            config_last_reload_successful: Gauge::default(),
+            config_last_reload_success_timestamp: GaugeF64::default(),
+        };
+        metrics.register()
+    }
+
+    /// Registers every family under its contract name (DESIGN §6). Counters are registered without
+    /// `_total`, which the encoder appends; `Unit::Seconds` appends `_seconds` and emits `# UNIT`.
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
+
+        r.register_with_unit(
+            "llm_canary_time_to_first_token",
+            "Time from the intended send to the first non-empty content chunk",
+            s(),
+            self.ttft.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_inter_token_latency",
+            "Per-request mean gap between output tokens: (last chunk - first chunk) / (tokens - 1)",
+            s(),
+            self.itl.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_request_duration",
+            "Time from the intended send to the last content chunk",
+            s(),
+            self.request_duration.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_chunk_gap",
+            "Per-token gap between content chunks; a chunk of k tokens counts gap/k, k times",
+            s(),
+            self.chunk_gap.clone(),
+        );
+        r.register(
+            "llm_canary_requests",
+            "Requests by outcome: ok or an error kind",
+            self.requests.clone(),
+        );
+        r.register(
+            "llm_canary_prompt_tokens",
+            "Prompt tokens reported in usage",
+            self.prompt_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_cached_tokens",
+            "Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens)",
+            self.cached_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_output_tokens",
+            "Completion tokens reported in usage",
+            self.output_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_osl_mismatch",
+            "Requests whose completion tokens missed the requested OSL by more than min(5 %, 50)",
+            self.osl_mismatch.clone(),
+        );
+        r.register(
+            "llm_canary_client_token_count_mismatch",
+            "Requests whose client-side token count disagreed with usage.completion_tokens",
+            self.token_count_mismatch.clone(),
+        );
+
+        r.register_with_unit(
+            "llm_canary_step_ttft",
+            "TTFT quantile over the step's steady window",
+            s(),
+            self.step_ttft.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_itl",
+            "ITL quantile over the step's steady window",
+            s(),
+            self.step_itl.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_request_duration",
+            "Request duration quantile over the step's steady window",
+            s(),
+            self.step_request_duration.clone(),
+        );
+        r.register(
+            "llm_canary_step_output_tokens_per_second",
+            "Output tokens per second over the step's steady window",
+            self.step_output_tokens_per_second.clone(),
+        );
+        r.register(
+            "llm_canary_step_requests_per_second",
+            "Completed requests per second over the step's steady window",
+            self.step_requests_per_second.clone(),
+        );
+        r.register(
+            "llm_canary_step_error_ratio",
+            "Failed requests / all requests over the step's steady window",
+            self.step_error_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_step_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens over the step's steady window",
+            self.step_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_step_cost_per_million_tokens_usd",
+            "Cost of one million output tokens at the step's throughput and the target's hourly cost",
+            self.step_cost_per_million_tokens.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_end_timestamp",
+            "Unix time at which the step's window ended",
+            s(),
+            self.step_end_timestamp.clone(),
+        );
+        r.register(
+            "llm_canary_step_degraded",
+            "1 when the step's schedule lag p99 exceeded its limit; such steps are excluded from SLOs",
+            self.step_degraded.clone(),
+        );
+
+        r.register(
+            "llm_canary_server_prefix_cache_hit_ratio",
+            "Prefix cache hit ratio reported by the server's own metrics",
+            self.server_prefix_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_kv_cache_usage_ratio",
+            "KV cache usage reported by the server's own metrics",
+            self.server_kv_cache_usage_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_preemptions",
+            "Preemptions reported by the server's own metrics",
+            self.server_preemptions.clone(),
+        );
+        r.register(
+            "llm_canary_server_evictions",
+            "KV block evictions reported by the server's own metrics",
+            self.server_evictions.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_server_ttft_mean",
+            "Mean TTFT reported by the server's own metrics",
+            s(),
+            self.server_ttft_mean.clone(),
+        );
+
+        r.register(
+            "llm_canary_slo_state",
+            "SLO verdict as a state set: exactly one of pass, fail, insufficient_data is 1",
+            self.slo_state.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value",
+            "Measured value of the SLO's left-hand side",
+            self.slo_value.clone(),
+        );
+        r.register(
+            "llm_canary_slo_threshold",
+            "Threshold the SLO's value is compared with",
+            self.slo_threshold.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value_lower",
+            "Lower bound of the 95 % confidence interval of the SLO's value",
+            self.slo_value_lower.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value_upper",
+            "Upper bound of the 95 % confidence interval of the SLO's value",
+            self.slo_value_upper.clone(),
+        );
+
+        r.register(
+            "llm_canary_target_up",
+            "1 when the last request or probe of the target reached it",
+            self.target_up.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_schedule_lag",
+            "Actual minus intended send time: the canary's own scheduling delay",
+            s(),
+            self.schedule_lag.clone(),
+        );
+        r.register(
+            "llm_canary_inflight_requests",
+            "Requests sent and not yet finished",
+            self.inflight.clone(),
+        );
+        r.register(
+            "llm_canary_build_info",
+            "Build information; the value is always 1",
+            self.build_info.clone(),
+        );
+        r.register(
+            "llm_canary_config_last_reload_successful",
+            "1 when the last config reload succeeded",
+            self.config_last_reload_successful.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_config_last_reload_success_timestamp",
+            "Unix time of the last successful config load",
+            s(),
+            self.config_last_reload_success_timestamp.clone(),
+        );
+
+        self.build_info
+            .get_or_create_owned(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        self
+    }
+
+    /// The latency bucket bounds in use (fixed at start-up). A reload that brings a new SLO
+    /// threshold can compare against this and warn that it takes effect on restart.
+    pub fn latency_bounds(&self) -> &[f64] {
+        &self.latency_bounds
+    }
+
+    /// Records one finished request. `outcome` is `ok` or an error kind of DESIGN §4 (a bounded set:
+    /// pass the client error's metric label, never free text). Latencies are in seconds and `None`
+    /// where they do not exist (an error before the first token has no TTFT); error latency is
+    /// recorded like any other.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_request(
+        &self,
+        labels: &RequestLabels,
+        outcome: &str,
+        ttft: Option<f64>,
+        itl: Option<f64>,
+        latency: Option<f64>,
+        prompt_tokens: u64,
+        cached_tokens: u64,
+        output_tokens: u64,
+    ) {
+        let outcome_labels = OutcomeLabels {
+            request: labels.clone(),
+            outcome: outcome.to_owned(),
+        };
+        self.outcome_series(&outcome_labels).inc();
+        if ttft.is_some() || itl.is_some() || latency.is_some() {
+            let key = Series::new(labels);
+            let histograms = [
+                (&self.ttft, ttft),
+                (&self.itl, itl),
+                (&self.request_duration, latency),
+            ];
+            for (family, value) in histograms {
+                if let Some(v) = value {
+                    self.histogram_series(family, &key).observe(v);
+                }
+            }
+        }
+        // The token counters are touched even at 0 so their series exist from the first request
+        // and `rate()` has a starting point.
+        self.request_series(&self.prompt_tokens, labels)
+            .inc_by(prompt_tokens);
+        self.request_series(&self.cached_tokens, labels)
+            .inc_by(cached_tokens);
+        self.request_series(&self.output_tokens, labels)
+            .inc_by(output_tokens);
+    }
+
+    /// Records the content chunks of one request as per-token gaps: each `(gap_seconds, tokens)`
+    /// counts `gap / tokens`, `tokens` times (DESIGN §4). Exported by `target`, `serving_mode` and
+    /// `workload` only (`llm_canary_chunk_gap_seconds`); the step labels of `labels` are not used.
+    pub fn record_chunk_gaps(&self, labels: &RequestLabels, gaps: &[(f64, u32)]) {
+        if gaps.is_empty() {
+            return;
+        }
+        let histogram = self.mode_series(&self.chunk_gap, labels.mode_labels());
+        for &(gap, tokens) in gaps {
+            if tokens > 0 {
+                histogram.observe_n(gap / f64::from(tokens), u64::from(tokens));
+            }
+        }
+    }
+
+    /// Counts a request whose completion tokens missed the requested OSL.
+    pub fn record_osl_mismatch(&self, labels: &RequestLabels) {
+        self.mode_series(&self.osl_mismatch, labels.mode_labels())
+            .inc();
+    }
+
+    /// Counts a request whose client-side token count disagreed with `usage.completion_tokens`.
+    pub fn record_token_count_mismatch(&self, labels: &RequestLabels) {
+        self.mode_series(&self.token_count_mismatch, labels.mode_labels())
+            .inc();
+    }
+
+    /// Observes the scheduling lag (actual − intended send, seconds) of one request.
+    pub fn observe_schedule_lag(&self, target: &str, workload: &str, lag_seconds: f64) {
+        let labels = TargetWorkloadLabels {
+            target: target.to_owned(),
+            workload: workload.to_owned(),
+        };
+        if let Some(h) = self.schedule_lag.get(&labels) {
+            h.observe(lag_seconds);
+            return;
+        }
+        let histogram = self.schedule_lag.get_or_create_owned(&labels);
+        self.track(target, |s| {
+            s.lags.insert(labels);
+        });
+        histogram.observe(lag_seconds);
+    }
+
+    /// Counts a request as in flight until the returned guard is dropped.
+    pub fn track_inflight(&self, target: &str) -> InflightGuard {
+        let gauge = self.inflight.get_or_create_owned(&TargetLabels {
+            target: target.to_owned(),
+        });
+        gauge.inc();
+        InflightGuard { gauge }
+    }
+
+    /// Sets `llm_canary_target_up`.
+    pub fn set_target_up(&self, target: &str, up: bool) {
+        self.target_up
+            .get_or_create_owned(&TargetLabels {
+                target: target.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
+    /// Publishes a step's summary (DESIGN §5) as the `llm_canary_step_*` gauges.
+    pub fn set_step(&self, labels: &StepLabels, summary: &StepSummary) {
+        let latency_gauges = [
+            (&self.step_ttft, summary.ttft),
+            (&self.step_itl, summary.itl),
+            (&self.step_request_duration, summary.request_duration),
+        ];
+        for (family, quantiles) in latency_gauges {
+            for (quantile, value) in STEP_QUANTILE_LABELS.iter().zip(
+                quantiles
+                    .map(Quantiles::values)
+                    .map(|v| v.map(Some))
+                    .unwrap_or([None; 3]),
+            ) {
+                let quantile_labels = StepQuantileLabels {
+                    step: labels.clone(),
+                    quantile: (*quantile).to_owned(),
+                };
+                match value {
+                    Some(v) => {
+                        family.get_or_create_owned(&quantile_labels).set(v);
+                    }
+                    None => {
+                        family.remove(&quantile_labels);
+                    }
+                }
+            }
+        }
+        let plain = [
+            (
+                &self.step_output_tokens_per_second,
+                Some(summary.output_tokens_per_second),
+            ),
+            (
+                &self.step_requests_per_second,
+                Some(summary.requests_per_second),
+            ),
+            (&self.step_error_ratio, Some(summary.error_ratio)),
+            (&self.step_cache_hit_ratio, summary.cache_hit_ratio),
+            (
+                &self.step_cost_per_million_tokens,
+                summary.cost_per_million_tokens_usd,
+            ),
+            (
+                &self.step_end_timestamp,
+                Some(summary.end_timestamp_seconds),
+            ),
+        ];
+        for (family, value) in plain {
+            match value {
+                Some(v) => {
+                    self.request_series(family, labels).set(v);
+                }
+                None => {
+                    family.remove(labels);
+                }
+            }
+        }
+        self.request_series(&self.step_degraded, labels)
+            .set(i64::from(summary.degraded));
+    }
+
+    /// Publishes what one scrape of the target's own metrics yielded. Server counters are mirrored
+    /// by their increase; a total below the previous one means the server restarted, and its new
+    /// total is all increase.
+    pub fn set_server(&self, target: &str, snapshot: &ServerSnapshot) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        let gauges = [
+            (
+                &self.server_prefix_cache_hit_ratio,
+                snapshot.prefix_cache_hit_ratio,
+            ),
+            (
+                &self.server_kv_cache_usage_ratio,
+                snapshot.kv_cache_usage_ratio,
+            ),
+            (&self.server_ttft_mean, snapshot.ttft_mean_seconds),
+        ];
+        for (family, value) in gauges {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                family.get_or_create_owned(&labels).set(v);
+            }
+        }
+        let preemptions = self.server_preemptions.get_or_create_owned(&labels);
+        let evictions = self.server_evictions.get_or_create_owned(&labels);
+        self.track(target, |s| {
+            mirror_counter(
+                &preemptions,
+                &mut s.last_preemptions,
+                snapshot.preemptions_total,
+            );
+            mirror_counter(&evictions, &mut s.last_evictions, snapshot.evictions_total);
+        });
+    }
+
+    /// Publishes one SLO evaluation. The state is stored as one value, so every scrape sees exactly
+    /// one `state` at 1.
+    pub fn set_slo(&self, slo: &str, reading: &SloReading) {
+        self.slo_state.set(slo, reading.state);
+        let labels = SloLabels {
+            slo: slo.to_owned(),
+        };
+        let gauges = [
+            (&self.slo_value, reading.value),
+            (&self.slo_threshold, reading.threshold),
+            (&self.slo_value_lower, reading.value_lower),
+            (&self.slo_value_upper, reading.value_upper),
+        ];
+        for (family, value) in gauges {
+            match value {
+                Some(v) => {
+                    family.get_or_create_owned(&labels).set(v);
+                }
+                None => {
+                    family.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// The state last set for `slo`.
+    pub fn slo_state(&self, slo: &str) -> Option<SloState> {
+        self.slo_state.get(slo)
+    }
+
+    /// Removes every series of an SLO that a reload deleted.
+    pub fn remove_slo(&self, slo: &str) {
+        self.slo_state.remove(slo);
+        let labels = SloLabels {
+            slo: slo.to_owned(),
+        };
+        for family in [
+            &self.slo_value,
+            &self.slo_threshold,
+            &self.slo_value_lower,
+            &self.slo_value_upper,
+        ] {
+            family.remove(&labels);
+        }
+    }
+
+    /// Records the outcome of a config load or reload (blackbox_exporter convention): success sets
+    /// `..._successful` to 1 and the success timestamp to now; failure sets it to 0 and keeps the
+    /// timestamp of the last good config.
+    pub fn record_config_reload(&self, success: bool) {
+        self.config_last_reload_successful.set(i64::from(success));
+        if success {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            self.config_last_reload_success_timestamp.set(now);
+        }
+    }
+
+    /// Removes every series of `target` from every family: a target that left the config or the
+    /// discovery must not keep exporting its last values.
+    pub fn remove_target(&self, target: &str) {
+        let series = {
+            let mut tracked = self.tracked.lock().unwrap_or_else(PoisonError::into_inner);
+            tracked.remove(target).unwrap_or_default()
+        };
+        for labels in &series.requests {
+            let key = Series::new(labels);
+            for family in [&self.ttft, &self.itl, &self.request_duration] {
+                family.remove(&key);
+            }
+            for family in [
+                &self.prompt_tokens,
+                &self.cached_tokens,
+                &self.output_tokens,
+            ] {
+                family.remove(labels);
+            }
+            for family in [
+                &self.step_output_tokens_per_second,
+                &self.step_requests_per_second,
+                &self.step_error_ratio,
+                &self.step_cache_hit_ratio,
+                &self.step_cost_per_million_tokens,
+                &self.step_end_timestamp,
+            ] {
+                family.remove(labels);
+            }
+            self.step_degraded.remove(labels);
+            for quantile in STEP_QUANTILE_LABELS {
+                let quantile_labels = StepQuantileLabels {
+                    step: labels.clone(),
+                    quantile: quantile.to_owned(),
+                };
+                for family in [&self.step_ttft, &self.step_itl, &self.step_request_duration] {
+                    family.remove(&quantile_labels);
+                }
+            }
+        }
+        for labels in &series.outcomes {
+            self.requests.remove(labels);
+        }
+        for labels in &series.modes {
+            self.osl_mismatch.remove(labels);
+            self.token_count_mismatch.remove(labels);
+            self.chunk_gap.remove(labels);
+        }
+        for labels in &series.lags {
+            self.schedule_lag.remove(labels);
+        }
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        for family in [
+            &self.server_prefix_cache_hit_ratio,
+            &self.server_kv_cache_usage_ratio,
+            &self.server_ttft_mean,
+        ] {
+            family.remove(&labels);
+        }
+        self.server_preemptions.remove(&labels);
+        self.server_evictions.remove(&labels);
+        self.target_up.remove(&labels);
+        self.inflight.remove(&labels);
+    }
+
+    /// The OpenMetrics text exposition of every family, ending with `# EOF`.
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        let mut out = String::with_capacity(self.last_encoded_len.load(Ordering::Relaxed) + 4096);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        self.last_encoded_len.store(out.len(), Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// The series of a request-labelled family, created (and tracked for `remove_target`) on first
+    /// use. Tracking happens after creation, so the tracked sets always cover what exists.
+    fn request_series<M, C>(
+        &self,
+        family: &Family<RequestLabels, M, C>,
+        labels: &RequestLabels,
+    ) -> M
+    where
+        M: Clone,
+        C: MetricConstructor<M>,
+    {
+        if let Some(metric) = family.get(labels) {
+            return (*metric).clone();
+        }
+        let metric = family.get_or_create_owned(labels);
+        self.track(&labels.target, |s| {
+            if !s.requests.contains(labels) {
+                s.requests.insert(labels.clone());
+            }
+        });
+        metric
+    }
+
+    fn histogram_series(
+        &self,
+        family: &Family<Series, AtomicHistogram, SharedBuckets>,
+        key: &Series,
+    ) -> AtomicHistogram {
+        if let Some(histogram) = family.get(key) {
+            return (*histogram).clone();
+        }
+        let histogram = family.get_or_create_owned(key);
+        self.track(&key.labels.target, |s| {
+            if !s.requests.contains(&key.labels) {
+                s.requests.insert(key.labels.clone());
+            }
+        });
+        histogram
+    }
+
+    fn outcome_series(&self, labels: &OutcomeLabels) -> Counter {
+        if let Some(counter) = self.requests.get(labels) {
+            return (*counter).clone();
+        }
+        let counter = self.requests.get_or_create_owned(labels);
+        self.track(&labels.request.target, |s| {
+            s.outcomes.insert(labels.clone());
+        });
+        counter
+    }
+
+    fn mode_series<M, C>(&self, family: &Family<ModeLabels, M, C>, labels: ModeLabels) -> M
+    where
+        M: Clone,
+        C: MetricConstructor<M>,
+    {
+        if let Some(metric) = family.get(&labels) {
+            return (*metric).clone();
+        }
+        let metric = family.get_or_create_owned(&labels);
+        let target = labels.target.clone();
+        self.track(&target, |s| {
+            s.modes.insert(labels);
+        });
+        metric
+    }
+
+    fn track(&self, target: &str, update: impl FnOnce(&mut TargetSeries)) {
+        let mut tracked = self.tracked.lock().unwrap_or_else(PoisonError::into_inner);
+        match tracked.get_mut(target) {
+            Some(series) => update(series),
+            None => update(tracked.entry(target.to_owned()).or_default()),
+        }
+    }
+}
+
+fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: Option<f64>) {
+    let Some(total) = total.filter(|t| t.is_finite() && *t >= 0.0) else {
+        return;
+    };
+    let increase = match *last {
+        Some(previous) if total >= previous => total - previous,
+        _ => total,
+    };
+    counter.inc_by(increase);
+    *last = Some(total);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agg(workload: &str) -> RequestLabels {
+        RequestLabels::new("agg", ServingMode::Aggregated, workload)
+    }
+
+    /// The value of the sample `name{labels...}` in `text`, matching every given label pair.
+    fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (label_part, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let all = labels
+                .iter()
+                .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")));
+            all.then(|| value.parse().ok()).flatten()
+        })
+    }
+
+    #[test]
+    fn latency_grid_steps_are_about_ten_percent_and_readable() {
+        let grid = latency_buckets(&[]);
+        assert_eq!(grid.first(), Some(&0.001));
+        assert_eq!(grid.last(), Some(&120.0));
+        assert_eq!(grid.len(), 124);
+        for pair in grid.windows(2) {
+            let ratio = pair[1] / pair[0];
+            assert!((1.095..=1.105).contains(&ratio), "{pair:?} ratio {ratio}");
+        }
+        for bound in &grid {
+            // Four significant digits: the shortest form has at most 4 digits after stripping.
+            let digits: String = format!("{bound:e}")
+                .split('e')
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect();
+            assert!(digits.len() <= 4, "{bound} prints as {bound:e}");
+        }
+    }
+
+    #[test]
+    fn latency_buckets_contain_every_threshold_exactly() {
+        let thresholds = [2.0, 0.25, 0.0333, 1e-4, 300.0, 0.1 + 0.2, 0.001];
+        let bounds = latency_buckets(&thresholds);
+        for t in thresholds {
+            assert!(
+                bounds.iter().any(|b| b.to_bits() == t.to_bits()),
+                "{t} missing"
+            );
+        }
+        assert!(
+            bounds.windows(2).all(|p| p[0] < p[1]),
+            "not strictly increasing"
+        );
+        // 0.001 is on the grid already; the other six are new.
+        assert_eq!(bounds.len(), 124 + 6);
+        assert!(latency_buckets(&[f64::INFINITY, f64::NAN]).len() == 124);
+    }
+
+    #[test]
+    fn lag_buckets_are_one_two_five() {
+        let lag = schedule_lag_buckets();
+        assert_eq!(lag.first(), Some(&0.00001));
+        assert_eq!(lag.last(), Some(&10.0));
+        assert!(lag.contains(&0.005) && lag.contains(&0.02));
+        assert!(lag.windows(2).all(|p| p[0] < p[1]));
+    }
+
+    #[test]
+    fn pre_rendered_labels_encode_like_the_derived_ones() {
+        let labels = RequestLabels {
+            target: "a\"b\\c\nd".to_owned(),
+            prefix_ratio: "x\"y".to_owned(),
+            ..agg("prefix_cache").with_concurrency(4)
+        };
+        let derived: Family<RequestLabels, Counter> = Family::default();
+        derived.get_or_create_owned(&labels).inc();
+        let rendered: Family<Series, Counter> = Family::default();
+        rendered.get_or_create_owned(&Series::new(&labels)).inc();
+        fn encode(metric: impl prometheus_client::registry::Metric) -> String {
+            let mut registry = Registry::default();
+            registry.register("c", "help", metric);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+            text
+        }
+        let expected = encode(derived);
+        assert!(expected.contains(r#"target="a\"b\\c\nd""#), "{expected}");
+        assert_eq!(encode(rendered), expected);
+    }
+
+    #[test]
+    fn histogram_observation_lands_in_le_bucket() {
+        let h = AtomicHistogram::new(vec![1.0, 2.0].into());
+        h.observe(1.0);
+        h.observe(1.5);
+        h.observe(5.0);
+        h.observe_n(0.5, 3);
+        h.observe(f64::NAN);
+        assert_eq!(h.count(), 6);
+        assert!((h.sum() - 9.0).abs() < 1e-12);
+        let mut registry = Registry::default();
+        registry.register("h", "help", h);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert_eq!(sample(&text, "h_bucket", &[("le", "1.0")]), Some(4.0));
+        assert_eq!(sample(&text, "h_bucket", &[("le", "2.0")]), Some(5.0));
+        assert_eq!(sample(&text, "h_bucket", &[("le", "+Inf")]), Some(6.0));
+        assert_eq!(sample(&text, "h_count", &[]), Some(6.0));
+    }
+
+    #[test]
+    fn threshold_is_an_exposed_bucket_bound() {
+        let metrics = Metrics::new(&[2.0, 0.0333]);
+        metrics.record_request(
+            &agg("concurrency_sweep").with_concurrency(32),
+            "ok",
+            Some(0.0333),
+            None,
+            None,
+            1,
+            0,
+            1,
+        );
+        let text = metrics.encode().expect("encode");
+        let labels = [("concurrency", "32"), ("le", "0.0333")];
+        assert_eq!(
+            sample(
+                &text,
+                "llm_canary_time_to_first_token_seconds_bucket",
+                &labels
+            ),
+            Some(1.0)
+        );
+        assert!(text.contains("le=\"2.0\""));
+    }
+
+    #[test]
+    fn record_request_fills_every_request_family() {
+        let metrics = Metrics::new(&[]);
+        let labels = agg("prefix_cache").with_prefix_ratio(0.25);
+        metrics.record_request(&labels, "ok", Some(0.2), Some(0.01), Some(3.0), 100, 40, 50);
+        metrics.record_request(&labels, "timeout", None, None, Some(30.0), 0, 0, 0);
+        metrics.record_chunk_gaps(&labels, &[(0.02, 2), (0.01, 1)]);
+        let text = metrics.encode().expect("encode");
+        let base = [("target", "agg"), ("prefix_ratio", "0.25"), ("turn", "")];
+        let with = |extra: (&'static str, &'static str)| {
+            let mut v = base.to_vec();
+            v.push(extra);
+            v
+        };
+        assert_eq!(
+            sample(&text, "llm_canary_requests_total", &with(("outcome", "ok"))),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "llm_canary_requests_total",
+                &with(("outcome", "timeout"))
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_prompt_tokens_total", &base),
+            Some(100.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_cached_tokens_total", &base),
+            Some(40.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_output_tokens_total", &base),
+            Some(50.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_time_to_first_token_seconds_count", &base),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_request_duration_seconds_count", &base),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_request_duration_seconds_sum", &base),
+            Some(33.0)
+        );
+        // Two tokens of 10 ms plus one of 10 ms: three per-token gaps, labelled without the step.
+        let mode = [("target", "agg"), ("workload", "prefix_cache")];
+        assert_eq!(
+            sample(&text, "llm_canary_chunk_gap_seconds_count", &mode),
+            Some(3.0)
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("llm_canary_chunk_gap") && l.contains("prefix_ratio"))
+        );
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+
+    #[test]
+    fn slo_state_has_exactly_one_state_set() {
+        let metrics = Metrics::new(&[]);
+        let reading = |state| SloReading {
+            state,
+            value: Some(0.7),
+            threshold: Some(0.8),
+            value_lower: Some(0.6),
+            value_upper: None,
+        };
+        metrics.set_slo("gain", &reading(SloState::Fail));
+        metrics.set_slo("gain", &reading(SloState::Pass));
+        let text = metrics.encode().expect("encode");
+        let state = |s| {
+            sample(
+                &text,
+                "llm_canary_slo_state",
+                &[("slo", "gain"), ("state", s)],
+            )
+        };
+        assert_eq!(state("pass"), Some(1.0));
+        assert_eq!(state("fail"), Some(0.0));
+        assert_eq!(state("insufficient_data"), Some(0.0));
+        assert_eq!(
+            sample(&text, "llm_canary_slo_threshold", &[("slo", "gain")]),
+            Some(0.8)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_slo_value_upper", &[("slo", "gain")]),
+            None
+        );
+        assert_eq!(metrics.slo_state("gain"), Some(SloState::Pass));
+        metrics.remove_slo("gain");
+        let text = metrics.encode().expect("encode");
+        assert!(!text.contains("slo=\"gain\""));
+    }
+
+    #[test]
+    fn step_summary_sets_and_clears_gauges() {
+        let metrics = Metrics::new(&[]);
+        let step = agg("concurrency_sweep").with_concurrency(8);
+        let mut summary = StepSummary {
+            ttft: Some(Quantiles {
+                p50: 0.1,
+                p90: 0.2,
+                p99: 0.4,
+            }),
+            itl: None,
+            request_duration: Some(Quantiles {
+                p50: 1.0,
+                p90: 2.0,
+                p99: 3.0,
+            }),
+            output_tokens_per_second: 900.0,
+            requests_per_second: 4.0,
+            error_ratio: 0.0,
+            cache_hit_ratio: Some(0.5),
+            cost_per_million_tokens_usd: Some(20.2),
+            end_timestamp_seconds: 1.7e9,
+            degraded: true,
+        };
+        metrics.set_step(&step, &summary);
+        let text = metrics.encode().expect("encode");
+        let c8 = [("concurrency", "8")];
+        assert_eq!(
+            sample(
+                &text,
+                "llm_canary_step_ttft_seconds",
+                &[("concurrency", "8"), ("quantile", "0.99")]
+            ),
+            Some(0.4)
+        );
+        assert_eq!(sample(&text, "llm_canary_step_itl_seconds", &c8), None);
+        assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(1.0));
+        assert_eq!(
+            sample(&text, "llm_canary_step_cost_per_million_tokens_usd", &c8),
+            Some(20.2)
+        );
+        summary.ttft = None;
+        summary.cost_per_million_tokens_usd = None;
+        summary.degraded = false;
+        metrics.set_step(&step, &summary);
+        let text = metrics.encode().expect("encode");
+        assert_eq!(sample(&text, "llm_canary_step_ttft_seconds", &c8), None);
+        assert_eq!(
+            sample(&text, "llm_canary_step_cost_per_million_tokens_usd", &c8),
+            None
+        );
+        assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(0.0));
+    }
+
+    #[test]
+    fn server_counters_mirror_increase_across_server_restart() {
+        let metrics = Metrics::new(&[]);
+        let snap = |p: f64| ServerSnapshot {
+            preemptions_total: Some(p),
+            kv_cache_usage_ratio: Some(0.3),
+            ..ServerSnapshot::default()
+        };
+        metrics.set_server("agg", &snap(10.0));
+        metrics.set_server("agg", &snap(15.0));
+        metrics.set_server("agg", &snap(2.0)); // the server restarted
+        let text = metrics.encode().expect("encode");
+        let t = [("target", "agg")];
+        assert_eq!(
+            sample(&text, "llm_canary_server_preemptions_total", &t),
+            Some(17.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_server_kv_cache_usage_ratio", &t),
+            Some(0.3)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_server_evictions_total", &t),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn remove_target_removes_only_that_target() {
+        let metrics = Metrics::new(&[]);
+        let disagg =
+            RequestLabels::new("disagg", ServingMode::Disaggregated, "multi_turn").with_turn(2);
+        for labels in [agg("multi_turn").with_turn(2), disagg.clone()] {
+            metrics.record_request(&labels, "ok", Some(0.1), Some(0.01), Some(1.0), 10, 0, 10);
+            metrics.record_request(&labels, "http_5xx", None, None, Some(0.1), 0, 0, 0);
+            metrics.record_osl_mismatch(&labels);
+            metrics.record_token_count_mismatch(&labels);
+            metrics.record_chunk_gaps(&labels, &[(0.01, 1)]);
+            metrics.observe_schedule_lag(&labels.target, &labels.workload, 0.001);
+            metrics.set_target_up(&labels.target, true);
+            metrics.set_server(
+                &labels.target,
+                &ServerSnapshot {
+                    evictions_total: Some(3.0),
+                    ..ServerSnapshot::default()
+                },
+            );
+            metrics.set_step(
+                &labels,
+                &StepSummary {
+                    ttft: Some(Quantiles {
+                        p50: 0.1,
+                        p90: 0.1,
+                        p99: 0.1,
+                    }),
+                    itl: Some(Quantiles {
+                        p50: 0.1,
+                        p90: 0.1,
+                        p99: 0.1,
+                    }),
+                    request_duration: Some(Quantiles {
+                        p50: 0.1,
+                        p90: 0.1,
+                        p99: 0.1,
+                    }),
+                    output_tokens_per_second: 1.0,
+                    requests_per_second: 1.0,
+                    error_ratio: 0.5,
+                    cache_hit_ratio: Some(0.0),
+                    cost_per_million_tokens_usd: Some(1.0),
+                    end_timestamp_seconds: 1.0,
+                    degraded: false,
+                },
+            );
+            drop(metrics.track_inflight(&labels.target));
+        }
+        let before = metrics.encode().expect("encode");
+        let agg_lines = before
+            .lines()
+            .filter(|l| l.contains("target=\"agg\""))
+            .count();
+        let disagg_lines = before
+            .lines()
+            .filter(|l| l.contains("target=\"disagg\""))
+            .count();
+        assert_eq!(agg_lines, disagg_lines);
+        assert!(agg_lines > 4 * 126, "only {agg_lines} agg lines");
+
+        metrics.remove_target("agg");
+        let after = metrics.encode().expect("encode");
+        assert_eq!(
+            after
+                .lines()
+                .filter(|l| l.contains("target=\"agg\""))
+                .count(),
+            0
+        );
+        assert_eq!(
+            after
+                .lines()
+                .filter(|l| l.contains("target=\"disagg\""))
+                .count(),
+            disagg_lines
+        );
+        // A target that comes back starts from zero.
+        metrics.record_request(
+            &agg("multi_turn").with_turn(2),
+            "ok",
+            None,
+            None,
+            None,
+            1,
+            0,
+            1,
+        );
+        let again = metrics.encode().expect("encode");
+        assert_eq!(
+            sample(
+                &again,
+                "llm_canary_requests_total",
+                &[("target", "agg"), ("outcome", "http_5xx")]
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn inflight_guard_decrements_on_drop() {
+        let metrics = Metrics::new(&[]);
+        let first = metrics.track_inflight("agg");
+        let second = metrics.track_inflight("agg");
+        let gauge = || {
+            sample(
+                &metrics.encode().expect("encode"),
+                "llm_canary_inflight_requests",
+                &[("target", "agg")],
+            )
+        };
+        assert_eq!(gauge(), Some(2.0));
+        drop(first);
+        assert_eq!(gauge(), Some(1.0));
+        drop(second);
+        assert_eq!(gauge(), Some(0.0));
+    }
+
+    #[test]
+    fn reload_failure_keeps_last_success_timestamp() {
+        let metrics = Metrics::new(&[]);
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        metrics.record_config_reload(true);
+        metrics.record_config_reload(false);
+        let text = metrics.encode().expect("encode");
+        assert_eq!(
+            sample(&text, "llm_canary_config_last_reload_successful", &[]),
+            Some(0.0)
+        );
+        let ts = sample(
+            &text,
+            "llm_canary_config_last_reload_success_timestamp_seconds",
+            &[],
+        )
+        .expect("ts");
+        assert!(ts >= before.floor(), "{ts} < {before}");
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            sample(&text, "llm_canary_build_info", &[("version", version)]),
+            Some(1.0)
+        );
+    }
+}

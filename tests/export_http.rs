@@ -1,0 +1,472 @@
+//! The daemon's HTTP surface end to end on loopback: the `/metrics` exposition (content type,
+//! families, types, labels), readiness, reload, status passthrough, method and path errors, and
+//! the graceful shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use llm_canary::config::ServingMode;
+use llm_canary::export::metrics::{Quantiles, ServerSnapshot, SloReading, SloState, StepSummary};
+use llm_canary::export::{
+    AppState, HttpServer, Metrics, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
+    RequestLabels, ShutdownOutcome,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    base: String,
+    shutdown: CancellationToken,
+    server: JoinHandle<ShutdownOutcome>,
+    readiness: Readiness,
+}
+
+async fn start(state: AppState) -> Running {
+    let readiness = state.readiness();
+    let server = HttpServer::bind("127.0.0.1:0".parse().expect("addr"), state)
+        .await
+        .expect("bind");
+    let base = format!("http://{}", server.local_addr().expect("local addr"));
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(server.serve(shutdown.clone()));
+    Running {
+        base,
+        shutdown,
+        server,
+        readiness,
+    }
+}
+
+fn client() -> reqwest::Client {
+    // reqwest is built without a default TLS provider; plain http still needs one installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+fn status_source() -> Arc<dyn llm_canary::export::StatusSource> {
+    Arc::new(
+        || serde_json::json!({"targets": [{"name": "agg", "up": true}], "slos": {"gain": "pass"}}),
+    )
+}
+
+/// The value of `name{...}` whose label block contains every `k="v"` of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let (label_part, value) = match rest.strip_prefix('{') {
+            Some(r) => r.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        labels
+            .iter()
+            .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+fn fill(metrics: &Metrics) {
+    let agg = RequestLabels::new("agg", ServingMode::Aggregated, "concurrency_sweep")
+        .with_concurrency(32);
+    let disagg = RequestLabels::new(
+        "disagg",
+        ServingMode::Disaggregated,
+        "sequence_distribution",
+    )
+    .with_distribution("zipf", 1024);
+    metrics.record_request(&agg, "ok", Some(0.5), Some(0.02), Some(4.0), 1024, 512, 256);
+    metrics.record_request(&agg, "ok", Some(2.5), Some(0.03), Some(9.0), 1024, 0, 256);
+    metrics.record_request(&agg, "http_429", None, None, Some(0.01), 0, 0, 0);
+    metrics.record_request(
+        &disagg,
+        "ok",
+        Some(0.2),
+        Some(0.01),
+        Some(2.0),
+        1500,
+        0,
+        100,
+    );
+    metrics.record_chunk_gaps(&agg, &[(0.04, 2)]);
+    metrics.record_osl_mismatch(&agg);
+    metrics.record_token_count_mismatch(&disagg);
+    metrics.observe_schedule_lag("agg", "concurrency_sweep", 0.0004);
+    metrics.set_target_up("agg", true);
+    metrics.set_target_up("disagg", false);
+    // A request still in flight at scrape time: its guard is never dropped.
+    std::mem::forget(metrics.track_inflight("agg"));
+    metrics.set_server(
+        "agg",
+        &ServerSnapshot {
+            prefix_cache_hit_ratio: Some(0.4),
+            kv_cache_usage_ratio: Some(0.7),
+            preemptions_total: Some(3.0),
+            evictions_total: Some(9.0),
+            ttft_mean_seconds: Some(0.3),
+        },
+    );
+    let q = Quantiles {
+        p50: 0.5,
+        p90: 1.5,
+        p99: 2.5,
+    };
+    metrics.set_step(
+        &agg,
+        &StepSummary {
+            ttft: Some(q),
+            itl: Some(q),
+            request_duration: Some(q),
+            output_tokens_per_second: 1200.0,
+            requests_per_second: 3.0,
+            error_ratio: 1.0 / 3.0,
+            cache_hit_ratio: Some(0.25),
+            cost_per_million_tokens_usd: Some(15.2),
+            end_timestamp_seconds: 1.75e9,
+            degraded: false,
+        },
+    );
+    metrics.set_slo(
+        "disagg-ttft-gain-c32",
+        &SloReading {
+            state: SloState::InsufficientData,
+            value: Some(0.2),
+            threshold: Some(0.4),
+            value_lower: Some(0.1),
+            value_upper: Some(0.3),
+        },
+    );
+    metrics.record_config_reload(true);
+}
+
+#[tokio::test]
+async fn scrape_serves_openmetrics_with_every_family() {
+    let metrics = Arc::new(Metrics::new(&[2.0]));
+    fill(&metrics);
+    let running = start(AppState::new(metrics, status_source())).await;
+    let response = client()
+        .get(format!("{}/metrics", running.base))
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], OPENMETRICS_CONTENT_TYPE);
+    let text = response.text().await.expect("body");
+    assert!(
+        text.ends_with("# EOF\n"),
+        "no EOF: {}",
+        &text[text.len().saturating_sub(80)..]
+    );
+
+    let families = [
+        ("llm_canary_time_to_first_token_seconds", "histogram"),
+        ("llm_canary_inter_token_latency_seconds", "histogram"),
+        ("llm_canary_request_duration_seconds", "histogram"),
+        ("llm_canary_chunk_gap_seconds", "histogram"),
+        ("llm_canary_requests", "counter"),
+        ("llm_canary_prompt_tokens", "counter"),
+        ("llm_canary_cached_tokens", "counter"),
+        ("llm_canary_output_tokens", "counter"),
+        ("llm_canary_osl_mismatch", "counter"),
+        ("llm_canary_client_token_count_mismatch", "counter"),
+        ("llm_canary_step_ttft_seconds", "gauge"),
+        ("llm_canary_step_itl_seconds", "gauge"),
+        ("llm_canary_step_request_duration_seconds", "gauge"),
+        ("llm_canary_step_output_tokens_per_second", "gauge"),
+        ("llm_canary_step_requests_per_second", "gauge"),
+        ("llm_canary_step_error_ratio", "gauge"),
+        ("llm_canary_step_cache_hit_ratio", "gauge"),
+        ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
+        ("llm_canary_step_end_timestamp_seconds", "gauge"),
+        ("llm_canary_step_degraded", "gauge"),
+        ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
+        ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
+        ("llm_canary_server_preemptions", "counter"),
+        ("llm_canary_server_evictions", "counter"),
+        ("llm_canary_server_ttft_mean_seconds", "gauge"),
+        ("llm_canary_slo_state", "gauge"),
+        ("llm_canary_slo_value", "gauge"),
+        ("llm_canary_slo_threshold", "gauge"),
+        ("llm_canary_slo_value_lower", "gauge"),
+        ("llm_canary_slo_value_upper", "gauge"),
+        ("llm_canary_target_up", "gauge"),
+        ("llm_canary_schedule_lag_seconds", "histogram"),
+        ("llm_canary_inflight_requests", "gauge"),
+        ("llm_canary_build_info", "gauge"),
+        ("llm_canary_config_last_reload_successful", "gauge"),
+        (
+            "llm_canary_config_last_reload_success_timestamp_seconds",
+            "gauge",
+        ),
+    ];
+    for (name, kind) in families {
+        let line = format!("# TYPE {name} {kind}\n");
+        assert!(text.contains(&line), "missing `{}`", line.trim_end());
+    }
+    let type_lines = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    assert_eq!(type_lines, families.len(), "unexpected extra families");
+
+    // Every request label is present, the inapplicable ones empty.
+    let agg_ok = [
+        ("target", "agg"),
+        ("serving_mode", "aggregated"),
+        ("workload", "concurrency_sweep"),
+        ("concurrency", "32"),
+        ("turn", ""),
+        ("distribution", ""),
+        ("isl_bucket", ""),
+        ("prefix_ratio", ""),
+        ("outcome", "ok"),
+    ];
+    assert_eq!(
+        sample(&text, "llm_canary_requests_total", &agg_ok),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "llm_canary_requests_total",
+            &[("target", "agg"), ("outcome", "http_429")]
+        ),
+        Some(1.0)
+    );
+    let disagg = [
+        ("target", "disagg"),
+        ("serving_mode", "disaggregated"),
+        ("distribution", "zipf"),
+        ("isl_bucket", "1024"),
+        ("concurrency", ""),
+    ];
+    assert_eq!(
+        sample(&text, "llm_canary_prompt_tokens_total", &disagg),
+        Some(1500.0)
+    );
+    // The SLO threshold 2.0 s is a bucket bound: one of the two agg TTFTs (0.5) is under it.
+    assert_eq!(
+        sample(
+            &text,
+            "llm_canary_time_to_first_token_seconds_bucket",
+            &[("target", "agg"), ("le", "2.0")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "llm_canary_step_ttft_seconds",
+            &[("target", "agg"), ("quantile", "0.99")]
+        ),
+        Some(2.5)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "llm_canary_slo_state",
+            &[
+                ("slo", "disagg-ttft-gain-c32"),
+                ("state", "insufficient_data")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "llm_canary_target_up", &[("target", "disagg")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&text, "llm_canary_inflight_requests", &[("target", "agg")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "llm_canary_osl_mismatch_total",
+            &[("target", "agg"), ("workload", "concurrency_sweep")]
+        ),
+        Some(1.0)
+    );
+    running.shutdown.cancel();
+    assert_eq!(
+        running.server.await.expect("join"),
+        ShutdownOutcome::Drained
+    );
+}
+
+#[tokio::test]
+async fn health_readiness_status_and_errors() {
+    let running = start(AppState::new(Arc::new(Metrics::new(&[])), status_source())).await;
+    let client = client();
+    let get = |path: &str| client.get(format!("{}{path}", running.base)).send();
+
+    let healthy = get("/-/healthy").await.expect("healthy");
+    assert_eq!(healthy.status(), 200);
+    assert_eq!(healthy.text().await.expect("body"), "OK");
+
+    assert_eq!(get("/-/ready").await.expect("ready").status(), 503);
+    running.readiness.set_ready();
+    assert_eq!(get("/-/ready").await.expect("ready").status(), 200);
+
+    let status = get("/api/v1/status").await.expect("status");
+    assert_eq!(status.status(), 200);
+    assert_eq!(status.headers()["content-type"], "application/json");
+    let json: serde_json::Value =
+        serde_json::from_str(&status.text().await.expect("body")).expect("json");
+    assert_eq!(
+        json,
+        serde_json::json!({"targets": [{"name": "agg", "up": true}], "slos": {"gain": "pass"}})
+    );
+
+    assert_eq!(get("/nope").await.expect("404").status(), 404);
+    assert_eq!(get("/metrics/extra").await.expect("404").status(), 404);
+    let not_allowed = client
+        .delete(format!("{}/metrics", running.base))
+        .send()
+        .await
+        .expect("405");
+    assert_eq!(not_allowed.status(), 405);
+    assert_eq!(not_allowed.headers()["allow"], "GET");
+
+    // Reload is off unless the daemon supplies a hook.
+    let forbidden = client
+        .post(format!("{}/-/reload", running.base))
+        .send()
+        .await
+        .expect("403");
+    assert_eq!(forbidden.status(), 403);
+    running.shutdown.cancel();
+    assert_eq!(
+        running.server.await.expect("join"),
+        ShutdownOutcome::Drained
+    );
+}
+
+#[tokio::test]
+async fn reload_reports_success_and_failure() {
+    let fail_next = Arc::new(AtomicBool::new(false));
+    let hook_fail = fail_next.clone();
+    let metrics = Arc::new(Metrics::new(&[]));
+    let hook_metrics = metrics.clone();
+    let hook: Arc<dyn ReloadHook> = Arc::new(move || -> ReloadFuture {
+        let fail = hook_fail.load(Ordering::SeqCst);
+        let metrics = hook_metrics.clone();
+        Box::pin(async move {
+            metrics.record_config_reload(!fail);
+            if fail {
+                Err("canary.yaml:3:7: unknown field `targetz`".to_owned())
+            } else {
+                Ok("config reloaded: 2 targets, 4 SLOs".to_owned())
+            }
+        })
+    });
+    let running = start(AppState::new(metrics.clone(), status_source()).with_reload(hook)).await;
+    let client = client();
+    let url = format!("{}/-/reload", running.base);
+
+    let ok = client.post(&url).send().await.expect("reload");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(
+        ok.text().await.expect("body"),
+        "config reloaded: 2 targets, 4 SLOs"
+    );
+
+    fail_next.store(true, Ordering::SeqCst);
+    let failed = client.post(&url).send().await.expect("reload");
+    assert_eq!(failed.status(), 500);
+    assert_eq!(
+        failed.text().await.expect("body"),
+        "canary.yaml:3:7: unknown field `targetz`"
+    );
+    let text = metrics.encode().expect("encode");
+    assert_eq!(
+        sample(&text, "llm_canary_config_last_reload_successful", &[]),
+        Some(0.0)
+    );
+
+    let wrong_method = client.get(&url).send().await.expect("405");
+    assert_eq!(wrong_method.status(), 405);
+    assert_eq!(wrong_method.headers()["allow"], "POST");
+    running.shutdown.cancel();
+    assert_eq!(
+        running.server.await.expect("join"),
+        ShutdownOutcome::Drained
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_during_scrapes_loses_nothing() {
+    const RECORDERS: usize = 4;
+    const PER_RECORDER: usize = 2_000;
+    let metrics = Arc::new(Metrics::new(&[]));
+    let running = start(AppState::new(metrics.clone(), status_source())).await;
+    let recorders: Vec<_> = (0..RECORDERS)
+        .map(|i| {
+            let metrics = metrics.clone();
+            std::thread::spawn(move || {
+                for n in 0..PER_RECORDER {
+                    // New label sets keep being created while scrapes run, exercising the
+                    // family write path too.
+                    let labels = RequestLabels::new("agg", ServingMode::Aggregated, "multi_turn")
+                        .with_turn((n % 50) as u32 + 1);
+                    metrics.record_request(
+                        &labels,
+                        "ok",
+                        Some(0.001 * i as f64),
+                        None,
+                        None,
+                        1,
+                        0,
+                        1,
+                    );
+                }
+            })
+        })
+        .collect();
+    let client = client();
+    let mut scrapes = 0;
+    while recorders.iter().any(|r| !r.is_finished()) || scrapes < 3 {
+        let response = client
+            .get(format!("{}/metrics", running.base))
+            .send()
+            .await
+            .expect("scrape");
+        assert!(response.text().await.expect("body").ends_with("# EOF\n"));
+        scrapes += 1;
+    }
+    for recorder in recorders {
+        recorder.join().expect("recorder");
+    }
+    let text = metrics.encode().expect("encode");
+    let total: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("llm_canary_time_to_first_token_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total, (RECORDERS * PER_RECORDER) as f64);
+    running.shutdown.cancel();
+    assert_eq!(
+        running.server.await.expect("join"),
+        ShutdownOutcome::Drained
+    );
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting() {
+    let running = start(AppState::new(Arc::new(Metrics::new(&[])), status_source())).await;
+    let client = client();
+    // A kept-alive connection must not hold the drain open.
+    assert_eq!(
+        client
+            .get(format!("{}/-/healthy", running.base))
+            .send()
+            .await
+            .expect("healthy")
+            .status(),
+        200
+    );
+    running.shutdown.cancel();
+    assert_eq!(
+        running.server.await.expect("join"),
+        ShutdownOutcome::Drained
+    );
+    let addr = running.base.trim_start_matches("http://").to_owned();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
