@@ -4,6 +4,9 @@
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod daemon;
+pub mod export;
 pub mod measure;
+pub mod schedule;
 pub mod sim;
 pub mod workload;

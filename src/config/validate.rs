@@ -493,9 +493,8 @@ fn validate_slos(c: &mut Check, slos: &[SloConfig]) {
                 if **obj >= 100.0 {
                     c.err(obj.pos, "an objective of 100 % leaves no error budget", Some("use e.g. 99.0".into()));
                 }
-                match &s.period {
-                    Some(p) => c.positive_dur(p, "period"),
-                    None => {}
+                if let Some(p) = &s.period {
+                    c.positive_dur(p, "period");
                 }
             }
             _ => c.err(

@@ -1,1 +1,4 @@
 //! measure (in progress).
+
+pub mod step;
+pub mod window;

@@ -138,8 +138,7 @@ impl PromptBuilder {
 
     /// Shared tokens for a prefix hit ratio `ratio` at input length `isl`:
     /// ⌊ratio · isl / block⌋ · block, so the server can cache exactly that many whole blocks.
-    /// Ratios outside [0, 1] are clamped. At a ratio of 1 the prefix is every whole block of the
-    /// prompt; only a last partial block, if any, stays unique.
+    /// Ratios outside [0, 1] are clamped.
     pub fn shared_prefix_tokens(&self, isl: usize, ratio: f64) -> usize {
         let ratio = if ratio.is_nan() {
             0.0
@@ -150,14 +149,27 @@ impl PromptBuilder {
         blocks * self.config.block_size
     }
 
+    /// The shared-prefix length a prompt of `tokens` tokens gets when `shared` are wanted: whole
+    /// blocks, or the entire prompt when `shared` covers it (a hit ratio of 1: every request of a
+    /// pool slot is the same prompt, so the server can reuse all of it — even though the chat
+    /// template's tokens make the prompt text a little shorter than the ISL).
+    pub fn prefix_len(&self, tokens: usize, shared: usize) -> usize {
+        if tokens > 0 && shared >= tokens {
+            tokens
+        } else {
+            self.whole_blocks(shared)
+        }
+    }
+
     /// The pool slot request `index` draws its prefix from: round robin, so every slot is used
     /// evenly and stays warm.
     pub fn prefix_slot(&self, index: u64) -> usize {
         (index % self.config.prefix_pool_size as u64) as usize
     }
 
-    /// The shared prefix of pool `slot` with `tokens` tokens (rounded down to whole blocks). The
-    /// same (run salt, slot, tokens) always gives byte-identical text.
+    /// The shared prefix of pool `slot` with exactly `tokens` tokens (see
+    /// [`PromptBuilder::prefix_len`] for the length). The same (run salt, slot, tokens) always
+    /// gives byte-identical text.
     pub fn prefix(&self, slot: usize, tokens: usize) -> Result<Arc<str>, PromptError> {
         if slot >= self.config.prefix_pool_size {
             return Err(PromptError::NoSuchPrefixSlot {
@@ -165,7 +177,6 @@ impl PromptBuilder {
                 pool: self.config.prefix_pool_size,
             });
         }
-        let tokens = self.whole_blocks(tokens);
         let key = (slot, tokens);
         if let Some(text) = self.cached_prefix(key) {
             return Ok(text);
@@ -189,7 +200,6 @@ impl PromptBuilder {
     /// Every pool prefix of `tokens` tokens as a prompt of its own, for warming the server's
     /// prefix cache before a prefix-cache step measures.
     pub fn warmup_prompts(&self, tokens: usize) -> Result<Vec<Prompt>, PromptError> {
-        let tokens = self.whole_blocks(tokens);
         (0..self.config.prefix_pool_size)
             .map(|slot| {
                 Ok(Prompt {
@@ -206,7 +216,7 @@ impl PromptBuilder {
     /// unique suffix salted with the run salt, the stream and the index, together exactly
     /// `request.tokens` tokens by the builder's count.
     pub fn build(&self, request: &PromptRequest) -> Result<Prompt, PromptError> {
-        let prefix_tokens = self.whole_blocks(request.shared_prefix_tokens.min(request.tokens));
+        let prefix_tokens = self.prefix_len(request.tokens, request.shared_prefix_tokens);
         let (prefix, prefix_slot) = if prefix_tokens > 0 {
             let slot = self.prefix_slot(request.index);
             (Some(self.prefix(slot, prefix_tokens)?), Some(slot))
@@ -559,7 +569,12 @@ mod tests {
     fn prefix_is_clamped_to_whole_blocks_that_fit() {
         let builder = builder(real_model(), 5);
         let prompt = builder.build(&request(100, 200, 0)).expect("builds");
-        assert_eq!(prompt.prefix_tokens, 96);
+        assert_eq!(
+            prompt.prefix_tokens, 100,
+            "a prefix covering the prompt shares all of it"
+        );
+        let prompt = builder.build(&request(100, 90, 0)).expect("builds");
+        assert_eq!(prompt.prefix_tokens, 80);
         assert_eq!(builder.model().count(&prompt.text), 100);
         let none = builder.build(&request(100, 15, 0)).expect("builds");
         assert_eq!((none.prefix_tokens, none.prefix_slot), (0, None));
@@ -573,7 +588,9 @@ mod tests {
     #[test]
     fn warmup_prompts_cover_every_slot() {
         let builder = builder(real_model(), 8);
-        let warm = builder.warmup_prompts(500).expect("builds");
+        let warm = builder
+            .warmup_prompts(builder.prefix_len(1000, 500))
+            .expect("builds");
         assert_eq!(warm.len(), DEFAULT_PREFIX_POOL_SIZE);
         for (slot, prompt) in warm.iter().enumerate() {
             assert_eq!(prompt.prefix_slot, Some(slot));

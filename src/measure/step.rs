@@ -1,0 +1,316 @@
+//! Step accumulation: what one step measured for one target and label set over its steady
+//! window, and the step result (DESIGN §5) computed from it at the step's end.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Seconds are stored in microseconds with 3 significant digits, up to one hour (clamped above).
+const MICROS_MAX: u64 = 3_600_000_000;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MICROS_MAX, 3).expect("static bounds are valid")
+}
+
+fn record_secs(h: &mut Histogram<u64>, secs: f64) {
+    let micros = (secs * 1e6).round().clamp(1.0, MICROS_MAX as f64) as u64;
+    h.saturating_record(micros);
+}
+
+/// Quantiles and mean of a distribution in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub mean: f64,
+    pub stddev: f64,
+    pub min: f64,
+    pub max: f64,
+    pub count: u64,
+}
+
+impl Spread {
+    fn of(h: &Histogram<u64>) -> Option<Spread> {
+        if h.is_empty() {
+            return None;
+        }
+        let s = |v: u64| v as f64 / 1e6;
+        Some(Spread {
+            p50: s(h.value_at_quantile(0.5)),
+            p90: s(h.value_at_quantile(0.9)),
+            p99: s(h.value_at_quantile(0.99)),
+            mean: h.mean() / 1e6,
+            stddev: h.stdev() / 1e6,
+            min: s(h.min()),
+            max: s(h.max()),
+            count: h.len(),
+        })
+    }
+}
+
+/// One request's measurements as the accumulator needs them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample<'a> {
+    pub outcome: &'a str,
+    pub ttft: Option<f64>,
+    pub itl: Option<f64>,
+    pub latency: f64,
+    pub schedule_lag: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// Shared-prefix tokens the request was built with (prefix_cache), for the expected hit ratio.
+    pub expected_cached_tokens: u64,
+    pub osl_mismatch: bool,
+}
+
+/// Accumulates one (target, label set) over a step's steady window.
+#[derive(Debug, Clone)]
+pub struct StepAccumulator {
+    ttft: Histogram<u64>,
+    itl: Histogram<u64>,
+    latency: Histogram<u64>,
+    lag: Histogram<u64>,
+    conversation: Histogram<u64>,
+    outcomes: BTreeMap<String, u64>,
+    requests: u64,
+    errors: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    expected_cached_tokens: u64,
+    output_tokens: u64,
+    osl_mismatches: u64,
+}
+
+impl Default for StepAccumulator {
+    fn default() -> Self {
+        StepAccumulator {
+            ttft: histogram(),
+            itl: histogram(),
+            latency: histogram(),
+            lag: histogram(),
+            conversation: histogram(),
+            outcomes: BTreeMap::new(),
+            requests: 0,
+            errors: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            expected_cached_tokens: 0,
+            output_tokens: 0,
+            osl_mismatches: 0,
+        }
+    }
+}
+
+impl StepAccumulator {
+    pub fn record(&mut self, s: &Sample<'_>) {
+        self.requests += 1;
+        *self.outcomes.entry(s.outcome.to_owned()).or_default() += 1;
+        record_secs(&mut self.lag, s.schedule_lag);
+        if s.outcome != "ok" {
+            self.errors += 1;
+            return;
+        }
+        if let Some(t) = s.ttft {
+            record_secs(&mut self.ttft, t);
+        }
+        if let Some(i) = s.itl {
+            record_secs(&mut self.itl, i);
+        }
+        record_secs(&mut self.latency, s.latency);
+        self.prompt_tokens += s.prompt_tokens;
+        self.cached_tokens += s.cached_tokens;
+        self.expected_cached_tokens += s.expected_cached_tokens;
+        self.output_tokens += s.output_tokens;
+        self.osl_mismatches += u64::from(s.osl_mismatch);
+    }
+
+    /// A whole multi-turn conversation finished in `secs`.
+    pub fn record_conversation(&mut self, secs: f64) {
+        record_secs(&mut self.conversation, secs);
+    }
+
+    /// Adds `other` into `self` (a step's per-label accumulators into its per-target total).
+    pub fn merge(&mut self, other: &StepAccumulator) {
+        for (mine, theirs) in [
+            (&mut self.ttft, &other.ttft),
+            (&mut self.itl, &other.itl),
+            (&mut self.latency, &other.latency),
+            (&mut self.lag, &other.lag),
+            (&mut self.conversation, &other.conversation),
+        ] {
+            mine.add(theirs).expect("histograms share bounds");
+        }
+        for (k, v) in &other.outcomes {
+            *self.outcomes.entry(k.clone()).or_default() += v;
+        }
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.expected_cached_tokens += other.expected_cached_tokens;
+        self.output_tokens += other.output_tokens;
+        self.osl_mismatches += other.osl_mismatches;
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// The step result over a steady window of `window`.
+    pub fn finish(
+        &self,
+        window: Duration,
+        cost_per_hour_usd: Option<f64>,
+        max_lag_p99: Duration,
+    ) -> StepMeasurements {
+        let secs = window.as_secs_f64().max(1e-9);
+        let ok = self.requests - self.errors;
+        let output_tps = self.output_tokens as f64 / secs;
+        let lag = Spread::of(&self.lag);
+        let degraded = lag.is_some_and(|l| l.p99 > max_lag_p99.as_secs_f64());
+        StepMeasurements {
+            requests: self.requests,
+            ok_requests: ok,
+            errors: self.errors,
+            outcomes: self.outcomes.clone(),
+            ttft: Spread::of(&self.ttft),
+            itl: Spread::of(&self.itl),
+            latency: Spread::of(&self.latency),
+            schedule_lag: lag,
+            conversation: Spread::of(&self.conversation),
+            output_tokens_per_second: output_tps,
+            requests_per_second: ok as f64 / secs,
+            error_ratio: if self.requests == 0 {
+                0.0
+            } else {
+                self.errors as f64 / self.requests as f64
+            },
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            output_tokens: self.output_tokens,
+            cache_hit_ratio: (self.prompt_tokens > 0)
+                .then(|| self.cached_tokens as f64 / self.prompt_tokens as f64),
+            expected_cache_hit_ratio: (self.prompt_tokens > 0 && self.expected_cached_tokens > 0)
+                .then(|| self.expected_cached_tokens as f64 / self.prompt_tokens as f64),
+            cost_per_million_tokens_usd: cost_per_hour_usd
+                .filter(|_| output_tps > 0.0)
+                .map(|c| c / 3600.0 / output_tps * 1e6),
+            osl_mismatches: self.osl_mismatches,
+            degraded,
+        }
+    }
+}
+
+/// What a step measured for one target and label set (DESIGN §5 "step results").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepMeasurements {
+    pub requests: u64,
+    pub ok_requests: u64,
+    pub errors: u64,
+    /// Requests per outcome (`ok` or an error kind).
+    pub outcomes: BTreeMap<String, u64>,
+    pub ttft: Option<Spread>,
+    pub itl: Option<Spread>,
+    pub latency: Option<Spread>,
+    pub schedule_lag: Option<Spread>,
+    /// Whole-conversation time (multi_turn).
+    pub conversation: Option<Spread>,
+    pub output_tokens_per_second: f64,
+    pub requests_per_second: f64,
+    pub error_ratio: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// Cached / prompt tokens over the window's successful requests.
+    pub cache_hit_ratio: Option<f64>,
+    /// Shared-prefix tokens sent / prompt tokens: the hit ratio a perfect cache would give.
+    pub expected_cache_hit_ratio: Option<f64>,
+    pub cost_per_million_tokens_usd: Option<f64>,
+    pub osl_mismatches: u64,
+    /// Schedule lag p99 above the limit: the canary, not the server, was measured.
+    pub degraded: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(ttft: f64, latency: f64, out: u64) -> Sample<'static> {
+        Sample {
+            outcome: "ok",
+            ttft: Some(ttft),
+            itl: Some(0.01),
+            latency,
+            schedule_lag: 0.0001,
+            prompt_tokens: 1000,
+            cached_tokens: 250,
+            output_tokens: out,
+            expected_cached_tokens: 256,
+            osl_mismatch: false,
+        }
+    }
+
+    #[test]
+    fn summary_of_a_known_step() {
+        let mut acc = StepAccumulator::default();
+        for i in 1..=100 {
+            acc.record(&ok(i as f64 / 1000.0, 1.0, 100));
+        }
+        acc.record(&Sample {
+            outcome: "http_5xx",
+            latency: 0.5,
+            ..Default::default()
+        });
+        let m = acc.finish(
+            Duration::from_secs(10),
+            Some(36.0),
+            Duration::from_millis(50),
+        );
+        assert_eq!((m.requests, m.ok_requests, m.errors), (101, 100, 1));
+        assert_eq!(m.outcomes["http_5xx"], 1);
+        let ttft = m.ttft.unwrap();
+        assert!((ttft.p50 - 0.050).abs() < 0.0005, "{ttft:?}");
+        assert!((ttft.p99 - 0.099).abs() < 0.0005, "{ttft:?}");
+        assert_eq!(m.output_tokens_per_second, 1000.0);
+        assert_eq!(m.requests_per_second, 10.0);
+        assert!((m.error_ratio - 1.0 / 101.0).abs() < 1e-12);
+        assert_eq!(m.cache_hit_ratio, Some(0.25));
+        assert_eq!(m.expected_cache_hit_ratio, Some(0.256));
+        // $36/h = 1 cent/s at 1000 tokens/s → $10 per million tokens.
+        assert!((m.cost_per_million_tokens_usd.unwrap() - 10.0).abs() < 1e-9);
+        assert!(!m.degraded);
+    }
+
+    #[test]
+    fn lag_above_the_limit_marks_the_step_degraded() {
+        let mut acc = StepAccumulator::default();
+        for _ in 0..100 {
+            let mut s = ok(0.1, 1.0, 10);
+            s.schedule_lag = 0.2;
+            acc.record(&s);
+        }
+        let m = acc.finish(Duration::from_secs(1), None, Duration::from_millis(50));
+        assert!(m.degraded);
+        assert_eq!(m.cost_per_million_tokens_usd, None);
+    }
+
+    #[test]
+    fn an_empty_step_has_no_quantiles_and_no_ratio() {
+        let m = StepAccumulator::default().finish(
+            Duration::from_secs(1),
+            Some(1.0),
+            Duration::from_millis(50),
+        );
+        assert_eq!(m.requests, 0);
+        assert!(
+            m.ttft.is_none()
+                && m.cache_hit_ratio.is_none()
+                && m.cost_per_million_tokens_usd.is_none()
+        );
+        assert_eq!(m.error_ratio, 0.0);
+    }
+}

@@ -1,0 +1,259 @@
+//! The cycle plan: the config's workloads turned into an ordered list of steps, each with its
+//! shape, its (time-scaled) durations and its step label.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{Config, DistributionKind, Rate};
+
+/// What one step sends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StepKind {
+    /// `concurrency_sweep`: closed loop at a fixed ISL/OSL.
+    Sweep {
+        concurrency: u32,
+        isl: u32,
+        osl: u32,
+    },
+    /// `multi_turn`: conversations that resend the whole history every turn.
+    MultiTurn {
+        conversations: u32,
+        turns: u32,
+        isl: u32,
+        osl: u32,
+        #[serde(with = "secs")]
+        think_time: Duration,
+    },
+    /// `sequence_distribution`: ISL and OSL drawn per request.
+    Distribution {
+        distribution: DistributionKind,
+        concurrency: u32,
+        isl: (u32, u32),
+        osl: (u32, u32),
+        zipf_exponent: f64,
+        lognormal_isl_median: Option<f64>,
+        lognormal_osl_median: Option<f64>,
+        lognormal_sigma: f64,
+    },
+    /// `prefix_cache`: a shared prefix of `ratio`·ISL (whole blocks) plus a unique suffix.
+    Prefix {
+        ratio: f64,
+        concurrency: u32,
+        isl: u32,
+        osl: u32,
+        pool_size: u32,
+        block_size: u32,
+    },
+}
+
+/// One step of the cycle.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPlan {
+    /// The `workload` label.
+    pub workload: &'static str,
+    /// Index of the step within its workload (seeds derive from it).
+    pub index: usize,
+    pub kind: StepKind,
+    /// Steady window length plus warmup: sending stops after `warmup + steady`.
+    #[serde(with = "secs")]
+    pub warmup: Duration,
+    #[serde(with = "secs")]
+    pub steady: Duration,
+    /// Open-loop arrivals instead of closed-loop workers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RatePlan>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RatePlan {
+    pub poisson: bool,
+    pub rps: f64,
+    pub max_inflight: u32,
+}
+
+impl From<&Rate> for RatePlan {
+    fn from(r: &Rate) -> Self {
+        RatePlan {
+            poisson: r.arrival == crate::config::Arrival::Poisson,
+            rps: *r.rps,
+            max_inflight: *r.max_inflight,
+        }
+    }
+}
+
+impl StepPlan {
+    /// The step label as `(name, value)`; multi-turn's `turn` varies per request instead.
+    pub fn step_label(&self) -> (&'static str, String) {
+        match &self.kind {
+            StepKind::Sweep { concurrency, .. } => ("concurrency", concurrency.to_string()),
+            StepKind::MultiTurn { .. } => ("turn", String::new()),
+            StepKind::Distribution { distribution, .. } => {
+                ("distribution", distribution.as_str().to_owned())
+            }
+            StepKind::Prefix { ratio, .. } => ("prefix_ratio", ratio_label(*ratio)),
+        }
+    }
+
+    /// A short human name: `concurrency_sweep concurrency=32`.
+    pub fn name(&self) -> String {
+        let (k, v) = self.step_label();
+        if v.is_empty() {
+            self.workload.to_owned()
+        } else {
+            format!("{} {k}={v}", self.workload)
+        }
+    }
+
+    /// Closed-loop workers (or conversations) per target.
+    pub fn concurrency(&self) -> u32 {
+        match &self.kind {
+            StepKind::Sweep { concurrency, .. }
+            | StepKind::Distribution { concurrency, .. }
+            | StepKind::Prefix { concurrency, .. } => *concurrency,
+            StepKind::MultiTurn { conversations, .. } => *conversations,
+        }
+    }
+}
+
+/// The `prefix_ratio` label value: the ratio as written, e.g. `0.25`, `1`.
+pub fn ratio_label(r: f64) -> String {
+    format!("{r}")
+}
+
+/// Every step of one cycle, in order, with durations multiplied by `time_scale`.
+pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
+    let scale = *cfg.time_scale;
+    let scaled = |d: Duration| d.mul_f64(scale);
+    let w = &cfg.workloads;
+    let mut steps = Vec::new();
+    for workload in cfg.cycle() {
+        match workload {
+            "concurrency_sweep" => {
+                let Some(s) = &w.concurrency_sweep else {
+                    continue;
+                };
+                for (index, &c) in s.levels.iter().enumerate() {
+                    steps.push(StepPlan {
+                        workload,
+                        index,
+                        kind: StepKind::Sweep {
+                            concurrency: c,
+                            isl: *s.isl,
+                            osl: *s.osl,
+                        },
+                        warmup: scaled(s.warmup.0),
+                        steady: scaled(s.step.saturating_sub(s.warmup.0)),
+                        rate: s.rate.as_ref().map(RatePlan::from),
+                    });
+                }
+            }
+            "multi_turn" => {
+                let Some(m) = &w.multi_turn else { continue };
+                steps.push(StepPlan {
+                    workload,
+                    index: 0,
+                    kind: StepKind::MultiTurn {
+                        conversations: *m.conversations,
+                        turns: *m.turns,
+                        isl: *m.isl,
+                        osl: *m.osl,
+                        think_time: scaled(m.think_time.0),
+                    },
+                    warmup: Duration::ZERO,
+                    steady: scaled(m.duration.0),
+                    rate: None,
+                });
+            }
+            "sequence_distribution" => {
+                let Some(d) = &w.sequence_distribution else {
+                    continue;
+                };
+                for (index, &dist) in d.distributions.iter().enumerate() {
+                    steps.push(StepPlan {
+                        workload,
+                        index,
+                        kind: StepKind::Distribution {
+                            distribution: dist,
+                            concurrency: *d.concurrency,
+                            isl: (*d.isl.min, *d.isl.max),
+                            osl: (*d.osl.min, *d.osl.max),
+                            zipf_exponent: *d.zipf_exponent,
+                            lognormal_isl_median: d.lognormal_isl_median.as_ref().map(|m| **m),
+                            lognormal_osl_median: d.lognormal_osl_median.as_ref().map(|m| **m),
+                            lognormal_sigma: *d.lognormal_sigma,
+                        },
+                        warmup: scaled(d.warmup.0),
+                        steady: scaled(d.step.saturating_sub(d.warmup.0)),
+                        rate: d.rate.as_ref().map(RatePlan::from),
+                    });
+                }
+            }
+            "prefix_cache" => {
+                let Some(p) = &w.prefix_cache else { continue };
+                for (index, &ratio) in p.hit_ratios.iter().enumerate() {
+                    steps.push(StepPlan {
+                        workload,
+                        index,
+                        kind: StepKind::Prefix {
+                            ratio,
+                            concurrency: *p.concurrency,
+                            isl: *p.isl,
+                            osl: *p.osl,
+                            pool_size: *p.pool_size,
+                            block_size: *p.block_size,
+                        },
+                        warmup: scaled(p.warmup.0),
+                        steady: scaled(p.step.saturating_sub(p.warmup.0)),
+                        rate: p.rate.as_ref().map(RatePlan::from),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    steps
+}
+
+mod secs {
+    use serde::Serializer;
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_plan_has_sixteen_steps_of_the_documents_length() {
+        let cfg = Config::load(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/seed-plan.yaml"
+        )))
+        .unwrap();
+        let steps = plan_cycle(&cfg);
+        assert_eq!(steps.len(), 16);
+        assert_eq!(steps[0].name(), "concurrency_sweep concurrency=1");
+        assert_eq!(steps[6].name(), "concurrency_sweep concurrency=64");
+        assert_eq!(steps[7].workload, "multi_turn");
+        assert_eq!(steps[15].name(), "prefix_cache prefix_ratio=1");
+        let total: Duration = steps.iter().map(|s| s.warmup + s.steady).sum();
+        assert_eq!(total, Duration::from_secs(35 * 60));
+        // Warmup is part of the step's 120 s, not added to it.
+        assert_eq!(steps[0].warmup, Duration::from_secs(10));
+        assert_eq!(steps[0].steady, Duration::from_secs(110));
+    }
+
+    #[test]
+    fn time_scale_compresses_every_duration() {
+        let mut cfg = Config::demo();
+        cfg.time_scale = crate::config::At::dflt(0.01);
+        let steps = plan_cycle(&cfg);
+        let total: Duration = steps.iter().map(|s| s.warmup + s.steady).sum();
+        assert_eq!(total.as_secs_f64().round(), 21.0);
+    }
+}

@@ -1,0 +1,819 @@
+//! Runs one step against every target: closed-loop workers, open-loop arrivals or multi-turn
+//! conversations, with warmup, steady window and a bounded drain; then the step results.
+//!
+//! Pairing: every target runs the same step at the same time (or one after another with
+//! `pairing: sequential`), and request `k` of worker `w` is built from the same seed for every
+//! target, so all targets receive byte-identical prompt sequences. Each target keeps its own
+//! closed loop, so a slow target never throttles a fast one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{StepKind, StepPlan, ratio_label};
+use super::recorder::{Phase, RecordContext, Recorder};
+use crate::client::{
+    ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
+};
+use crate::config::{Api, Pairing, ServingMode};
+use crate::export::metrics::RequestLabels;
+use crate::measure::step::{StepAccumulator, StepMeasurements};
+use crate::workload::prompt::{
+    OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
+};
+use crate::workload::sampler::{
+    ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed, isl_bucket,
+};
+use crate::workload::tokenizer::TokenModel;
+
+/// One target as the runner sees it.
+#[derive(Debug)]
+pub struct Target {
+    pub name: String,
+    pub mode: ServingMode,
+    pub endpoint: Endpoint,
+    pub cost_per_hour_usd: Option<f64>,
+}
+
+/// Everything a step needs, shared by all steps of a run.
+pub struct Runner {
+    pub targets: Vec<Arc<Target>>,
+    pub client: StreamClient,
+    pub tokens: Arc<TokenModel>,
+    pub overhead: Arc<crate::workload::prompt::OverheadLearner>,
+    pub recorder: Arc<Recorder>,
+    pub seed: u64,
+    /// Differs per run so caches warmed by earlier runs cannot inflate hit ratios.
+    pub run_salt: u64,
+    pub drain_grace: Duration,
+    pub max_lag_p99: Duration,
+    pub pairing: Pairing,
+}
+
+/// The result of one step for one target and label set (DESIGN §5).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepResult {
+    pub cycle: u64,
+    pub workload: String,
+    /// `concurrency_sweep concurrency=32`.
+    pub step: String,
+    pub target: String,
+    pub serving_mode: String,
+    pub labels: BTreeMap<&'static str, String>,
+    /// True for the per-target total of a step whose requests carry several label sets
+    /// (multi-turn turns, ISL buckets); false for one label set.
+    pub total: bool,
+    pub started_unix: f64,
+    pub ended_unix: f64,
+    pub steady_seconds: f64,
+    #[serde(flatten)]
+    pub measurements: StepMeasurements,
+    /// The requests' labels, for the metrics.
+    #[serde(skip)]
+    pub request_labels: RequestLabels,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The per-step context every driver task shares.
+struct StepCtx {
+    plan: StepPlan,
+    cycle: u64,
+    step_seed: u64,
+    builder: PromptBuilder,
+    estimate: Option<OverheadEstimate>,
+    warmup_end: Instant,
+    send_end: Instant,
+    drain_end: Instant,
+    /// Stop sending (shutdown): in-flight requests still get the drain.
+    soft_stop: CancellationToken,
+    /// Cut in-flight requests now: they count as `timeout`.
+    hard_stop: CancellationToken,
+}
+
+impl StepCtx {
+    fn phase(&self, intended: Instant) -> Phase {
+        if intended < self.warmup_end {
+            Phase::Warmup
+        } else {
+            Phase::Steady
+        }
+    }
+
+    fn sending(&self) -> bool {
+        Instant::now() < self.send_end && !self.soft_stop.is_cancelled()
+    }
+
+    fn base_labels(&self, target: &Target) -> RequestLabels {
+        let l = RequestLabels::new(&target.name, target.mode, self.plan.workload);
+        match &self.plan.kind {
+            StepKind::Sweep { concurrency, .. } => l.with_concurrency(*concurrency),
+            StepKind::MultiTurn { .. } => l,
+            StepKind::Distribution { distribution, .. } => {
+                let mut l = l;
+                l.distribution = distribution.as_str().to_owned();
+                l
+            }
+            StepKind::Prefix { ratio, .. } => {
+                let mut l = l;
+                l.prefix_ratio = ratio_label(*ratio);
+                l
+            }
+        }
+    }
+
+    fn request_id(&self, run_salt: u64, target: usize, worker: u64, k: u64) -> String {
+        let w = match self.plan.workload {
+            "concurrency_sweep" => "cs",
+            "multi_turn" => "mt",
+            "sequence_distribution" => "sd",
+            _ => "pc",
+        };
+        format!(
+            "{:08x}-{}-{w}{}-{worker}-{k}-t{target}",
+            run_salt as u32, self.cycle, self.plan.index
+        )
+    }
+}
+
+/// One request ready to send.
+struct Built {
+    prompt: Prompt,
+    osl: u32,
+    /// Tokens the prompt was built with (before the server's template).
+    body_tokens: usize,
+    isl: u32,
+    shared_prefix_tokens: u64,
+}
+
+fn as_prompt(api: Api, text: String) -> Prompt {
+    match api {
+        Api::Chat => Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
+        Api::Completions => Prompt::Text(text),
+    }
+}
+
+impl Runner {
+    /// Learns the servers' prompt overhead (the chat template) before the first step, from two
+    /// short probes of different lengths per target, so that even the first step's prompts are
+    /// exact and every target receives the same prompt for the same slot.
+    pub async fn calibrate(&self, hard_stop: &CancellationToken) {
+        let builder = match PromptBuilder::new(
+            Arc::clone(&self.tokens),
+            PromptConfig::with_salt(self.run_salt),
+        ) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build calibration prompts");
+                return;
+            }
+        };
+        for (t, target) in self.targets.iter().enumerate() {
+            for (i, tokens) in [64usize, 512].into_iter().enumerate() {
+                let Ok(p) = builder.user_message(tokens, 0xca1, i as u64) else {
+                    continue;
+                };
+                let req = StreamRequest {
+                    request_id: format!("{:08x}-calibrate-{i}-t{t}", self.run_salt as u32),
+                    prompt: as_prompt(target.endpoint.api(), p.text),
+                    osl: 1,
+                };
+                let rec = self
+                    .client
+                    .send_until(
+                        &target.endpoint,
+                        &req,
+                        Instant::now(),
+                        hard_stop.cancelled(),
+                    )
+                    .await;
+                if rec.outcome.is_ok() {
+                    self.learn(&rec, tokens);
+                } else {
+                    tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "calibration request failed");
+                }
+            }
+        }
+        if let Some(e) = self.overhead.estimate() {
+            tracing::info!(offset = e.offset, slope = e.slope, "prompt overhead learnt");
+        }
+    }
+
+    /// Runs `plan` against every target and returns the step results. `soft_stop` ends sending
+    /// early (the drain still runs); `hard_stop` also cuts requests in flight.
+    pub async fn run_step(
+        self: &Arc<Self>,
+        plan: &StepPlan,
+        cycle: u64,
+        soft_stop: &CancellationToken,
+        hard_stop: &CancellationToken,
+    ) -> Vec<StepResult> {
+        match self.pairing {
+            Pairing::Simultaneous => {
+                let all: Vec<usize> = (0..self.targets.len()).collect();
+                self.run_step_on(plan, cycle, &all, soft_stop, hard_stop)
+                    .await
+            }
+            Pairing::Sequential => {
+                let mut results = Vec::new();
+                for t in 0..self.targets.len() {
+                    if soft_stop.is_cancelled() {
+                        break;
+                    }
+                    results.extend(
+                        self.run_step_on(plan, cycle, &[t], soft_stop, hard_stop)
+                            .await,
+                    );
+                }
+                results
+            }
+        }
+    }
+
+    async fn run_step_on(
+        self: &Arc<Self>,
+        plan: &StepPlan,
+        cycle: u64,
+        targets: &[usize],
+        soft_stop: &CancellationToken,
+        hard_stop: &CancellationToken,
+    ) -> Vec<StepResult> {
+        let step_seed = derive_seed(
+            self.seed,
+            &[workload_code(plan.workload), plan.index as u64, cycle],
+        );
+        let (block_size, pool) = match &plan.kind {
+            StepKind::Prefix {
+                block_size,
+                pool_size,
+                ..
+            } => (*block_size as usize, *pool_size as usize),
+            _ => (crate::workload::prompt::DEFAULT_BLOCK_SIZE, 1),
+        };
+        let estimate = self.overhead.estimate();
+        let builder = match PromptBuilder::new(
+            Arc::clone(&self.tokens),
+            PromptConfig {
+                block_size,
+                prefix_pool_size: pool,
+                run_salt: self.run_salt,
+            },
+        ) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(step = %plan.name(), error = %e, "cannot build prompts; step skipped");
+                return Vec::new();
+            }
+        };
+        // Warm the shared prefixes so the steady window measures hits, not first fills.
+        if let StepKind::Prefix { ratio, isl, .. } = &plan.kind {
+            let body = body_tokens(estimate, *isl as usize);
+            let shared =
+                builder.prefix_len(body, builder.shared_prefix_tokens(*isl as usize, *ratio));
+            if shared > 0 {
+                self.warm_prefixes(&builder, shared, targets, cycle, plan, hard_stop)
+                    .await;
+            }
+        }
+        let t0 = Instant::now();
+        let send_end = t0 + plan.warmup + plan.steady;
+        let ctx = Arc::new(StepCtx {
+            plan: plan.clone(),
+            cycle,
+            step_seed,
+            builder,
+            estimate,
+            warmup_end: t0 + plan.warmup,
+            send_end,
+            drain_end: send_end + self.drain_grace,
+            soft_stop: soft_stop.child_token(),
+            hard_stop: hard_stop.child_token(),
+        });
+        let started_unix = unix_now();
+        let mut tasks = JoinSet::new();
+        for &t in targets {
+            let target = Arc::clone(&self.targets[t]);
+            match (&plan.kind, plan.rate) {
+                (StepKind::MultiTurn { conversations, .. }, _) => {
+                    for c in 0..u64::from(*conversations) {
+                        tasks.spawn(Arc::clone(self).conversation_worker(
+                            Arc::clone(&ctx),
+                            t,
+                            Arc::clone(&target),
+                            c,
+                        ));
+                    }
+                }
+                (_, Some(rate)) => {
+                    tasks.spawn(Arc::clone(self).open_loop(
+                        Arc::clone(&ctx),
+                        t,
+                        Arc::clone(&target),
+                        rate,
+                    ));
+                }
+                (_, None) => {
+                    for w in 0..u64::from(plan.concurrency()) {
+                        tasks.spawn(Arc::clone(self).closed_worker(
+                            Arc::clone(&ctx),
+                            t,
+                            Arc::clone(&target),
+                            w,
+                        ));
+                    }
+                }
+            }
+        }
+        // A cut at the drain deadline: anything still in flight then counts as `timeout`.
+        let cutter = {
+            let ctx = Arc::clone(&ctx);
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(ctx.drain_end) => ctx.hard_stop.cancel(),
+                    _ = ctx.hard_stop.cancelled() => {}
+                }
+            })
+        };
+        while let Some(joined) = tasks.join_next().await {
+            if let Err(e) = joined
+                && e.is_panic()
+            {
+                tracing::error!(step = %plan.name(), "a request task panicked: {e}");
+            }
+        }
+        cutter.abort();
+        let ended_unix = unix_now();
+        // The steady window is what was scheduled, or less when shutdown cut it short.
+        let steady_end = Instant::now().min(send_end);
+        let steady = steady_end.saturating_duration_since(ctx.warmup_end);
+        self.results(plan, cycle, targets, steady, started_unix, ended_unix)
+    }
+
+    fn results(
+        &self,
+        plan: &StepPlan,
+        cycle: u64,
+        targets: &[usize],
+        steady: Duration,
+        started_unix: f64,
+        ended_unix: f64,
+    ) -> Vec<StepResult> {
+        let accs = self.recorder.take_step();
+        let mut out = Vec::new();
+        for &t in targets {
+            let target = &self.targets[t];
+            let mut mine: Vec<(&RequestLabels, &StepAccumulator)> = accs
+                .iter()
+                .filter(|((ti, _), _)| *ti == t)
+                .map(|((_, l), a)| (l, a))
+                .collect();
+            mine.sort_by(|a, b| (&a.0.turn, &a.0.isl_bucket).cmp(&(&b.0.turn, &b.0.isl_bucket)));
+            let make = |labels: RequestLabels, acc: &StepAccumulator, total: bool| StepResult {
+                cycle,
+                workload: plan.workload.to_owned(),
+                step: plan.name(),
+                target: target.name.clone(),
+                serving_mode: target.mode.as_str().to_owned(),
+                labels: step_labels(&labels),
+                total,
+                started_unix,
+                ended_unix,
+                steady_seconds: steady.as_secs_f64(),
+                measurements: acc.finish(steady, target.cost_per_hour_usd, self.max_lag_p99),
+                request_labels: labels,
+            };
+            let several = mine.len() > 1;
+            let mut total = StepAccumulator::default();
+            for (labels, acc) in &mine {
+                total.merge(acc);
+                if acc.requests() > 0 {
+                    out.push(make((*labels).clone(), acc, false));
+                }
+            }
+            if several || mine.is_empty() {
+                let mut labels = RequestLabels::new(&target.name, target.mode, plan.workload);
+                let (k, v) = plan.step_label();
+                match k {
+                    "concurrency" => labels.concurrency = v,
+                    "distribution" => labels.distribution = v,
+                    "prefix_ratio" => labels.prefix_ratio = v,
+                    _ => {}
+                }
+                out.push(make(labels, &total, true));
+            }
+        }
+        out
+    }
+
+    /// Sends each shared prefix of the pool once per target (not measured), so the step measures
+    /// cache hits rather than the first fill.
+    async fn warm_prefixes(
+        &self,
+        builder: &PromptBuilder,
+        shared: usize,
+        targets: &[usize],
+        cycle: u64,
+        plan: &StepPlan,
+        hard_stop: &CancellationToken,
+    ) {
+        let prompts = match builder.warmup_prompts(shared) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build the prefix warmup prompts");
+                return;
+            }
+        };
+        let mut tasks = JoinSet::new();
+        for &t in targets {
+            let target = Arc::clone(&self.targets[t]);
+            let client = self.client.clone();
+            let prompts = prompts.clone();
+            let hard = hard_stop.clone();
+            let id_base = format!("{:08x}-{cycle}-warm{}", self.run_salt as u32, plan.index);
+            tasks.spawn(async move {
+                for (i, p) in prompts.into_iter().enumerate() {
+                    let req = StreamRequest {
+                        request_id: format!("{id_base}-{i}-t{t}"),
+                        prompt: as_prompt(target.endpoint.api(), p.text),
+                        osl: 1,
+                    };
+                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), hard.cancelled()).await;
+                    if !rec.outcome.is_ok() {
+                        tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "prefix warmup request failed");
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    fn build(
+        &self,
+        ctx: &StepCtx,
+        target: &Target,
+        worker: u64,
+        k: u64,
+        sampler: Option<&mut (LengthSampler, LengthSampler)>,
+    ) -> Option<Built> {
+        let index = (worker << 32) | (k & 0xffff_ffff);
+        let (isl, osl, shared) = match &ctx.plan.kind {
+            StepKind::Sweep { isl, osl, .. } => (*isl, *osl, 0),
+            StepKind::Prefix {
+                ratio, isl, osl, ..
+            } => (
+                *isl,
+                *osl,
+                ctx.builder.shared_prefix_tokens(*isl as usize, *ratio),
+            ),
+            StepKind::Distribution { .. } => {
+                let (isl_s, osl_s) = sampler?;
+                (isl_s.sample() as u32, osl_s.sample() as u32, 0)
+            }
+            StepKind::MultiTurn { .. } => return None,
+        };
+        let body = body_tokens(ctx.estimate, isl as usize);
+        match ctx.builder.build(&PromptRequest {
+            tokens: body,
+            shared_prefix_tokens: shared,
+            stream: ctx.step_seed,
+            index,
+        }) {
+            Ok(p) => Some(Built {
+                shared_prefix_tokens: if p.prefix_tokens > 0 {
+                    reusable_tokens(shared, isl as usize, ctx.builder.config().block_size)
+                } else {
+                    0
+                },
+                prompt: as_prompt(target.endpoint.api(), p.text),
+                osl,
+                body_tokens: body,
+                isl,
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build a prompt");
+                None
+            }
+        }
+    }
+
+    fn samplers(&self, ctx: &StepCtx, worker: u64) -> Option<(LengthSampler, LengthSampler)> {
+        let StepKind::Distribution {
+            distribution,
+            isl,
+            osl,
+            zipf_exponent,
+            lognormal_isl_median,
+            lognormal_osl_median,
+            lognormal_sigma,
+            ..
+        } = &ctx.plan.kind
+        else {
+            return None;
+        };
+        let shape = |median: Option<f64>| match distribution {
+            crate::config::DistributionKind::Uniform => LengthDistribution::Uniform,
+            crate::config::DistributionKind::Zipf => LengthDistribution::Zipf {
+                exponent: *zipf_exponent,
+            },
+            crate::config::DistributionKind::Lognormal => LengthDistribution::LogNormal {
+                median,
+                sigma: *lognormal_sigma,
+            },
+        };
+        let seed = derive_seed(ctx.step_seed, &[worker]);
+        let i = LengthSampler::new(
+            shape(*lognormal_isl_median),
+            isl.0 as usize,
+            isl.1 as usize,
+            derive_seed(seed, &[1]),
+        )
+        .ok()?;
+        let o = LengthSampler::new(
+            shape(*lognormal_osl_median),
+            osl.0 as usize,
+            osl.1 as usize,
+            derive_seed(seed, &[2]),
+        )
+        .ok()?;
+        Some((i, o))
+    }
+
+    /// Sends `req` and records it; returns the record.
+    async fn send_and_record(
+        &self,
+        ctx: &StepCtx,
+        t: usize,
+        req: StreamRequest,
+        intended: Instant,
+        labels: &RequestLabels,
+        shared_prefix_tokens: u64,
+    ) -> RequestRecord {
+        let target = &self.targets[t];
+        let _inflight = self.recorder.metrics().track_inflight(&target.name);
+        let rec = self
+            .client
+            .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
+            .await;
+        self.recorder.record(
+            &RecordContext {
+                target_index: t,
+                labels,
+                phase: ctx.phase(intended),
+                osl: req.osl,
+                shared_prefix_tokens,
+                request: &req,
+            },
+            &rec,
+        );
+        rec
+    }
+
+    async fn closed_worker(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        worker: u64,
+    ) {
+        let base = ctx.base_labels(&target);
+        let mut samplers = self.samplers(&ctx, worker);
+        let mut k = 0u64;
+        while ctx.sending() {
+            let Some(built) = self.build(&ctx, &target, worker, k, samplers.as_mut()) else {
+                return;
+            };
+            let labels = self.labels_for(&ctx, &base, &built);
+            let req = StreamRequest {
+                request_id: ctx.request_id(self.run_salt, t, worker, k),
+                prompt: built.prompt,
+                osl: built.osl,
+            };
+            // Closed loop: the worker sends as soon as its previous request ends, so the intended
+            // instant is now.
+            let rec = self
+                .send_and_record(
+                    &ctx,
+                    t,
+                    req,
+                    Instant::now(),
+                    &labels,
+                    built.shared_prefix_tokens,
+                )
+                .await;
+            self.learn(&rec, built.body_tokens);
+            k += 1;
+        }
+    }
+
+    async fn open_loop(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        rate: super::plan::RatePlan,
+    ) {
+        let process = if rate.poisson {
+            ArrivalProcess::Poisson { rate: rate.rps }
+        } else {
+            ArrivalProcess::Constant { rate: rate.rps }
+        };
+        let start = ctx.warmup_end - ctx.plan.warmup;
+        let Ok(schedule) =
+            ArrivalSchedule::new(process, start, derive_seed(ctx.step_seed, &[0xa11]))
+        else {
+            return;
+        };
+        let slots = Arc::new(Semaphore::new(rate.max_inflight as usize));
+        let base = ctx.base_labels(&target);
+        let mut samplers = self.samplers(&ctx, 0);
+        let mut tasks = JoinSet::new();
+        for (k, intended) in schedule.enumerate() {
+            if intended >= ctx.send_end {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(intended) => {}
+                _ = ctx.soft_stop.cancelled() => break,
+            }
+            // Built even when no slot is free, so the sequence stays identical across targets.
+            let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
+                break;
+            };
+            // Waiting for a slot does not move the intended instant: the wait is latency.
+            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                break;
+            };
+            let labels = self.labels_for(&ctx, &base, &built);
+            let req = StreamRequest {
+                request_id: ctx.request_id(self.run_salt, t, 0, k as u64),
+                prompt: built.prompt,
+                osl: built.osl,
+            };
+            let this = Arc::clone(&self);
+            let ctx = Arc::clone(&ctx);
+            tasks.spawn(async move {
+                let rec = this
+                    .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
+                    .await;
+                this.learn(&rec, built.body_tokens);
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn conversation_worker(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        slot: u64,
+    ) {
+        let StepKind::MultiTurn {
+            conversations,
+            turns,
+            isl,
+            osl,
+            think_time,
+        } = ctx.plan.kind.clone()
+        else {
+            return;
+        };
+        let base = ctx.base_labels(&target);
+        let mut round = 0u64;
+        while ctx.sending() {
+            let conversation = slot + round * u64::from(conversations);
+            round += 1;
+            let stream = derive_seed(ctx.step_seed, &[conversation]);
+            let mut history: Vec<ChatMessage> = Vec::new();
+            let mut started: Option<Instant> = None;
+            let mut last_token: Option<Instant> = None;
+            let mut complete = true;
+            for turn in 1..=turns {
+                if !ctx.sending() {
+                    complete = false;
+                    break;
+                }
+                let user = match ctx
+                    .builder
+                    .user_message(isl as usize, stream, u64::from(turn))
+                {
+                    Ok(p) => p.text,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot build a user message");
+                        return;
+                    }
+                };
+                history.push(ChatMessage::new(Role::User, user));
+                let prompt = match target.endpoint.api() {
+                    Api::Chat => Prompt::Chat(history.clone()),
+                    Api::Completions => Prompt::Text(flatten(&history)),
+                };
+                let req = StreamRequest {
+                    request_id: ctx.request_id(self.run_salt, t, conversation, u64::from(turn)),
+                    prompt,
+                    osl,
+                };
+                let intended = Instant::now();
+                started.get_or_insert(intended);
+                let labels = base.clone().with_turn(turn);
+                let rec = self
+                    .send_and_record(&ctx, t, req, intended, &labels, 0)
+                    .await;
+                if !rec.outcome.is_ok() {
+                    complete = false;
+                    break;
+                }
+                last_token = rec.last_token_at().or(Some(rec.end));
+                // The next turn carries the assistant's actual reply.
+                history.push(ChatMessage::new(Role::Assistant, rec.reply));
+                if !think_time.is_zero() && turn < turns {
+                    tokio::select! {
+                        _ = tokio::time::sleep(think_time) => {}
+                        _ = ctx.soft_stop.cancelled() => { complete = false; break; }
+                    }
+                }
+            }
+            if complete
+                && let (Some(s), Some(e)) = (started, last_token)
+                && ctx.phase(s) == Phase::Steady
+            {
+                self.recorder.record_conversation(
+                    t,
+                    &base,
+                    e.saturating_duration_since(s).as_secs_f64(),
+                );
+            }
+        }
+    }
+
+    fn labels_for(&self, ctx: &StepCtx, base: &RequestLabels, built: &Built) -> RequestLabels {
+        if matches!(ctx.plan.kind, StepKind::Distribution { .. }) {
+            let mut l = base.clone();
+            l.isl_bucket = isl_bucket(built.isl as usize);
+            l
+        } else {
+            base.clone()
+        }
+    }
+
+    /// Teaches the overhead learner from a successful response's reported prompt length.
+    fn learn(&self, rec: &RequestRecord, body_tokens: usize) {
+        if rec.outcome.is_ok()
+            && let Some(p) = rec.prompt_tokens()
+        {
+            self.overhead.observe(body_tokens, p);
+        }
+    }
+}
+
+/// The prompt tokens a prefix cache can serve for a request with `shared` shared tokens of
+/// `isl`: whole blocks only, and never the last prompt token, which an engine must compute to
+/// produce the first output token (vLLM and the simulator both recompute it). This is the
+/// expected hit ratio's numerator: at ISL 1024 and block 64 a "100 %" prefix yields 960.
+fn reusable_tokens(shared: usize, isl: usize, block: usize) -> u64 {
+    let usable = shared.min(isl.saturating_sub(1));
+    (usable / block * block) as u64
+}
+
+fn flatten(history: &[ChatMessage]) -> String {
+    let mut s = String::new();
+    for m in history {
+        s.push_str(&m.content);
+        s.push('\n');
+    }
+    s
+}
+
+fn workload_code(w: &str) -> u64 {
+    crate::config::WORKLOAD_NAMES
+        .iter()
+        .position(|n| *n == w)
+        .unwrap_or(9) as u64
+}
+
+/// The step labels that apply, as a map for reports.
+fn step_labels(l: &RequestLabels) -> BTreeMap<&'static str, String> {
+    [
+        ("concurrency", &l.concurrency),
+        ("turn", &l.turn),
+        ("distribution", &l.distribution),
+        ("isl_bucket", &l.isl_bucket),
+        ("prefix_ratio", &l.prefix_ratio),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k, v.clone()))
+    .collect()
+}
