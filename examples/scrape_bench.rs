@@ -178,7 +178,7 @@ async fn main() -> anyhow::Result<()> {
     let serving = tokio::spawn(server.serve(shutdown.clone()));
     // reqwest is built without a default TLS provider; plain http still needs one installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
+    let client = llm_canary::client::http_client_builder().build().unwrap();
 
     // A recorder thread runs through the scrapes, timing each record_request.
     let stop = Arc::new(AtomicBool::new(false));

@@ -143,9 +143,8 @@ async fn resolve_model(t: &TargetConfig, base: &str) -> Result<String, String> {
         return Ok(t.model.clone());
     }
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
-    let http = reqwest::Client::builder()
+    let http = crate::client::http_client_builder()
         .timeout(Duration::from_secs(10))
-        .no_proxy()
         .build()
         .map_err(|e| e.to_string())?;
     // A deployment that is still starting answers after a while: try for about half a minute.

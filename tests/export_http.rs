@@ -40,7 +40,7 @@ async fn start(state: AppState) -> Running {
 fn client() -> reqwest::Client {
     // reqwest is built without a default TLS provider; plain http still needs one installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
+    llm_canary::client::http_client_builder().build().unwrap()
 }
 
 fn status_source() -> Arc<dyn llm_canary::export::StatusSource> {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    llm_canary::client::http_client_builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()

@@ -241,6 +241,19 @@ pub struct StreamRequest {
     pub osl: u32,
 }
 
+/// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
+/// scraping): installs the TLS crypto provider reqwest needs and ignores environment proxies,
+/// through which latency would measure the proxy rather than the target.
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    // reqwest is built without a bundled TLS crypto provider and refuses to build a client
+    // until one is installed; ring is the one this crate links. Losing the race to another
+    // installer is fine: a provider is then installed.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    reqwest::Client::builder().no_proxy()
+}
+
 /// The measurement client, cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct StreamClient {
@@ -261,20 +274,12 @@ impl std::fmt::Debug for StreamClient {
 impl StreamClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         config.validate()?;
-        // reqwest is built without a bundled TLS crypto provider and refuses to build a client
-        // until one is installed; ring is the one this crate links. Losing the race to another
-        // installer is fine: a provider is then installed.
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let http = reqwest::Client::builder()
+        let http = http_client_builder()
             .tcp_nodelay(true)
             .connect_timeout(config.connect_timeout)
             .pool_idle_timeout(config.pool_idle_timeout)
             // A redirected POST turns into a GET elsewhere: report it instead of following it.
             .redirect(reqwest::redirect::Policy::none())
-            // Latency through an environment proxy would measure the proxy, not the target.
-            .no_proxy()
             .build()?;
         Ok(Self {
             http,
