@@ -1,0 +1,124 @@
+//! Steps under paused tokio time against the simulator's `fixed` profile (first token after
+//! 100 ms, then one every 10 ms): the warmup is excluded from the step, requests finishing in
+//! the drain are kept, and requests still in flight when the drain ends count as `timeout` with
+//! their latency — never dropped.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use llm_canary::client::RequestRecord;
+use llm_canary::config::Config;
+use llm_canary::daemon::Deployment;
+use llm_canary::export::metrics::Metrics;
+use llm_canary::schedule::{Phase, RecordContext, RecordSink, Recorder, StepKind, StepPlan};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct Capture(Mutex<Vec<(Phase, Instant, Instant, &'static str, Duration)>>);
+
+impl RecordSink for Capture {
+    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        self.0.lock().unwrap().push((
+            ctx.phase,
+            rec.intended,
+            rec.end,
+            rec.outcome.as_str(),
+            rec.latency(),
+        ));
+    }
+}
+
+const CONFIG: &str = r#"
+targets:
+  - { name: fixed, serving_mode: aggregated, model: sim, simulated: { profile: fixed, fixed_ttft: 100ms, fixed_itl: 10ms } }
+"#;
+
+fn plan(warmup: f64, steady: f64) -> StepPlan {
+    StepPlan {
+        workload: "concurrency_sweep",
+        index: 0,
+        kind: StepKind::Sweep {
+            concurrency: 2,
+            isl: 64,
+            osl: 50,
+        },
+        warmup: Duration::from_secs_f64(warmup),
+        steady: Duration::from_secs_f64(steady),
+        rate: None,
+    }
+}
+
+/// Runs one step with `drain` grace and returns what was recorded and the step's start.
+async fn run(
+    drain: Duration,
+) -> (
+    Vec<(Phase, Instant, Instant, &'static str, Duration)>,
+    Instant,
+    u64,
+) {
+    let mut cfg = Config::parse(CONFIG, "paused.yaml", Path::new(".")).unwrap();
+    cfg.schedule.drain_grace = llm_canary::config::At::dflt(llm_canary::config::Dur(drain));
+    let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let capture = Arc::new(Capture::default());
+    let recorder = Arc::new(Recorder::new(
+        Arc::new(Metrics::new(&[])),
+        Some(capture.clone()),
+    ));
+    let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
+    let never = CancellationToken::new();
+    let t0 = Instant::now();
+    let results = runner.run_step(&plan(1.0, 2.9), 0, &never, &never).await;
+    deployment.stop().await;
+    let requests = results.iter().map(|r| r.measurements.requests).sum();
+    let seen = capture.0.lock().unwrap().clone();
+    (seen, t0, requests)
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmup_is_excluded_and_the_drain_keeps_late_requests() {
+    let (seen, t0, step_requests) = run(Duration::from_millis(500)).await;
+    let warmup_end = t0 + Duration::from_secs(1);
+    let send_end = warmup_end + Duration::from_secs_f64(2.9);
+    let warm: Vec<_> = seen.iter().filter(|s| s.0 == Phase::Warmup).collect();
+    let steady: Vec<_> = seen.iter().filter(|s| s.0 == Phase::Steady).collect();
+    assert!(!warm.is_empty() && warm.iter().all(|s| s.1 < warmup_end));
+    assert!(steady.iter().all(|s| s.1 >= warmup_end && s.1 < send_end));
+    // The step's results hold exactly the steady requests: warmup is excluded.
+    assert_eq!(step_requests, steady.len() as u64);
+    // Each request takes 590 ms of virtual time: the last of each worker ends after the window
+    // but within the 500 ms grace, so everything completes.
+    assert!(steady.iter().all(|s| s.3 == "ok"), "{steady:?}");
+    assert!(
+        steady.iter().any(|s| s.2 > send_end),
+        "some requests finished in the drain"
+    );
+    for s in &steady {
+        let ttft_free = s.4.as_secs_f64();
+        assert!((ttft_free - 0.590).abs() < 0.005, "latency {ttft_free}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_in_flight_when_the_drain_ends_count_as_timeout() {
+    let (seen, t0, step_requests) = run(Duration::from_millis(100)).await;
+    let drain_end = t0 + Duration::from_secs_f64(1.0 + 2.9 + 0.1);
+    let steady: Vec<_> = seen.iter().filter(|s| s.0 == Phase::Steady).collect();
+    assert_eq!(
+        step_requests,
+        steady.len() as u64,
+        "late requests are counted, not dropped"
+    );
+    let late: Vec<_> = steady.iter().filter(|s| s.3 == "timeout").collect();
+    assert_eq!(
+        late.len(),
+        2,
+        "one request per worker was still in flight: {steady:?}"
+    );
+    for s in late {
+        // Cut at the drain deadline; the error latency runs from the intended send to the cut.
+        assert_eq!(s.2, drain_end);
+        assert_eq!(s.4, drain_end - s.1);
+    }
+}
