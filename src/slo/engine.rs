@@ -1,0 +1,939 @@
+//! The running SLO engine: receives every steady-window request and every step result, keeps the
+//! windows the SLOs read, evaluates every SLO periodically, publishes `llm_canary_slo_*`, logs
+//! each state change and calls the state-change hooks (Kubernetes Events).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+use tokio::time::Instant;
+
+use crate::client::RequestRecord;
+use crate::export::metrics::{Metrics, RequestLabels, SloReading, SloState};
+use crate::schedule::StepResult;
+
+use super::ast::{Cond, Objective, Value};
+use super::baseline::{BaselineStore, Entry};
+use super::eval::{self, Ctx, Interval, RequestSample, Side, StepRecord, Store, Truth, Want};
+use super::verdict::{Raw, Verdict};
+use super::{LabelDomain, SloDef, SloKind};
+
+/// How often the daemon evaluates every SLO.
+pub const EVALUATION_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Called on every state change of an SLO (the Kubernetes integration posts an Event).
+pub trait StateChangeHook: Send + Sync {
+    fn on_state_change(&self, slo: &str, old: SloState, new: SloState, reading: &SloReading);
+}
+
+/// The last evaluation of one SLO, as `/api/v1/status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloStatus {
+    pub reading: SloReading,
+    pub since_unix: f64,
+    pub evaluated_unix: f64,
+    /// Why the state is `insufficient_data`.
+    pub reason: Option<String>,
+    pub sides: Vec<Side>,
+    /// A clear verdict waiting for `for`: the state and the seconds it has held.
+    pub pending: Option<(SloState, f64)>,
+}
+
+struct Inner {
+    defs: Vec<SloDef>,
+    domain: LabelDomain,
+    store: Store,
+    cycle_store: Store,
+    baselines: BaselineStore,
+    verdicts: HashMap<String, Verdict>,
+    status: BTreeMap<String, SloStatus>,
+}
+
+/// The SLO engine shared by the recorder, the scheduler, the evaluation task and the status page.
+pub struct SloEngine {
+    inner: Mutex<Inner>,
+    /// Samples of the steps in progress, committed when the step ends (unless it is degraded).
+    pending: Mutex<HashMap<RequestLabels, Vec<RequestSample>>>,
+    metrics: Option<Arc<Metrics>>,
+    hooks: RwLock<Vec<Arc<dyn StateChangeHook>>>,
+}
+
+fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
+    let mut wants = Vec::new();
+    let mut cycle_wants = Vec::new();
+    let mut objective_sets: Vec<Vec<Objective>> = Vec::new();
+    for d in defs {
+        match &d.kind {
+            SloKind::Expr(c) => {
+                let mut cmps = Vec::new();
+                c.comparisons(&mut cmps);
+                for (_, a, b) in cmps {
+                    for v in [a, b] {
+                        collect(
+                            v,
+                            d.window,
+                            false,
+                            &mut wants,
+                            &mut cycle_wants,
+                            &mut objective_sets,
+                        );
+                    }
+                }
+            }
+            SloKind::BurnRate {
+                selector,
+                threshold,
+                ..
+            } => objective_sets.push(vec![Objective {
+                measure: selector.measure,
+                seconds: *threshold,
+            }]),
+        }
+    }
+    (wants, cycle_wants, objective_sets)
+}
+
+fn collect(
+    v: &Value,
+    window: Duration,
+    in_baseline: bool,
+    wants: &mut Vec<Want>,
+    cycle_wants: &mut Vec<Want>,
+    objective_sets: &mut Vec<Vec<Objective>>,
+) {
+    match v {
+        Value::Agg(_, sel) => {
+            let want = Want {
+                measure: sel.measure,
+                matchers: sel.matchers.clone(),
+                window,
+            };
+            let list = if in_baseline { cycle_wants } else { wants };
+            if !list.contains(&want) {
+                list.push(want);
+            }
+        }
+        Value::Goodput(_, objectives) => {
+            if !objective_sets.contains(objectives) {
+                objective_sets.push(objectives.clone());
+            }
+        }
+        Value::Baseline(inner, _) => {
+            collect(inner, window, true, wants, cycle_wants, objective_sets)
+        }
+        Value::Fit(_, inner, _) | Value::Neg(inner) => collect(
+            inner,
+            window,
+            in_baseline,
+            wants,
+            cycle_wants,
+            objective_sets,
+        ),
+        Value::Binary(_, a, b) => {
+            collect(a, window, in_baseline, wants, cycle_wants, objective_sets);
+            collect(b, window, in_baseline, wants, cycle_wants, objective_sets);
+        }
+        Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
+    }
+}
+
+fn baseline_terms(c: &Cond) -> Vec<(Value, f64)> {
+    fn walk(v: &Value, out: &mut Vec<(Value, f64)>) {
+        match v {
+            Value::Baseline(inner, span) => out.push(((**inner).clone(), *span)),
+            Value::Fit(_, inner, _) | Value::Neg(inner) => walk(inner, out),
+            Value::Binary(_, a, b) => {
+                walk(a, out);
+                walk(b, out);
+            }
+            _ => {}
+        }
+    }
+    let mut cmps = Vec::new();
+    c.comparisons(&mut cmps);
+    let mut out = Vec::new();
+    for (_, a, b) in cmps {
+        walk(a, &mut out);
+        walk(b, &mut out);
+    }
+    out
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl SloEngine {
+    /// An engine for `defs`; `baselines` is the (possibly file-backed) baseline store.
+    pub fn new(
+        defs: Vec<SloDef>,
+        domain: LabelDomain,
+        baselines: BaselineStore,
+        metrics: Option<Arc<Metrics>>,
+    ) -> SloEngine {
+        let (wants, cycle_wants, objective_sets) = wants_of(&defs);
+        let (now, now_unix) = (Instant::now(), unix_now());
+        let verdicts = defs
+            .iter()
+            .map(|d| (d.name.clone(), Verdict::new(now, now_unix)))
+            .collect();
+        let engine = SloEngine {
+            inner: Mutex::new(Inner {
+                store: Store::sliding(wants, objective_sets.clone()),
+                cycle_store: Store::accumulating(cycle_wants, objective_sets),
+                defs,
+                domain,
+                baselines,
+                verdicts,
+                status: BTreeMap::new(),
+            }),
+            pending: Mutex::new(HashMap::new()),
+            metrics,
+            hooks: RwLock::new(Vec::new()),
+        };
+        // Every SLO is visible from the start, as insufficient_data.
+        engine.with(|inner| {
+            if let Some(m) = &engine.metrics {
+                for d in &inner.defs {
+                    m.set_slo(&d.name, &empty_reading(SloState::InsufficientData));
+                }
+            }
+        });
+        engine
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Registers a hook called on every state change.
+    pub fn add_hook(&self, hook: Arc<dyn StateChangeHook>) {
+        self.hooks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(hook);
+    }
+
+    /// The SLO names, in config order.
+    pub fn names(&self) -> Vec<String> {
+        self.with(|i| i.defs.iter().map(|d| d.name.clone()).collect())
+    }
+
+    /// Replaces the SLO set (a reload). SLOs whose definition is unchanged keep their state and
+    /// windows; removed ones lose their series.
+    pub fn set_definitions(&self, defs: Vec<SloDef>, domain: LabelDomain) {
+        self.with(|inner| {
+            if inner.defs == defs && inner.domain == domain {
+                return;
+            }
+            let (wants, cycle_wants, objective_sets) = wants_of(&defs);
+            let (now, now_unix) = (Instant::now(), unix_now());
+            let kept: Vec<&SloDef> = defs.iter().filter(|d| inner.defs.contains(d)).collect();
+            let mut verdicts = HashMap::new();
+            for d in &defs {
+                let v = match kept.iter().any(|k| k.name == d.name) {
+                    true => inner.verdicts.remove(&d.name),
+                    false => None,
+                };
+                verdicts.insert(
+                    d.name.clone(),
+                    v.unwrap_or_else(|| Verdict::new(now, now_unix)),
+                );
+            }
+            if let Some(m) = &self.metrics {
+                for old in &inner.defs {
+                    if !defs.iter().any(|d| d.name == old.name) {
+                        m.remove_slo(&old.name);
+                    }
+                }
+            }
+            inner
+                .status
+                .retain(|name, _| kept.iter().any(|k| &k.name == name));
+            let keys: Vec<String> = defs
+                .iter()
+                .filter_map(|d| match &d.kind {
+                    SloKind::Expr(c) => Some(
+                        baseline_terms(c)
+                            .into_iter()
+                            .map(|(v, _)| eval::baseline_key(&d.name, &v)),
+                    ),
+                    SloKind::BurnRate { .. } => None,
+                })
+                .flatten()
+                .collect();
+            inner.baselines.retain_keys(&keys);
+            // New windows start empty; a changed window or selector needs fresh samples anyway.
+            inner.store = Store::sliding(wants, objective_sets.clone());
+            inner.cycle_store = Store::accumulating(cycle_wants, objective_sets);
+            inner.defs = defs;
+            inner.domain = domain;
+            inner.verdicts = verdicts;
+        });
+    }
+
+    /// One steady-window request of a step in progress.
+    pub fn observe(&self, labels: &RequestLabels, sample: RequestSample) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        match pending.get_mut(labels) {
+            Some(list) => list.push(sample),
+            None => {
+                pending.insert(labels.clone(), vec![sample]);
+            }
+        }
+    }
+
+    /// One finished request, as the recorder sees it.
+    pub fn observe_record(&self, labels: &RequestLabels, rec: &RequestRecord) {
+        self.observe(labels, sample_of(rec));
+    }
+
+    /// A step ended: its label sets' samples go into the windows unless the step was degraded
+    /// (its schedule lag says it measured the canary, not the server).
+    pub fn step_finished(&self, results: &[StepResult]) {
+        let now = Instant::now();
+        let mut pending =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        let degraded_targets: Vec<&str> = results
+            .iter()
+            .filter(|r| r.total && r.measurements.degraded)
+            .map(|r| r.target.as_str())
+            .collect();
+        self.with(|inner| {
+            for r in results.iter().filter(|r| !r.total) {
+                let samples = pending.remove(&r.request_labels).unwrap_or_default();
+                let m = &r.measurements;
+                if m.degraded || degraded_targets.contains(&r.target.as_str()) {
+                    tracing::info!(step = %r.step, target = %r.target, "degraded step left out of SLO verdicts");
+                    continue;
+                }
+                let record = StepRecord {
+                    labels: r.request_labels.clone(),
+                    instance: format!("{}|{}|{}", r.cycle, r.step, r.target),
+                    at: now,
+                    requests: m.requests,
+                    ok: m.ok_requests,
+                    errors: m.errors,
+                    output_tokens: m.output_tokens,
+                    prompt_tokens: m.prompt_tokens,
+                    cached_tokens: m.cached_tokens,
+                    steady_seconds: r.steady_seconds,
+                    cost_usd: m
+                        .cost_per_million_tokens_usd
+                        .map(|c| c * m.output_tokens as f64 / 1e6),
+                    good: BTreeMap::new(),
+                };
+                inner.cycle_store.commit(record.clone(), &samples, now);
+                inner.store.commit(record, &samples, now);
+            }
+        });
+    }
+
+    /// A cycle completed: every baseline term's value over the cycle is kept (and saved), and
+    /// the cycle's accumulation starts over.
+    pub fn cycle_finished(&self) {
+        let (now, now_unix) = (Instant::now(), unix_now());
+        self.with(|inner| {
+            let mut entries = Vec::new();
+            for d in &inner.defs {
+                let SloKind::Expr(c) = &d.kind else { continue };
+                for (term, _) in baseline_terms(c) {
+                    let ctx = Ctx {
+                        store: &inner.cycle_store,
+                        cycle_baselines: &inner.baselines,
+                        domain: &inner.domain,
+                        slo: &d.name,
+                        window: d.window,
+                        min_samples: d.min_samples,
+                        now,
+                        now_unix,
+                    };
+                    match eval::value(&ctx, &term) {
+                        Ok(i) => entries.push((
+                            eval::baseline_key(&d.name, &term),
+                            Entry {
+                                cycle_end_unix: now_unix,
+                                estimate: i.estimate,
+                                lower: i.lower,
+                                upper: i.upper,
+                            },
+                        )),
+                        Err(e) => tracing::info!(slo = %d.name, "no baseline from this cycle: {}", e.reason),
+                    }
+                }
+            }
+            for (key, entry) in entries {
+                if let Err(e) = inner.baselines.record(&key, entry) {
+                    tracing::warn!("{e}; the baseline is kept in memory only");
+                }
+            }
+            inner.cycle_store.clear();
+        });
+    }
+
+    /// Evaluates every SLO now.
+    pub fn evaluate_now(&self) -> Vec<(String, SloStatus)> {
+        self.evaluate(Instant::now(), unix_now())
+    }
+
+    /// Evaluates every SLO at `now`: updates the verdicts, publishes the metrics, logs and calls
+    /// the hooks on state changes. Returns each SLO's status.
+    pub fn evaluate(&self, now: Instant, now_unix: f64) -> Vec<(String, SloStatus)> {
+        let mut changes = Vec::new();
+        let statuses = self.with(|inner| {
+            let mut out = Vec::new();
+            for d in &inner.defs {
+                let ctx = Ctx {
+                    store: &inner.store,
+                    cycle_baselines: &inner.baselines,
+                    domain: &inner.domain,
+                    slo: &d.name,
+                    window: d.window,
+                    min_samples: d.min_samples,
+                    now,
+                    now_unix,
+                };
+                let (raw, reading, sides, reason) = evaluate_one(&ctx, d);
+                let verdict = inner
+                    .verdicts
+                    .entry(d.name.clone())
+                    .or_insert_with(|| Verdict::new(now, now_unix));
+                let old = verdict.update(raw, d.for_, now, now_unix);
+                let reading = SloReading {
+                    state: verdict.state,
+                    ..reading
+                };
+                if let Some(old) = old {
+                    changes.push((
+                        d.name.clone(),
+                        old,
+                        verdict.state,
+                        reading.clone(),
+                        reason.clone(),
+                    ));
+                }
+                let status = SloStatus {
+                    reading,
+                    since_unix: verdict.since_unix,
+                    evaluated_unix: now_unix,
+                    reason,
+                    sides,
+                    pending: verdict
+                        .pending()
+                        .map(|(s, at)| (s, now.saturating_duration_since(at).as_secs_f64())),
+                };
+                inner.status.insert(d.name.clone(), status.clone());
+                out.push((d.name.clone(), status));
+            }
+            out
+        });
+        if let Some(m) = &self.metrics {
+            for (name, status) in &statuses {
+                m.set_slo(name, &status.reading);
+            }
+        }
+        let hooks = self
+            .hooks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for (name, old, new, reading, reason) in changes {
+            let fmt = |v: Option<f64>| v.map(|v| format!("{v:.6}")).unwrap_or_else(|| "-".into());
+            let line = format!(
+                "SLO {name}: {} -> {} (value {} [{}, {}], threshold {}{})",
+                old.as_str(),
+                new.as_str(),
+                fmt(reading.value),
+                fmt(reading.value_lower),
+                fmt(reading.value_upper),
+                fmt(reading.threshold),
+                reason.map(|r| format!("; {r}")).unwrap_or_default()
+            );
+            if new == SloState::Fail {
+                tracing::warn!(slo = %name, old = old.as_str(), new = new.as_str(), "{line}");
+            } else {
+                tracing::info!(slo = %name, old = old.as_str(), new = new.as_str(), "{line}");
+            }
+            for h in &hooks {
+                h.on_state_change(&name, old, new, &reading);
+            }
+        }
+        statuses
+    }
+
+    /// The current state of `slo`.
+    pub fn state(&self, slo: &str) -> Option<SloState> {
+        self.with(|i| i.verdicts.get(slo).map(|v| v.state))
+    }
+
+    /// The SLO part of `/api/v1/status`.
+    pub fn status_json(&self) -> Json {
+        self.with(|inner| {
+            let list: Vec<Json> = inner
+                .defs
+                .iter()
+                .map(|d| {
+                    let st = inner.status.get(&d.name);
+                    let verdict = inner.verdicts.get(&d.name);
+                    let state = verdict.map(|v| v.state).unwrap_or(SloState::InsufficientData);
+                    let num = |v: Option<f64>| v.filter(|x| x.is_finite());
+                    json!({
+                        "name": d.name,
+                        "description": d.description,
+                        "kind": match d.kind { SloKind::Expr(_) => "expr", SloKind::BurnRate { .. } => "burn_rate" },
+                        "expr": d.text(),
+                        "state": state.as_str(),
+                        "since_unix": verdict.map(|v| v.since_unix),
+                        "evaluated_unix": st.map(|s| s.evaluated_unix),
+                        "value": st.and_then(|s| num(s.reading.value)),
+                        "interval": st.map(|s| json!([num(s.reading.value_lower), num(s.reading.value_upper)])),
+                        "threshold": st.and_then(|s| num(s.reading.threshold)),
+                        "reason": st.and_then(|s| s.reason.clone()),
+                        "comparisons": st.map(|s| s.sides.iter().map(side_json).collect::<Vec<_>>()).unwrap_or_default(),
+                        "pending": st.and_then(|s| s.pending.map(|(p, held)| json!({"state": p.as_str(), "held_seconds": held, "for_seconds": d.for_.as_secs_f64()}))),
+                        "window_seconds": d.window.as_secs_f64(),
+                        "min_samples": d.min_samples,
+                        "for_seconds": d.for_.as_secs_f64(),
+                        "severity": format!("{:?}", d.severity).to_lowercase(),
+                    })
+                })
+                .collect();
+            Json::Array(list)
+        })
+    }
+
+    /// Windows held by the sliding store (for tests and memory accounting).
+    pub fn window_count(&self) -> usize {
+        self.with(|i| i.store.window_count())
+    }
+}
+
+impl crate::schedule::MeasurementObserver for SloEngine {
+    fn request(&self, labels: &RequestLabels, rec: &RequestRecord) {
+        self.observe_record(labels, rec);
+    }
+
+    fn step_finished(&self, results: &[StepResult]) {
+        SloEngine::step_finished(self, results);
+    }
+
+    fn cycle_finished(&self) {
+        SloEngine::cycle_finished(self);
+    }
+}
+
+/// Where the baselines of a config are kept: `LLM_CANARY_STATE_FILE`, else a file in the
+/// temporary directory named after the config path (so two configs never share one).
+pub fn default_state_file(config_path: Option<&std::path::Path>) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("LLM_CANARY_STATE_FILE") {
+        return p.into();
+    }
+    let tag = match config_path {
+        None => "demo".to_owned(),
+        Some(p) => {
+            let full = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+            // FNV-1a: a stable name from the path, without another dependency.
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in full.to_string_lossy().bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            format!("{h:016x}")
+        }
+    };
+    std::env::temp_dir().join(format!("llm-canary-baseline-{tag}.json"))
+}
+
+/// Evaluates every SLO each [`EVALUATION_INTERVAL`] until `stop`; `definitions` is read at every
+/// tick so a reloaded config's SLOs apply from the next evaluation.
+pub async fn run_evaluations(
+    engine: Arc<SloEngine>,
+    definitions: impl Fn() -> Option<(Vec<SloDef>, LabelDomain)>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(EVALUATION_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Some((defs, domain)) = definitions() {
+            engine.set_definitions(defs, domain);
+        }
+        engine.evaluate_now();
+    }
+}
+
+fn interval_json(i: &Interval) -> Json {
+    let num = |v: f64| v.is_finite().then_some(v);
+    json!({"estimate": num(i.estimate), "lower": num(i.lower), "upper": num(i.upper)})
+}
+
+fn side_json(s: &Side) -> Json {
+    json!({
+        "op": s.op.as_str(),
+        "lhs": interval_json(&s.lhs),
+        "rhs": interval_json(&s.rhs),
+        "verdict": match s.verdict { Truth::True => "holds", Truth::False => "violated", Truth::Unknown => "undecided" },
+    })
+}
+
+fn empty_reading(state: SloState) -> SloReading {
+    SloReading {
+        state,
+        value: None,
+        threshold: None,
+        value_lower: None,
+        value_upper: None,
+    }
+}
+
+/// One SLO's raw verdict, its reading (state filled in by the caller), its comparisons and why
+/// it has no verdict.
+fn evaluate_one(ctx: &Ctx<'_>, d: &SloDef) -> (Raw, SloReading, Vec<Side>, Option<String>) {
+    let state = SloState::InsufficientData;
+    match &d.kind {
+        SloKind::Expr(c) => match eval::condition(ctx, c) {
+            Ok((truth, sides)) => {
+                let raw = match truth {
+                    Truth::True => Raw::Pass,
+                    Truth::False => Raw::Fail,
+                    Truth::Unknown => Raw::Borderline,
+                };
+                let first = &sides[0];
+                let reading = SloReading {
+                    state,
+                    value: Some(first.lhs.estimate).filter(|v| v.is_finite()),
+                    threshold: Some(first.rhs.estimate).filter(|v| v.is_finite()),
+                    value_lower: first.lhs.lower_bound(),
+                    value_upper: first.lhs.upper_bound(),
+                };
+                (raw, reading, sides, None)
+            }
+            Err(e) => (
+                Raw::Insufficient,
+                empty_reading(state),
+                Vec::new(),
+                Some(e.reason),
+            ),
+        },
+        SloKind::BurnRate {
+            selector,
+            threshold,
+            objective,
+            ..
+        } => {
+            let t = ctx.store.totals(&selector.matchers, ctx.window, ctx.now);
+            if t.requests < ctx.min_samples || t.requests == 0 {
+                return (
+                    Raw::Insufficient,
+                    empty_reading(state),
+                    Vec::new(),
+                    Some(format!(
+                        "{} requests in the window, {} needed",
+                        t.requests, ctx.min_samples
+                    )),
+                );
+            }
+            let key = eval::objectives_key(&[Objective {
+                measure: selector.measure,
+                seconds: *threshold,
+            }]);
+            let good = t.good.get(&key).copied().unwrap_or(0);
+            let bad_ratio = eval::wilson(t.requests - good.min(t.requests), t.requests);
+            // (100 − objective) / 100 is exact for objectives written with few decimals.
+            let budget = (100.0 - objective) / 100.0;
+            let side = Side {
+                op: super::ast::CmpOp::Le,
+                lhs: bad_ratio,
+                rhs: Interval::point(budget),
+                verdict: eval::compare(super::ast::CmpOp::Le, bad_ratio, Interval::point(budget)),
+            };
+            let raw = match side.verdict {
+                Truth::True => Raw::Pass,
+                Truth::False => Raw::Fail,
+                Truth::Unknown => Raw::Borderline,
+            };
+            let reading = SloReading {
+                state,
+                value: Some(bad_ratio.estimate),
+                threshold: Some(budget),
+                value_lower: Some(bad_ratio.lower),
+                value_upper: Some(bad_ratio.upper),
+            };
+            (raw, reading, vec![side], None)
+        }
+    }
+}
+
+/// What the engine keeps of a finished request.
+pub fn sample_of(rec: &RequestRecord) -> RequestSample {
+    let secs = |d: Duration| d.as_secs_f64();
+    let ms = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x / 1000.0);
+    let timing = rec.server_timing.as_ref();
+    RequestSample {
+        ok: rec.outcome.is_ok(),
+        ttft: rec.ttft().map(secs),
+        itl: rec.itl().map(secs),
+        latency: Some(secs(rec.latency())),
+        server_ttft: ms(timing.and_then(|t| t.ttft_ms)),
+        prefill_time: ms(timing.and_then(|t| t.prefill_time_ms)),
+        prefill_wait: ms(timing.and_then(|t| t.prefill_wait_time_ms)),
+        kv_transfer: ms(timing.and_then(|t| t.kv_transfer_estimated_latency_ms)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ServingMode, Severity};
+    use crate::measure::step::StepAccumulator;
+    use crate::slo::parse_condition;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use tokio::time::advance;
+
+    const GAIN: &str =
+        r#"p50(ttft{serving_mode="disaggregated"}) <= 0.8 * p50(ttft{serving_mode="aggregated"})"#;
+
+    fn def(expr: &str, for_secs: u64) -> SloDef {
+        SloDef {
+            name: "gain".into(),
+            description: None,
+            kind: SloKind::Expr(parse_condition(expr).unwrap()),
+            window: Duration::from_secs(120),
+            min_samples: 50,
+            for_: Duration::from_secs(for_secs),
+            severity: Severity::Warning,
+            runbook_url: None,
+        }
+    }
+
+    fn labels(mode: ServingMode) -> RequestLabels {
+        let target = match mode {
+            ServingMode::Aggregated => "agg",
+            _ => "disagg",
+        };
+        RequestLabels::new(target, mode, "concurrency_sweep").with_concurrency(32)
+    }
+
+    fn result(mode: ServingMode, cycle: u64, requests: u64, degraded: bool) -> StepResult {
+        let mut measurements = StepAccumulator::default().finish(
+            Duration::from_secs(30),
+            None,
+            Duration::from_millis(50),
+        );
+        measurements.requests = requests;
+        measurements.ok_requests = requests;
+        measurements.degraded = degraded;
+        let l = labels(mode);
+        StepResult {
+            cycle,
+            workload: l.workload.clone(),
+            step: "concurrency_sweep concurrency=32".into(),
+            target: l.target.clone(),
+            serving_mode: l.serving_mode.clone(),
+            labels: BTreeMap::new(),
+            total: false,
+            started_unix: 0.0,
+            ended_unix: 0.0,
+            steady_seconds: 30.0,
+            measurements,
+            request_labels: l,
+            server: None,
+        }
+    }
+
+    /// One step of `n` requests per mode with TTFTs uniform in ±10 % around the given centres.
+    fn step(engine: &SloEngine, rng: &mut StdRng, n: u64, agg: f64, disagg: f64, degraded: bool) {
+        for (mode, centre) in [
+            (ServingMode::Aggregated, agg),
+            (ServingMode::Disaggregated, disagg),
+        ] {
+            for _ in 0..n {
+                let ttft = centre * rng.random_range(0.9..1.1);
+                engine.observe(
+                    &labels(mode),
+                    RequestSample {
+                        ok: true,
+                        ttft: Some(ttft),
+                        latency: Some(ttft + 1.0),
+                        ..RequestSample::default()
+                    },
+                );
+            }
+        }
+        engine.step_finished(&[
+            result(ServingMode::Aggregated, 0, n, degraded),
+            result(ServingMode::Disaggregated, 0, n, degraded),
+        ]);
+    }
+
+    struct Recorded(Mutex<Vec<(String, SloState, SloState)>>);
+
+    impl StateChangeHook for Recorded {
+        fn on_state_change(&self, slo: &str, old: SloState, new: SloState, _: &SloReading) {
+            self.0.lock().unwrap().push((slo.to_owned(), old, new));
+        }
+    }
+
+    fn state(engine: &SloEngine) -> SloState {
+        let statuses = engine.evaluate(Instant::now(), 0.0);
+        statuses[0].1.reading.state
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clear_pass_then_clear_fail_after_for_and_borderline_holds() {
+        let metrics = Arc::new(Metrics::new(&[]));
+        let engine = SloEngine::new(
+            vec![def(GAIN, 20)],
+            LabelDomain::default(),
+            BaselineStore::in_memory(),
+            Some(Arc::clone(&metrics)),
+        );
+        let hook = Arc::new(Recorded(Mutex::new(Vec::new())));
+        engine.add_hook(hook.clone());
+        let mut rng = StdRng::seed_from_u64(7);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+
+        // Clear pass: disaggregated at half of aggregated. `for` 20 s delays the verdict.
+        step(&engine, &mut rng, 200, 1.0, 0.5, false);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        advance(Duration::from_secs(10)).await;
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        advance(Duration::from_secs(10)).await;
+        assert_eq!(state(&engine), SloState::Pass);
+        assert_eq!(metrics.slo_state("gain"), Some(SloState::Pass));
+        let status = engine.status_json();
+        assert_eq!(status[0]["state"], "pass");
+        let (lo, hi) = (
+            status[0]["interval"][0].as_f64().unwrap(),
+            status[0]["interval"][1].as_f64().unwrap(),
+        );
+        let value = status[0]["value"].as_f64().unwrap();
+        assert!(
+            lo <= value && value <= hi && (0.45..0.55).contains(&value),
+            "{status}"
+        );
+        assert!((status[0]["threshold"].as_f64().unwrap() - 0.8).abs() < 0.05);
+
+        // Borderline: 0.8 × 1.0 against 0.8: the intervals overlap, the state holds.
+        advance(Duration::from_secs(130)).await;
+        step(&engine, &mut rng, 200, 1.0, 0.8, false);
+        for _ in 0..10 {
+            assert_eq!(state(&engine), SloState::Pass);
+            advance(Duration::from_secs(5)).await;
+        }
+        let comparisons = &engine.status_json()[0]["comparisons"];
+        assert_eq!(comparisons[0]["verdict"], "undecided", "{comparisons}");
+
+        // Clear fail (a slow handoff): 1.3 against 0.8. Still pass until `for` has passed.
+        advance(Duration::from_secs(130)).await;
+        step(&engine, &mut rng, 200, 1.0, 1.3, false);
+        assert_eq!(state(&engine), SloState::Pass);
+        advance(Duration::from_secs(19)).await;
+        assert_eq!(state(&engine), SloState::Pass);
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(state(&engine), SloState::Fail);
+        assert_eq!(metrics.slo_state("gain"), Some(SloState::Fail));
+
+        // The samples leave the window: too little data is reported at once.
+        advance(Duration::from_secs(130)).await;
+        assert_eq!(state(&engine), SloState::InsufficientData);
+
+        let changes = hook.0.lock().unwrap().clone();
+        assert_eq!(
+            changes,
+            vec![
+                ("gain".into(), SloState::InsufficientData, SloState::Pass),
+                ("gain".into(), SloState::Pass, SloState::Fail),
+                ("gain".into(), SloState::Fail, SloState::InsufficientData),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn too_few_samples_and_degraded_steps_give_insufficient_data() {
+        let engine = SloEngine::new(
+            vec![def(GAIN, 0)],
+            LabelDomain::default(),
+            BaselineStore::in_memory(),
+            None,
+        );
+        let mut rng = StdRng::seed_from_u64(8);
+        // 40 samples per side, 50 needed.
+        step(&engine, &mut rng, 40, 1.0, 0.3, false);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        let reason = engine.status_json()[0]["reason"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(reason.contains("40 samples, 50 needed"), "{reason}");
+        // A degraded step's samples never reach the windows.
+        step(&engine, &mut rng, 400, 1.0, 0.3, true);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        // With `for` 0 a clear verdict applies at once.
+        step(&engine, &mut rng, 40, 1.0, 0.3, false);
+        assert_eq!(state(&engine), SloState::Pass);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn burn_rate_slo_compares_the_bad_ratio_with_the_budget() {
+        let burn = SloDef {
+            name: "ttft-availability".into(),
+            description: None,
+            kind: SloKind::BurnRate {
+                selector: crate::slo::parse_sli("ttft < 1s").unwrap().0,
+                threshold: 1.0,
+                objective: 90.0,
+                period: crate::slo::DEFAULT_PERIOD,
+            },
+            window: Duration::from_secs(60),
+            min_samples: 50,
+            for_: Duration::ZERO,
+            severity: Severity::Page,
+            runbook_url: None,
+        };
+        let engine = SloEngine::new(
+            vec![burn],
+            LabelDomain::default(),
+            BaselineStore::in_memory(),
+            None,
+        );
+        let mut rng = StdRng::seed_from_u64(9);
+        // Every aggregated TTFT is under 1 s, every disaggregated one above: 50 % bad.
+        step(&engine, &mut rng, 200, 0.5, 2.0, false);
+        assert_eq!(state(&engine), SloState::Fail);
+        let s = engine.status_json();
+        assert!((s[0]["value"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{s}");
+        assert!((s[0]["threshold"].as_f64().unwrap() - 0.1).abs() < 1e-9);
+        advance(Duration::from_secs(61)).await;
+        step(&engine, &mut rng, 200, 0.5, 0.5, false);
+        assert_eq!(state(&engine), SloState::Pass);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn baseline_compares_with_completed_cycles() {
+        let expr = r#"p50(ttft{serving_mode="aggregated"}) <= 1.2 * baseline(p50(ttft{serving_mode="aggregated"}), 24h)"#;
+        let engine = SloEngine::new(
+            vec![def(expr, 0)],
+            LabelDomain::default(),
+            BaselineStore::in_memory(),
+            None,
+        );
+        let mut rng = StdRng::seed_from_u64(10);
+        step(&engine, &mut rng, 200, 1.0, 1.0, false);
+        // No completed cycle yet: no baseline.
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        engine.cycle_finished();
+        assert_eq!(state(&engine), SloState::Pass);
+        // A 50 % regression against the previous cycle fails.
+        advance(Duration::from_secs(130)).await;
+        step(&engine, &mut rng, 200, 1.5, 1.0, false);
+        assert_eq!(state(&engine), SloState::Fail);
+    }
+}

@@ -1,0 +1,141 @@
+//! The verdict state machine of one SLO: a clear pass or fail must hold for `for` before the
+//! state changes, a borderline evaluation keeps the state, and too few samples give
+//! `insufficient_data` at once.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::export::metrics::SloState;
+
+/// What one evaluation concluded, before hysteresis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Raw {
+    /// The interval is clearly on the passing side.
+    Pass,
+    /// The interval is clearly on the failing side.
+    Fail,
+    /// The interval straddles the threshold: no new evidence either way.
+    Borderline,
+    /// Fewer samples than `min_samples` (or no data, or no baseline yet).
+    Insufficient,
+}
+
+/// The state of one SLO over time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub state: SloState,
+    /// When the current state began.
+    pub since: Instant,
+    pub since_unix: f64,
+    /// A clear verdict different from the state, and since when it has held.
+    pending: Option<(SloState, Instant)>,
+}
+
+impl Verdict {
+    /// A new SLO: no data yet.
+    pub fn new(now: Instant, now_unix: f64) -> Self {
+        Verdict {
+            state: SloState::InsufficientData,
+            since: now,
+            since_unix: now_unix,
+            pending: None,
+        }
+    }
+
+    /// The state a clear verdict is waiting to become, and since when.
+    pub fn pending(&self) -> Option<(SloState, Instant)> {
+        self.pending
+    }
+
+    /// Applies one evaluation; returns the previous state when the state changed.
+    ///
+    /// A change to pass or fail needs the same clear verdict for `for_` (borderline evaluations
+    /// in between neither confirm nor cancel it; the opposite clear verdict or missing data
+    /// cancels it). A change to `insufficient_data` is immediate: there is nothing to wait for.
+    pub fn update(
+        &mut self,
+        raw: Raw,
+        for_: Duration,
+        now: Instant,
+        now_unix: f64,
+    ) -> Option<SloState> {
+        let target = match raw {
+            Raw::Borderline => return None,
+            Raw::Insufficient => {
+                self.pending = None;
+                return self.change(SloState::InsufficientData, now, now_unix);
+            }
+            Raw::Pass => SloState::Pass,
+            Raw::Fail => SloState::Fail,
+        };
+        if self.state == target {
+            self.pending = None;
+            return None;
+        }
+        let started = match self.pending {
+            Some((state, at)) if state == target => at,
+            _ => {
+                self.pending = Some((target, now));
+                now
+            }
+        };
+        if now.saturating_duration_since(started) >= for_ {
+            self.pending = None;
+            self.change(target, now, now_unix)
+        } else {
+            None
+        }
+    }
+
+    fn change(&mut self, to: SloState, now: Instant, now_unix: f64) -> Option<SloState> {
+        if self.state == to {
+            return None;
+        }
+        let old = self.state;
+        self.state = to;
+        self.since = now;
+        self.since_unix = now_unix;
+        Some(old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::advance;
+
+    #[tokio::test(start_paused = true)]
+    async fn for_delays_a_change_and_borderline_holds() {
+        let mut v = Verdict::new(Instant::now(), 0.0);
+        let for_ = Duration::from_secs(60);
+        // Clear pass, but only after it held for 60 s.
+        assert_eq!(v.update(Raw::Pass, for_, Instant::now(), 0.0), None);
+        advance(Duration::from_secs(30)).await;
+        assert_eq!(v.update(Raw::Borderline, for_, Instant::now(), 0.0), None);
+        advance(Duration::from_secs(30)).await;
+        assert_eq!(
+            v.update(Raw::Pass, for_, Instant::now(), 60.0),
+            Some(SloState::InsufficientData)
+        );
+        assert_eq!((v.state, v.since_unix), (SloState::Pass, 60.0));
+        // A fail that is interrupted by a pass starts over.
+        v.update(Raw::Fail, for_, Instant::now(), 0.0);
+        advance(Duration::from_secs(50)).await;
+        v.update(Raw::Pass, for_, Instant::now(), 0.0);
+        advance(Duration::from_secs(20)).await;
+        assert_eq!(v.update(Raw::Fail, for_, Instant::now(), 0.0), None);
+        assert_eq!(v.state, SloState::Pass);
+        advance(Duration::from_secs(60)).await;
+        assert_eq!(
+            v.update(Raw::Fail, for_, Instant::now(), 0.0),
+            Some(SloState::Pass)
+        );
+        // Missing data is reported at once.
+        assert_eq!(
+            v.update(Raw::Insufficient, for_, Instant::now(), 0.0),
+            Some(SloState::Fail)
+        );
+        assert_eq!(v.state, SloState::InsufficientData);
+    }
+}
