@@ -1,0 +1,491 @@
+//! OTLP export of the per-request measurements (DESIGN §6): the same requests the Prometheus
+//! histograms see, pushed as OpenTelemetry metrics under the GenAI semantic-convention names
+//! where one exists, and optionally one span per request with the first chunk as an event.
+//!
+//! | instrument | unit | what |
+//! | --- | --- | --- |
+//! | `gen_ai.client.operation.duration` | s | request latency (error latency for failures, with `error.type`) |
+//! | `gen_ai.client.operation.time_to_first_chunk` | s | TTFT of successful requests |
+//! | `gen_ai.client.operation.time_per_output_chunk` | s | each content chunk's gap to the previous one |
+//! | `gen_ai.client.token.usage` | {token} | prompt (`gen_ai.token.type=input`) and completion (`output`) tokens |
+//! | `llm_canary.inter_token_latency` | s | ITL of successful requests (no semantic-convention name) |
+//! | `llm_canary.requests` | {request} | every request, warmup included, by `llm_canary.outcome` |
+//! | `llm_canary.cached_tokens` | {token} | prompt tokens served from the prefix cache |
+//!
+//! Every point carries the canary's labels as attributes (empty ones left out), plus
+//! `gen_ai.operation.name`, `gen_ai.request.model`, `server.address` and `server.port`. The
+//! latency histograms use the Prometheus latency grid in seconds as explicit bucket boundaries:
+//! the SDK's default boundaries assume milliseconds.
+//!
+//! Transport: HTTP/protobuf with reqwest's *blocking* client, driven by the SDK's periodic reader
+//! on its own thread (reqwest's async client needs a Tokio reactor that thread does not have);
+//! gRPC (tonic) when built with the `otlp-grpc` feature. The endpoint is the collector's base URL
+//! (as `OTEL_EXPORTER_OTLP_ENDPOINT`): `/v1/metrics` and `/v1/traces` are appended for HTTP.
+
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _};
+use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use tokio::time::Instant;
+
+use super::metrics::{RequestLabels, latency_buckets};
+use crate::client::RequestRecord;
+use crate::config::{Api, Otlp, OtlpProtocol};
+
+/// Longest one export request may take.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Token-count boundaries the GenAI semantic conventions give for `gen_ai.client.token.usage`.
+const TOKEN_BOUNDARIES: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// Errors of the OTLP pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    #[error("export.otlp.endpoint `{0}` is not a URL")]
+    Endpoint(String),
+    #[error("building the OTLP HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("building the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    #[error(
+        "export.otlp.protocol is grpc, but this binary was built without the `otlp-grpc` feature"
+    )]
+    GrpcNotBuilt,
+    #[error("the OTLP setup task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// What the exporter knows of a target, by its index in the runner's target list.
+#[derive(Debug, Clone)]
+pub struct OtlpTarget {
+    /// `chat` or `text_completion` (`gen_ai.operation.name`).
+    pub operation: &'static str,
+    pub model: String,
+    pub url: url::Url,
+}
+
+impl OtlpTarget {
+    pub fn new(api: Api, model: &str, url: &url::Url) -> Self {
+        OtlpTarget {
+            operation: match api {
+                Api::Chat => "chat",
+                Api::Completions => "text_completion",
+            },
+            model: model.to_owned(),
+            url: url.clone(),
+        }
+    }
+
+    fn attributes(&self) -> Vec<KeyValue> {
+        let mut v = vec![
+            KeyValue::new("gen_ai.operation.name", self.operation),
+            KeyValue::new("gen_ai.request.model", self.model.clone()),
+        ];
+        if let Some(host) = self.url.host_str() {
+            v.push(KeyValue::new("server.address", host.to_owned()));
+        }
+        if let Some(port) = self.url.port_or_known_default() {
+            v.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        v
+    }
+}
+
+struct Instruments {
+    duration: Histogram<f64>,
+    ttfc: Histogram<f64>,
+    per_chunk: Histogram<f64>,
+    itl: Histogram<f64>,
+    tokens: Histogram<u64>,
+    requests: Counter<u64>,
+    cached: Counter<u64>,
+}
+
+/// The running OTLP pipeline. Recording is the SDK's in-memory aggregation; the network is only
+/// touched by the periodic reader's and the span processor's own threads.
+pub struct OtlpExporter {
+    meters: SdkMeterProvider,
+    tracing: Option<(SdkTracerProvider, SdkTracer)>,
+    instruments: Instruments,
+    targets: Vec<Vec<KeyValue>>,
+    span_names: Vec<String>,
+}
+
+impl std::fmt::Debug for OtlpExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpExporter")
+            .field("targets", &self.targets.len())
+            .field("spans", &self.tracing.is_some())
+            .finish()
+    }
+}
+
+/// The signal URL for HTTP: `base` with `path` appended unless `base` already names a path.
+fn signal_url(base: &str, path: &str) -> Result<String, OtlpError> {
+    let url = url::Url::parse(base).map_err(|_| OtlpError::Endpoint(base.to_owned()))?;
+    if url.path().trim_matches('/').is_empty() {
+        Ok(format!("{}{path}", base.trim_end_matches('/')))
+    } else {
+        Ok(base.to_owned())
+    }
+}
+
+/// The canary's labels as attributes; a label that does not apply (empty) is left out.
+pub fn label_attributes(labels: &RequestLabels) -> Vec<KeyValue> {
+    [
+        ("target", &labels.target),
+        ("serving_mode", &labels.serving_mode),
+        ("workload", &labels.workload),
+        ("concurrency", &labels.concurrency),
+        ("turn", &labels.turn),
+        ("distribution", &labels.distribution),
+        ("isl_bucket", &labels.isl_bucket),
+        ("prefix_ratio", &labels.prefix_ratio),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| KeyValue::new(k, v.clone()))
+    .collect()
+}
+
+impl OtlpExporter {
+    /// Starts the pipeline for `cfg`; `targets` are indexed like the runner's targets.
+    ///
+    /// Runs the SDK setup on a blocking thread: reqwest's blocking client owns a runtime of its
+    /// own that must not be created or dropped on an async worker thread.
+    pub async fn start(cfg: &Otlp, targets: Vec<OtlpTarget>) -> Result<OtlpExporter, OtlpError> {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || Self::start_blocking(&cfg, targets)).await?
+    }
+
+    fn start_blocking(cfg: &Otlp, targets: Vec<OtlpTarget>) -> Result<OtlpExporter, OtlpError> {
+        let resource = Resource::builder()
+            .with_service_name("llm-canary")
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let (metric_exporter, span_exporter) = match cfg.protocol {
+            OtlpProtocol::HttpProtobuf => {
+                let client = || {
+                    crate::client::blocking_http_client_builder()
+                        .timeout(EXPORT_TIMEOUT)
+                        .build()
+                        .map_err(OtlpError::Client)
+                };
+                let metrics = opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .with_http_client(client()?)
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(signal_url(&cfg.endpoint, "/v1/metrics")?)
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .build()?;
+                let spans = if cfg.spans {
+                    Some(
+                        opentelemetry_otlp::SpanExporter::builder()
+                            .with_http()
+                            .with_http_client(client()?)
+                            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                            .with_endpoint(signal_url(&cfg.endpoint, "/v1/traces")?)
+                            .with_timeout(EXPORT_TIMEOUT)
+                            .build()?,
+                    )
+                } else {
+                    None
+                };
+                (metrics, spans)
+            }
+            OtlpProtocol::Grpc => grpc_exporters(cfg)?,
+        };
+        let reader = PeriodicReader::builder(metric_exporter)
+            .with_interval(cfg.interval.0)
+            .build();
+        let meters = SdkMeterProvider::builder()
+            .with_reader(reader)
+            .with_resource(resource.clone())
+            .build();
+        let tracing = span_exporter.map(|exporter| {
+            let provider = SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build();
+            let tracer = provider.tracer("llm-canary");
+            (provider, tracer)
+        });
+        let meter = meters.meter("llm-canary");
+        let seconds = |name: &'static str, description: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit("s")
+                .with_description(description)
+                .with_boundaries(latency_buckets(&[]))
+                .build()
+        };
+        let instruments = Instruments {
+            duration: seconds(
+                "gen_ai.client.operation.duration",
+                "Request latency: last content chunk (or the error) minus the intended send time",
+            ),
+            ttfc: seconds(
+                "gen_ai.client.operation.time_to_first_chunk",
+                "Time from the intended send to the first non-empty content chunk",
+            ),
+            per_chunk: seconds(
+                "gen_ai.client.operation.time_per_output_chunk",
+                "Gap between a content chunk and the previous one",
+            ),
+            itl: seconds(
+                "llm_canary.inter_token_latency",
+                "Per-request mean gap between output tokens",
+            ),
+            tokens: meter
+                .u64_histogram("gen_ai.client.token.usage")
+                .with_unit("{token}")
+                .with_description("Prompt and completion tokens reported in usage")
+                .with_boundaries(TOKEN_BOUNDARIES.to_vec())
+                .build(),
+            requests: meter
+                .u64_counter("llm_canary.requests")
+                .with_unit("{request}")
+                .with_description("Requests by outcome, warmup included")
+                .build(),
+            cached: meter
+                .u64_counter("llm_canary.cached_tokens")
+                .with_unit("{token}")
+                .with_description("Prompt tokens served from the prefix cache")
+                .build(),
+        };
+        let span_names = targets
+            .iter()
+            .map(|t| format!("{} {}", t.operation, t.model))
+            .collect();
+        Ok(OtlpExporter {
+            meters,
+            tracing,
+            instruments,
+            targets: targets.iter().map(OtlpTarget::attributes).collect(),
+            span_names,
+        })
+    }
+
+    /// Records one finished request of target `target_index`. Warmup requests only count in
+    /// `llm_canary.requests`, as they only count in `llm_canary_requests_total`.
+    pub fn record(
+        &self,
+        target_index: usize,
+        labels: &RequestLabels,
+        steady: bool,
+        rec: &RequestRecord,
+    ) {
+        let mut attrs = label_attributes(labels);
+        if let Some(t) = self.targets.get(target_index) {
+            attrs.extend(t.iter().cloned());
+        }
+        let ok = rec.outcome.is_ok();
+        let mut with_outcome = attrs.clone();
+        with_outcome.push(KeyValue::new("llm_canary.outcome", rec.outcome.as_str()));
+        self.instruments.requests.add(1, &with_outcome);
+        if !steady {
+            return;
+        }
+        let mut duration_attrs = attrs.clone();
+        if !ok {
+            duration_attrs.push(KeyValue::new("error.type", rec.outcome.as_str()));
+        }
+        let latency = rec.latency().as_secs_f64();
+        self.instruments.duration.record(latency, &duration_attrs);
+        if ok {
+            if let Some(t) = rec.ttft() {
+                self.instruments.ttfc.record(t.as_secs_f64(), &attrs);
+            }
+            if let Some(i) = rec.itl() {
+                self.instruments.itl.record(i.as_secs_f64(), &attrs);
+            }
+            for (gap_per_token, tokens) in rec.token_gaps() {
+                let chunk_gap = gap_per_token.as_secs_f64() * f64::from(tokens);
+                self.instruments.per_chunk.record(chunk_gap, &attrs);
+            }
+            let mut token_attrs = attrs.clone();
+            token_attrs.push(KeyValue::new("gen_ai.token.type", "input"));
+            if let Some(p) = rec.prompt_tokens() {
+                self.instruments.tokens.record(p, &token_attrs);
+            }
+            token_attrs.pop();
+            token_attrs.push(KeyValue::new("gen_ai.token.type", "output"));
+            self.instruments
+                .tokens
+                .record(rec.output_tokens(), &token_attrs);
+            self.instruments
+                .cached
+                .add(rec.cached_tokens().unwrap_or(0), &attrs);
+        }
+        if let Some((_, tracer)) = &self.tracing {
+            self.span(tracer, target_index, attrs, rec);
+        }
+    }
+
+    /// One client span per request, from the intended send to the request's end, with the first
+    /// content chunk as an event.
+    fn span(
+        &self,
+        tracer: &SdkTracer,
+        target_index: usize,
+        attrs: Vec<KeyValue>,
+        rec: &RequestRecord,
+    ) {
+        let now = Instant::now();
+        let wall_now = SystemTime::now();
+        let wall = |at: Instant| wall_now - now.saturating_duration_since(at);
+        let name: Cow<'static, str> = self
+            .span_names
+            .get(target_index)
+            .cloned()
+            .unwrap_or_else(|| "chat".to_owned())
+            .into();
+        let mut attributes = attrs;
+        attributes.push(KeyValue::new(
+            "llm_canary.request_id",
+            rec.request_id.clone(),
+        ));
+        if let Some(p) = rec.prompt_tokens() {
+            attributes.push(KeyValue::new("gen_ai.usage.input_tokens", p as i64));
+        }
+        attributes.push(KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            rec.output_tokens() as i64,
+        ));
+        if let Some(t) = rec.ttft() {
+            attributes.push(KeyValue::new(
+                "gen_ai.response.time_to_first_chunk",
+                t.as_secs_f64(),
+            ));
+        }
+        let mut span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_start_time(wall(rec.intended))
+            .with_attributes(attributes)
+            .start(tracer);
+        if let Some(first) = rec.first_token_at() {
+            span.add_event_with_timestamp("first_chunk", wall(first), vec![]);
+        }
+        if !rec.outcome.is_ok() {
+            span.set_attribute(KeyValue::new("error.type", rec.outcome.as_str()));
+            span.set_status(Status::error(rec.outcome.as_str()));
+        }
+        span.end_with_timestamp(wall(rec.intended + rec.latency()));
+    }
+
+    /// Exports what is still buffered and stops the pipeline (at shutdown); records after this are
+    /// dropped. Bounded by the export timeout: a collector that is down costs one failed export,
+    /// logged, never a hang.
+    pub async fn shutdown(self: std::sync::Arc<Self>) {
+        let result = tokio::task::spawn_blocking(move || {
+            let mut errors = Vec::new();
+            if let Some((provider, _)) = &self.tracing {
+                if let Err(e) = provider.force_flush() {
+                    errors.push(format!("spans: {e}"));
+                }
+                if let Err(e) = provider.shutdown() {
+                    errors.push(format!("span pipeline: {e}"));
+                }
+            }
+            if let Err(e) = self.meters.force_flush() {
+                errors.push(format!("metrics: {e}"));
+            }
+            if let Err(e) = self.meters.shutdown() {
+                errors.push(format!("metric pipeline: {e}"));
+            }
+            errors
+        })
+        .await;
+        match result {
+            Ok(errors) if errors.is_empty() => tracing::info!("OTLP export flushed"),
+            Ok(errors) => tracing::warn!(errors = ?errors, "OTLP flush at shutdown failed"),
+            Err(e) => tracing::warn!(error = %e, "OTLP flush task failed"),
+        }
+    }
+}
+
+#[cfg(feature = "otlp-grpc")]
+fn grpc_exporters(
+    cfg: &Otlp,
+) -> Result<
+    (
+        opentelemetry_otlp::MetricExporter,
+        Option<opentelemetry_otlp::SpanExporter>,
+    ),
+    OtlpError,
+> {
+    let metrics = opentelemetry_otlp::MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(cfg.endpoint.value.clone())
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()?;
+    let spans = if cfg.spans {
+        Some(
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(cfg.endpoint.value.clone())
+                .with_timeout(EXPORT_TIMEOUT)
+                .build()?,
+        )
+    } else {
+        None
+    };
+    Ok((metrics, spans))
+}
+
+#[cfg(not(feature = "otlp-grpc"))]
+fn grpc_exporters(
+    _cfg: &Otlp,
+) -> Result<
+    (
+        opentelemetry_otlp::MetricExporter,
+        Option<opentelemetry_otlp::SpanExporter>,
+    ),
+    OtlpError,
+> {
+    Err(OtlpError::GrpcNotBuilt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_paths_are_appended_to_a_base_url_only() {
+        assert_eq!(
+            signal_url("http://collector:4318", "/v1/metrics").unwrap(),
+            "http://collector:4318/v1/metrics"
+        );
+        assert_eq!(
+            signal_url("http://collector:4318/", "/v1/traces").unwrap(),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            signal_url("http://prom:9090/api/v1/otlp/v1/metrics", "/v1/metrics").unwrap(),
+            "http://prom:9090/api/v1/otlp/v1/metrics"
+        );
+        assert!(signal_url("not a url", "/v1/metrics").is_err());
+    }
+
+    #[test]
+    fn empty_labels_are_not_attributes() {
+        let labels =
+            RequestLabels::new("agg", crate::config::ServingMode::Aggregated, "multi_turn")
+                .with_turn(2);
+        let keys: Vec<String> = label_attributes(&labels)
+            .iter()
+            .map(|kv| kv.key.to_string())
+            .collect();
+        assert_eq!(keys, ["target", "serving_mode", "workload", "turn"]);
+    }
+}

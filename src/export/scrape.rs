@@ -1,0 +1,598 @@
+//! Scraping the serving engines' own `/metrics` (vLLM `vllm:*`, Dynamo `dynamo_frontend_*` and
+//! KVBM `kvbm_*`): what the server says about its prefix cache, KV usage, preemptions, evictions
+//! and TTFT, next to what the canary measured.
+//!
+//! Every `export.server_metrics_interval` each target's endpoints are fetched (response size and
+//! time bounded), parsed with [`super::promtext`] and summed over their series into
+//! [`ServerTotals`]. Counters are turned into rates between two scrapes (the
+//! `llm_canary_server_*` families) and into per-step deltas: the scheduler takes a fresh scrape at
+//! the start and the end of every step ([`ServerScraper::begin_step`], [`ServerScraper::end_step`])
+//! so a step's server values cover exactly that step ([`ServerStep`]).
+//!
+//! Labels come only from the config (`target`); no label is ever made from a server-controlled
+//! string. A dead endpoint counts in `llm_canary_server_scrape_errors_total{target}` and stops
+//! nothing: a scrape that misses one endpoint of a target publishes nothing for that target, so
+//! partial sums never look like counter resets.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{Metrics, ServerSnapshot};
+use super::promtext;
+use crate::config::TargetConfig;
+
+/// Largest `/metrics` body read; a vLLM engine with many LoRA adapters writes a few hundred KiB.
+pub const MAX_SCRAPE_BYTES: usize = 8 << 20;
+/// Longest one scrape of one endpoint may take, connect included.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors of the server-metrics scrape.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("building the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("{url}: {source}")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url} answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url}: response larger than {MAX_SCRAPE_BYTES} bytes")]
+    TooLarge { url: String },
+    #[error("{url}: response is not UTF-8")]
+    NotUtf8 { url: String },
+}
+
+/// A target whose server metrics are scraped: its name (the only label used) and its endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeTarget {
+    pub name: String,
+    pub urls: Vec<String>,
+}
+
+impl ScrapeTarget {
+    /// The endpoints of `target`: its configured `server_metrics`, and for an embedded simulator
+    /// also the simulator's own `/metrics` on the host of `endpoint` (the URL requests go to).
+    /// `None` when there is nothing to scrape.
+    pub fn for_target(target: &TargetConfig, endpoint: &url::Url) -> Option<ScrapeTarget> {
+        let mut urls: Vec<String> = target
+            .server_metrics
+            .iter()
+            .map(|u| u.value.clone())
+            .collect();
+        if target.simulated.is_some()
+            && let Ok(own) = endpoint.join("/metrics")
+            && !urls.contains(&own.to_string())
+        {
+            urls.push(own.to_string());
+        }
+        (!urls.is_empty()).then(|| ScrapeTarget {
+            name: target.name.value.clone(),
+            urls,
+        })
+    }
+}
+
+/// What one scrape of all endpoints of a target says, summed over series (workers, models).
+/// `None`: no endpoint exposed that series.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerTotals {
+    /// `vllm:prefix_cache_queries_total`: prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: Option<f64>,
+    /// `vllm:prefix_cache_hits_total`: prompt tokens found there.
+    pub prefix_cache_hits: Option<f64>,
+    /// Mean of `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`) over
+    /// workers, 0..1.
+    pub kv_cache_usage_ratio: Option<f64>,
+    /// `vllm:num_preemptions_total`.
+    pub preemptions: Option<f64>,
+    /// `vllm:kv_cache_evictions_total`.
+    pub evictions: Option<f64>,
+    /// `dynamo_frontend_time_to_first_token_seconds_sum` and `_count`.
+    pub ttft_sum_seconds: Option<f64>,
+    pub ttft_count: Option<f64>,
+    /// Mean of KVBM's `kvbm_host_cache_hit_rate` / `kvbm_disk_cache_hit_rate` gauges (0..1).
+    pub kvbm_host_cache_hit_ratio: Option<f64>,
+    pub kvbm_disk_cache_hit_ratio: Option<f64>,
+}
+
+/// Sum and count of one family's samples, for sums and means.
+#[derive(Default, Clone, Copy)]
+struct Acc {
+    sum: f64,
+    n: u32,
+}
+
+impl Acc {
+    fn add(&mut self, v: f64) {
+        if v.is_finite() {
+            self.sum += v;
+            self.n += 1;
+        }
+    }
+    fn sum(self) -> Option<f64> {
+        (self.n > 0).then_some(self.sum)
+    }
+    fn mean(self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / f64::from(self.n))
+    }
+}
+
+#[derive(Default)]
+struct TotalsBuilder {
+    queries: Acc,
+    hits: Acc,
+    kv_usage: Acc,
+    preemptions: Acc,
+    evictions: Acc,
+    ttft_sum: Acc,
+    ttft_count: Acc,
+    kvbm_host: Acc,
+    kvbm_disk: Acc,
+}
+
+impl TotalsBuilder {
+    fn add_text(&mut self, text: &str) {
+        for s in promtext::parse(text).samples {
+            let acc = match s.name {
+                "vllm:prefix_cache_queries_total" => &mut self.queries,
+                "vllm:prefix_cache_hits_total" => &mut self.hits,
+                "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => &mut self.kv_usage,
+                "vllm:num_preemptions_total" => &mut self.preemptions,
+                "vllm:kv_cache_evictions_total" => &mut self.evictions,
+                "dynamo_frontend_time_to_first_token_seconds_sum" => &mut self.ttft_sum,
+                "dynamo_frontend_time_to_first_token_seconds_count" => &mut self.ttft_count,
+                "kvbm_host_cache_hit_rate" => &mut self.kvbm_host,
+                "kvbm_disk_cache_hit_rate" => &mut self.kvbm_disk,
+                _ => continue,
+            };
+            acc.add(s.value);
+        }
+    }
+
+    fn build(self) -> ServerTotals {
+        ServerTotals {
+            prefix_cache_queries: self.queries.sum(),
+            prefix_cache_hits: self.hits.sum(),
+            kv_cache_usage_ratio: self.kv_usage.mean(),
+            preemptions: self.preemptions.sum(),
+            evictions: self.evictions.sum(),
+            ttft_sum_seconds: self.ttft_sum.sum(),
+            ttft_count: self.ttft_count.sum(),
+            kvbm_host_cache_hit_ratio: self.kvbm_host.mean(),
+            kvbm_disk_cache_hit_ratio: self.kvbm_disk.mean(),
+        }
+    }
+}
+
+impl ServerTotals {
+    /// The totals of the expositions of all endpoints of one target.
+    pub fn from_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> ServerTotals {
+        let mut b = TotalsBuilder::default();
+        for t in texts {
+            b.add_text(t);
+        }
+        b.build()
+    }
+}
+
+/// The increase of a counter from `before` to `after`; a decrease means the server restarted,
+/// and then everything it counted since is the increase.
+fn increase(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    let after = after?;
+    Some(match before {
+        Some(b) if after >= b => after - b,
+        _ => after,
+    })
+}
+
+fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
+    match (num, den) {
+        (Some(n), Some(d)) if d > 0.0 => Some((n / d).clamp(0.0, 1.0)),
+        _ => None,
+    }
+}
+
+/// The server's view of the interval between two scrapes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Interval {
+    prefix_cache_hit_ratio: Option<f64>,
+    ttft_mean_seconds: Option<f64>,
+    preemptions: Option<f64>,
+    evictions: Option<f64>,
+}
+
+fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
+    let hits = increase(
+        before.and_then(|b| b.prefix_cache_hits),
+        after.prefix_cache_hits,
+    );
+    let queries = increase(
+        before.and_then(|b| b.prefix_cache_queries),
+        after.prefix_cache_queries,
+    );
+    let ttft_sum = increase(
+        before.and_then(|b| b.ttft_sum_seconds),
+        after.ttft_sum_seconds,
+    );
+    let ttft_count = increase(before.and_then(|b| b.ttft_count), after.ttft_count);
+    Interval {
+        prefix_cache_hit_ratio: ratio(hits, queries),
+        ttft_mean_seconds: match (ttft_sum, ttft_count) {
+            (Some(s), Some(c)) if c > 0.0 => Some(s / c),
+            _ => None,
+        },
+        preemptions: increase(before.and_then(|b| b.preemptions), after.preemptions),
+        evictions: increase(before.and_then(|b| b.evictions), after.evictions),
+    }
+}
+
+/// What the server said about one step (DESIGN §5 "where scraped"): counter deltas between a
+/// scrape at the step's start and one at its end (warmup and drain included, as the server cannot
+/// tell them apart), and KV usage over every scrape taken in between.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerStep {
+    /// Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total`.
+    pub prefix_cache_hit_ratio: Option<f64>,
+    /// Mean and peak of the KV cache usage (0..1) over the step's scrapes.
+    pub kv_cache_usage_mean: Option<f64>,
+    pub kv_cache_usage_max: Option<f64>,
+    /// Preemptions and KV block evictions during the step, and per second.
+    pub preemptions: Option<f64>,
+    pub preemptions_per_second: Option<f64>,
+    pub evictions: Option<f64>,
+    pub evictions_per_second: Option<f64>,
+    /// Δ`dynamo_frontend_time_to_first_token_seconds_sum` / Δ`_count`: the server's own TTFT.
+    pub ttft_mean_seconds: Option<f64>,
+    /// KVBM tier hit rates at the step's end (KVBM computes them over its own sliding window).
+    pub kvbm_host_cache_hit_ratio: Option<f64>,
+    pub kvbm_disk_cache_hit_ratio: Option<f64>,
+    /// Successful scrapes of the target during the step, both ends included.
+    pub scrapes: u32,
+}
+
+/// KV usage samples of the step in progress.
+#[derive(Debug, Clone, Copy, Default)]
+struct UsageWindow {
+    sum: f64,
+    max: f64,
+    n: u32,
+    scrapes: u32,
+}
+
+#[derive(Debug, Default)]
+struct TargetState {
+    last: Option<ServerTotals>,
+    window: UsageWindow,
+}
+
+/// The totals of every target at a step's start; consumed by [`ServerScraper::end_step`].
+#[derive(Debug)]
+pub struct StepMark {
+    at: Instant,
+    totals: HashMap<String, ServerTotals>,
+}
+
+/// Scrapes every configured target's server metrics and publishes them.
+#[derive(Debug)]
+pub struct ServerScraper {
+    http: reqwest::Client,
+    metrics: Arc<Metrics>,
+    targets: Vec<ScrapeTarget>,
+    /// Held for a whole scrape round, so two rounds (the periodic one and a step boundary's) never
+    /// interleave and every interval is computed between consecutive scrapes.
+    state: Mutex<HashMap<String, TargetState>>,
+}
+
+impl ServerScraper {
+    pub fn new(targets: Vec<ScrapeTarget>, metrics: Arc<Metrics>) -> Result<Self, ScrapeError> {
+        let http = crate::client::http_client_builder()
+            .timeout(SCRAPE_TIMEOUT)
+            .connect_timeout(SCRAPE_TIMEOUT)
+            .build()
+            .map_err(ScrapeError::Client)?;
+        Ok(ServerScraper {
+            http,
+            metrics,
+            targets,
+            state: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The targets scraped.
+    pub fn targets(&self) -> &[ScrapeTarget] {
+        &self.targets
+    }
+
+    /// Fetches one endpoint, reading at most [`MAX_SCRAPE_BYTES`].
+    async fn fetch(&self, url: &str) -> Result<String, ScrapeError> {
+        let http = |source| ScrapeError::Http {
+            url: url.to_owned(),
+            source,
+        };
+        let mut resp = self
+            .http
+            .get(url)
+            .header("accept", "text/plain;version=0.0.4")
+            .send()
+            .await
+            .map_err(http)?;
+        if !resp.status().is_success() {
+            return Err(ScrapeError::Status {
+                url: url.to_owned(),
+                status: resp.status().as_u16(),
+            });
+        }
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_SCRAPE_BYTES as u64)
+        {
+            return Err(ScrapeError::TooLarge {
+                url: url.to_owned(),
+            });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(http)? {
+            if body.len() + chunk.len() > MAX_SCRAPE_BYTES {
+                return Err(ScrapeError::TooLarge {
+                    url: url.to_owned(),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        String::from_utf8(body).map_err(|_| ScrapeError::NotUtf8 {
+            url: url.to_owned(),
+        })
+    }
+
+    /// Scrapes every endpoint of `target`; `None` (and an error counted per failed endpoint) when
+    /// any of them failed.
+    async fn scrape_target(&self, target: &ScrapeTarget) -> Option<ServerTotals> {
+        let fetches = target.urls.iter().map(|u| self.fetch(u));
+        let results = futures_util::future::join_all(fetches).await;
+        let mut texts = Vec::with_capacity(results.len());
+        let mut failed = false;
+        for r in results {
+            match r {
+                Ok(t) => texts.push(t),
+                Err(e) => {
+                    failed = true;
+                    self.metrics.record_server_scrape_error(&target.name);
+                    tracing::debug!(target = %target.name, error = %e, "server metrics scrape failed");
+                }
+            }
+        }
+        (!failed).then(|| ServerTotals::from_texts(texts.iter().map(String::as_str)))
+    }
+
+    /// One scrape round over every target: publishes the `llm_canary_server_*` series and feeds
+    /// the step in progress. Returns the totals of the targets that answered.
+    pub async fn scrape_all(&self) -> HashMap<String, ServerTotals> {
+        let mut state = self.state.lock().await;
+        let rounds = self
+            .targets
+            .iter()
+            .map(|t| async move { (t.name.clone(), self.scrape_target(t).await) });
+        let results = futures_util::future::join_all(rounds).await;
+        let mut out = HashMap::new();
+        for (name, totals) in results {
+            let Some(totals) = totals else { continue };
+            let s = state.entry(name.clone()).or_default();
+            let iv = interval(s.last.as_ref(), &totals);
+            self.metrics.set_server(
+                &name,
+                &ServerSnapshot {
+                    prefix_cache_hit_ratio: iv.prefix_cache_hit_ratio,
+                    kv_cache_usage_ratio: totals.kv_cache_usage_ratio,
+                    preemptions_total: totals.preemptions,
+                    evictions_total: totals.evictions,
+                    ttft_mean_seconds: iv.ttft_mean_seconds,
+                },
+            );
+            self.metrics.set_server_kvbm(
+                &name,
+                totals.kvbm_host_cache_hit_ratio,
+                totals.kvbm_disk_cache_hit_ratio,
+            );
+            s.window.scrapes += 1;
+            if let Some(u) = totals.kv_cache_usage_ratio {
+                s.window.sum += u;
+                s.window.max = s.window.max.max(u);
+                s.window.n += 1;
+            }
+            s.last = Some(totals);
+            out.insert(name, totals);
+        }
+        out
+    }
+
+    /// Scrapes every `interval` until `stop`. A scrape never takes more than [`SCRAPE_TIMEOUT`]
+    /// per endpoint, and a late round is skipped rather than run in a burst.
+    pub async fn run(self: Arc<Self>, interval: Duration, stop: CancellationToken) {
+        let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(10)));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.scrape_all() => {}
+            }
+        }
+    }
+
+    /// Starts a step: a fresh scrape whose totals the step's deltas start from.
+    pub async fn begin_step(&self) -> StepMark {
+        let totals = self.scrape_all().await;
+        let mut state = self.state.lock().await;
+        for (name, s) in state.iter_mut() {
+            // The usage window restarts with the start scrape's sample.
+            s.window = UsageWindow::default();
+            if let Some(t) = totals.get(name) {
+                s.window.scrapes = 1;
+                if let Some(u) = t.kv_cache_usage_ratio {
+                    s.window = UsageWindow {
+                        sum: u,
+                        max: u,
+                        n: 1,
+                        scrapes: 1,
+                    };
+                }
+            }
+        }
+        StepMark {
+            at: Instant::now(),
+            totals,
+        }
+    }
+
+    /// Ends the step begun with `mark`: a fresh scrape, and each target's [`ServerStep`]. A target
+    /// missing at either end gets no counter deltas, only what its window saw.
+    pub async fn end_step(&self, mark: StepMark) -> HashMap<String, ServerStep> {
+        let end = self.scrape_all().await;
+        let secs = mark.at.elapsed().as_secs_f64();
+        let mut state = self.state.lock().await;
+        let mut out = HashMap::new();
+        for t in &self.targets {
+            let s = state.entry(t.name.clone()).or_default();
+            let window = std::mem::take(&mut s.window);
+            let (iv, last) = match (mark.totals.get(&t.name), end.get(&t.name)) {
+                (Some(before), Some(after)) => (interval(Some(before), after), Some(after)),
+                _ => (Interval::default(), None),
+            };
+            let per_second = |v: Option<f64>| v.filter(|_| secs > 0.0).map(|v| v / secs);
+            out.insert(
+                t.name.clone(),
+                ServerStep {
+                    prefix_cache_hit_ratio: iv.prefix_cache_hit_ratio,
+                    kv_cache_usage_mean: (window.n > 0).then(|| window.sum / f64::from(window.n)),
+                    kv_cache_usage_max: (window.n > 0).then_some(window.max),
+                    preemptions: iv.preemptions,
+                    preemptions_per_second: per_second(iv.preemptions),
+                    evictions: iv.evictions,
+                    evictions_per_second: per_second(iv.evictions),
+                    ttft_mean_seconds: iv.ttft_mean_seconds,
+                    kvbm_host_cache_hit_ratio: last.and_then(|l| l.kvbm_host_cache_hit_ratio),
+                    kvbm_disk_cache_hit_ratio: last.and_then(|l| l.kvbm_disk_cache_hit_ratio),
+                    scrapes: window.scrapes,
+                },
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORKERS: &str = "\
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine=\"0\"} 1000
+vllm:prefix_cache_queries_total{engine=\"1\"} 3000
+vllm:prefix_cache_hits_total{engine=\"0\"} 500
+vllm:prefix_cache_hits_total{engine=\"1\"} 1500
+vllm:kv_cache_usage_perc{engine=\"0\"} 0.2
+vllm:kv_cache_usage_perc{engine=\"1\"} 0.4
+vllm:num_preemptions_total{engine=\"0\"} 3
+vllm:kv_cache_evictions_total{engine=\"1\"} 7
+unrelated_total{engine=\"1\"} 99
+";
+    const FRONTEND: &str = "\
+dynamo_frontend_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10
+dynamo_frontend_time_to_first_token_seconds_sum{model=\"m\"} 2.5
+dynamo_frontend_time_to_first_token_seconds_count{model=\"m\"} 10
+kvbm_host_cache_hit_rate 0.75
+";
+
+    #[test]
+    fn totals_sum_counters_and_average_gauges_over_endpoints() {
+        let t = ServerTotals::from_texts([WORKERS, FRONTEND]);
+        assert_eq!(t.prefix_cache_queries, Some(4000.0));
+        assert_eq!(t.prefix_cache_hits, Some(2000.0));
+        assert!((t.kv_cache_usage_ratio.unwrap() - 0.3).abs() < 1e-12);
+        assert_eq!(t.preemptions, Some(3.0));
+        assert_eq!(t.evictions, Some(7.0));
+        assert_eq!(t.ttft_sum_seconds, Some(2.5));
+        assert_eq!(t.ttft_count, Some(10.0));
+        assert_eq!(t.kvbm_host_cache_hit_ratio, Some(0.75));
+        assert_eq!(t.kvbm_disk_cache_hit_ratio, None);
+        assert_eq!(
+            ServerTotals::from_texts(["garbage\n"]),
+            ServerTotals::default()
+        );
+    }
+
+    #[test]
+    fn intervals_use_deltas_and_survive_a_server_restart() {
+        let before = ServerTotals {
+            prefix_cache_queries: Some(1000.0),
+            prefix_cache_hits: Some(100.0),
+            ttft_sum_seconds: Some(10.0),
+            ttft_count: Some(100.0),
+            preemptions: Some(5.0),
+            ..ServerTotals::default()
+        };
+        let after = ServerTotals {
+            prefix_cache_queries: Some(3000.0),
+            prefix_cache_hits: Some(1600.0),
+            ttft_sum_seconds: Some(16.0),
+            ttft_count: Some(110.0),
+            preemptions: Some(9.0),
+            ..ServerTotals::default()
+        };
+        let iv = interval(Some(&before), &after);
+        assert_eq!(iv.prefix_cache_hit_ratio, Some(0.75));
+        assert!((iv.ttft_mean_seconds.unwrap() - 0.6).abs() < 1e-12);
+        assert_eq!(iv.preemptions, Some(4.0));
+        assert_eq!(iv.evictions, None);
+        // Restarted: the new totals are all increase.
+        let restarted = ServerTotals {
+            prefix_cache_queries: Some(200.0),
+            prefix_cache_hits: Some(50.0),
+            ..ServerTotals::default()
+        };
+        assert_eq!(
+            interval(Some(&after), &restarted).prefix_cache_hit_ratio,
+            Some(0.25)
+        );
+        // No lookups in between: no ratio rather than 0.
+        assert_eq!(interval(Some(&after), &after).prefix_cache_hit_ratio, None);
+    }
+
+    #[tokio::test]
+    async fn a_dead_endpoint_is_counted_and_publishes_nothing() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = format!("http://{}/metrics", listener.local_addr().unwrap());
+        drop(listener);
+        let metrics = Arc::new(Metrics::new(&[]));
+        let scraper = ServerScraper::new(
+            vec![ScrapeTarget {
+                name: "agg".into(),
+                urls: vec![dead],
+            }],
+            Arc::clone(&metrics),
+        )
+        .unwrap();
+        let mark = scraper.begin_step().await;
+        assert!(mark.totals.is_empty());
+        let steps = scraper.end_step(mark).await;
+        assert_eq!(steps["agg"], ServerStep::default());
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("llm_canary_server_scrape_errors_total{target=\"agg\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("llm_canary_server_kv_cache_usage_ratio{"));
+    }
+}

@@ -1,0 +1,323 @@
+//! The OTLP pipeline against an in-test OTLP/HTTP receiver (hyper on loopback decoding
+//! `opentelemetry-proto`'s `ExportMetricsServiceRequest` and `ExportTraceServiceRequest`): the
+//! GenAI histograms arrive with second-based explicit bounds, the canary's labels and the GenAI
+//! attributes, and one span per request carries TTFT as an event. Flushing at shutdown delivers
+//! everything without waiting for the export interval.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use llm_canary::client::{Outcome, RequestRecord, Usage};
+use llm_canary::config::{Api, At, Dur, Otlp, OtlpProtocol, ServingMode};
+use llm_canary::export::metrics::{RequestLabels, latency_buckets};
+use llm_canary::export::otlp::{OtlpExporter, OtlpTarget};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::{HistogramDataPoint, metric};
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+#[derive(Default)]
+struct Received {
+    metrics: Vec<ExportMetricsServiceRequest>,
+    traces: Vec<ExportTraceServiceRequest>,
+    paths: Vec<String>,
+}
+
+/// An OTLP/HTTP receiver: decodes every POST by path and answers 200 with an empty response.
+async fn receiver() -> (String, Arc<Mutex<Received>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let received = Arc::new(Mutex::new(Received::default()));
+    let store = Arc::clone(&received);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let store = Arc::clone(&store);
+                    async move {
+                        let path = req.uri().path().to_owned();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let mut r = store.lock().unwrap();
+                        r.paths.push(path.clone());
+                        match path.as_str() {
+                            "/v1/metrics" => r
+                                .metrics
+                                .push(ExportMetricsServiceRequest::decode(body).unwrap()),
+                            "/v1/traces" => r
+                                .traces
+                                .push(ExportTraceServiceRequest::decode(body).unwrap()),
+                            _ => {}
+                        }
+                        let resp = Response::builder()
+                            .header("content-type", "application/x-protobuf")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, received)
+}
+
+/// A successful streamed request: TTFT 200 ms, then 4 chunks 20 ms apart, 100 prompt tokens.
+fn record() -> RequestRecord {
+    // In the past, as every finished request's instants are.
+    let t0 = Instant::now() - Duration::from_secs(1);
+    let mut rec = RequestRecord::new("req-1", t0, t0);
+    let ms = Duration::from_millis;
+    for i in 0..5 {
+        rec.push_content(t0 + ms(200 + 20 * i), 1);
+    }
+    rec.usage = Some(Usage {
+        prompt_tokens: 100,
+        completion_tokens: 5,
+        cached_tokens: 40,
+    });
+    rec.settle(Outcome::Ok, t0 + ms(300), None);
+    rec
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+fn string_attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+    match attr(attrs, key)? {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The histogram points of `name` in the last export that has it (temporality is cumulative, so
+/// the flush and the shutdown each export the same totals).
+fn histogram_points(received: &Received, name: &str) -> Vec<HistogramDataPoint> {
+    let mut points = Vec::new();
+    for req in received.metrics.iter().rev() {
+        if !points.is_empty() {
+            break;
+        }
+        for rm in &req.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in sm.metrics.iter().filter(|m| m.name == name) {
+                    if let Some(metric::Data::Histogram(h)) = &m.data {
+                        points.extend(h.data_points.iter().cloned());
+                    }
+                }
+            }
+        }
+    }
+    points
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
+    let (url, received) = receiver().await;
+    let cfg = Otlp {
+        endpoint: At::dflt(url.clone()),
+        protocol: OtlpProtocol::HttpProtobuf,
+        // Longer than the test: only the shutdown flush can deliver the data.
+        interval: At::dflt(Dur::secs(3600)),
+        spans: true,
+    };
+    let target = OtlpTarget::new(
+        Api::Chat,
+        "qwen",
+        &url::Url::parse("http://127.0.0.1:8000").unwrap(),
+    );
+    let exporter = Arc::new(OtlpExporter::start(&cfg, vec![target]).await.unwrap());
+    let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
+        .with_concurrency(32);
+    let rec = record();
+    exporter.record(0, &labels, true, &rec);
+    // A warmup request only counts.
+    exporter.record(0, &labels, false, &rec);
+    Arc::clone(&exporter).shutdown().await;
+
+    let r = received.lock().unwrap();
+    assert!(r.paths.iter().any(|p| p == "/v1/metrics"), "{:?}", r.paths);
+
+    let seconds_bounds = latency_buckets(&[]);
+    for (name, count, sum) in [
+        ("gen_ai.client.operation.duration", 1, 0.28),
+        ("gen_ai.client.operation.time_to_first_chunk", 1, 0.2),
+        ("gen_ai.client.operation.time_per_output_chunk", 4, 0.08),
+        ("llm_canary.inter_token_latency", 1, 0.02),
+    ] {
+        let points = histogram_points(&r, name);
+        assert_eq!(points.len(), 1, "{name}: {points:?}");
+        let p = &points[0];
+        assert_eq!(
+            p.explicit_bounds, seconds_bounds,
+            "{name}: bounds in seconds"
+        );
+        assert_eq!(p.explicit_bounds.first(), Some(&0.001));
+        assert_eq!(p.explicit_bounds.last(), Some(&120.0));
+        assert_eq!(p.count, count, "{name}");
+        assert!(
+            (p.sum.unwrap() - sum).abs() < 1e-9,
+            "{name}: sum {:?}",
+            p.sum
+        );
+        for (key, value) in [
+            ("target", "sim-agg"),
+            ("serving_mode", "aggregated"),
+            ("workload", "concurrency_sweep"),
+            ("concurrency", "32"),
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.request.model", "qwen"),
+            ("server.address", "127.0.0.1"),
+        ] {
+            assert_eq!(
+                string_attr(&p.attributes, key).as_deref(),
+                Some(value),
+                "{name}: {key}"
+            );
+        }
+        assert_eq!(
+            string_attr(&p.attributes, "turn"),
+            None,
+            "empty labels are left out"
+        );
+        // The TTFT lands in the bucket whose bound is the first >= 0.2 s.
+        if name == "gen_ai.client.operation.time_to_first_chunk" {
+            let i = seconds_bounds.partition_point(|b| *b < 0.2);
+            assert_eq!(p.bucket_counts[i], 1);
+        }
+    }
+    let tokens = histogram_points(&r, "gen_ai.client.token.usage");
+    let by_type = |t: &str| {
+        tokens
+            .iter()
+            .find(|p| string_attr(&p.attributes, "gen_ai.token.type").as_deref() == Some(t))
+            .map(|p| p.sum.unwrap())
+    };
+    assert_eq!(by_type("input"), Some(100.0));
+    assert_eq!(by_type("output"), Some(5.0));
+
+    // One span, for the steady request, with TTFT as an event 200 ms after its start.
+    let spans: Vec<_> = r
+        .traces
+        .iter()
+        .flat_map(|t| &t.resource_spans)
+        .flat_map(|rs| &rs.scope_spans)
+        .flat_map(|ss| &ss.spans)
+        .collect();
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    let span = spans[0];
+    assert_eq!(span.name, "chat qwen");
+    let event = span
+        .events
+        .iter()
+        .find(|e| e.name == "first_chunk")
+        .expect("first_chunk event");
+    let ttft_ns = event.time_unix_nano - span.start_time_unix_nano;
+    assert!(
+        (ttft_ns as i64 - 200_000_000).abs() < 1_000_000,
+        "{ttft_ns}"
+    );
+    let latency_ns = span.end_time_unix_nano - span.start_time_unix_nano;
+    assert!(
+        (latency_ns as i64 - 280_000_000).abs() < 1_000_000,
+        "{latency_ns}"
+    );
+    assert_eq!(
+        string_attr(&span.attributes, "llm_canary.request_id").as_deref(),
+        Some("req-1")
+    );
+}
+
+#[tokio::test]
+async fn grpc_without_the_feature_is_a_clear_error() {
+    if cfg!(feature = "otlp-grpc") {
+        return;
+    }
+    let cfg = Otlp {
+        endpoint: At::dflt("http://127.0.0.1:4317".to_owned()),
+        protocol: OtlpProtocol::Grpc,
+        interval: At::dflt(Dur::secs(15)),
+        spans: false,
+    };
+    let err = OtlpExporter::start(&cfg, vec![]).await.unwrap_err();
+    assert!(err.to_string().contains("otlp-grpc"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_pushes_both_modes_and_flushes_at_shutdown() {
+    let (url, received) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let demo = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/fast-demo.yaml"),
+    )
+    .unwrap();
+    let config = dir.path().join("otlp.yaml");
+    let with_otlp = demo.replace(
+        "export: { listen: \"127.0.0.1:0\" }",
+        &format!(
+            "export: {{ listen: \"127.0.0.1:0\", otlp: {{ endpoint: \"{url}\", interval: 1s }} }}"
+        ),
+    );
+    assert_ne!(with_otlp, demo, "fast-demo.yaml changed shape");
+    std::fs::write(&config, with_otlp).unwrap();
+    let (daemon, _addr) = support::start_daemon(Some(&config), dir.path());
+    let modes = |r: &Received| {
+        let mut m: Vec<String> = histogram_points(r, "gen_ai.client.operation.time_to_first_chunk")
+            .iter()
+            .filter_map(|p| string_attr(&p.attributes, "serving_mode"))
+            .collect();
+        m.sort();
+        m.dedup();
+        m
+    };
+    support::eventually(
+        "TTFT of both modes over OTLP",
+        Duration::from_secs(60),
+        || {
+            let ok = modes(&received.lock().unwrap()) == ["aggregated", "disaggregated"];
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    // SIGTERM: the daemon drains and flushes once more before it exits.
+    let before = received.lock().unwrap().metrics.len();
+    let pid = daemon.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let mut daemon = daemon;
+        let status = daemon.child.wait().unwrap();
+        (status, daemon.log_text())
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "{}", status.1);
+    assert!(status.1.contains("OTLP export flushed"), "{}", status.1);
+    assert!(received.lock().unwrap().metrics.len() > before);
+}
