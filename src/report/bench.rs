@@ -1,0 +1,360 @@
+//! `llm-canary bench`: one pass of the plan against the configured targets (by default the
+//! embedded simulators), step by step with a progress display and the servers' metrics sampled,
+//! then the report and its files. A first stop request ends sending and drains the running step
+//! (which is then left out); what finished is still reported.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::analysis::Report;
+use super::progress::Progress;
+use super::records::BenchSink;
+use super::{BenchData, ReportError, RunInfo, SloVerdict, TargetInfo};
+use crate::config::{At, Config, WORKLOAD_NAMES};
+use crate::daemon::Deployment;
+use crate::export::metrics::Metrics;
+use crate::export::scrape::{ScrapeTarget, ServerScraper};
+use crate::schedule::{MeasurementObserver, Recorder, plan_cycle};
+use crate::slo::SloEngine;
+
+/// Largest `--time-scale` accepted (a thousand times the document's plan is weeks).
+const MAX_TIME_SCALE: f64 = 1000.0;
+
+/// KV usage is sampled at least this many times per step (more often than the daemon's
+/// `server_metrics_interval` when steps are short), and never more often than every
+/// [`MIN_SCRAPE_INTERVAL`].
+const SCRAPES_PER_STEP: u32 = 4;
+const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What to run and where the files go.
+pub struct BenchOptions {
+    /// The validated config (the embedded demo when no `--config`).
+    pub config: Config,
+    /// Where the config came from, for the report: a path or `<embedded demo>`.
+    pub config_label: String,
+    /// Relative paths in the config (tokenizer, key files) resolve against this.
+    pub base_dir: PathBuf,
+    /// Only these workloads (empty: the config's whole cycle), in the cycle's order.
+    pub workloads: Vec<String>,
+    /// Overrides the config's `time_scale`.
+    pub time_scale: Option<f64>,
+    /// Directory for `summary.json`, `requests.jsonl`, one CSV per table and `report.html`.
+    pub out: Option<PathBuf>,
+    /// Record every content chunk's arrival in `requests.jsonl`.
+    pub record_tokens: bool,
+    /// Live progress bars (a terminal); plain log lines otherwise.
+    pub live_progress: bool,
+}
+
+/// A finished (or interrupted) bench.
+pub struct BenchOutcome {
+    pub data: BenchData,
+    pub report: Report,
+    /// The files written to `--out`.
+    pub files: Vec<PathBuf>,
+}
+
+/// The config with `--time-scale` and `--workload` applied; a bad value is a usage error (exit 2).
+pub fn effective_config(
+    mut cfg: Config,
+    workloads: &[String],
+    time_scale: Option<f64>,
+) -> Result<Config, ReportError> {
+    if let Some(f) = time_scale {
+        if !(f.is_finite() && f > 0.0 && f <= MAX_TIME_SCALE) {
+            return Err(ReportError::Usage(format!(
+                "--time-scale {f}: expected a number above 0 and at most {MAX_TIME_SCALE}"
+            )));
+        }
+        cfg.time_scale = At::dflt(f);
+    }
+    if !workloads.is_empty() {
+        let cycle = cfg.cycle();
+        for w in workloads {
+            if !WORKLOAD_NAMES.contains(&w.as_str()) {
+                return Err(ReportError::Usage(format!(
+                    "--workload {w}: expected one of {}",
+                    WORKLOAD_NAMES.join(", ")
+                )));
+            }
+            if !cycle.contains(&w.as_str()) {
+                return Err(ReportError::Usage(format!(
+                    "--workload {w}: the config does not run this workload (its cycle: {})",
+                    cycle.join(", ")
+                )));
+            }
+        }
+        cfg.schedule.cycle = cycle
+            .into_iter()
+            .filter(|w| workloads.iter().any(|x| x == w))
+            .map(|w| At::dflt(w.to_owned()))
+            .collect();
+    }
+    Ok(cfg)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Runs the bench. `soft_stop` ends it after draining the running step; `hard_stop` also cuts
+/// the requests in flight. Nothing is sent and no file is created when the options are bad.
+pub async fn run_bench(
+    opts: BenchOptions,
+    soft_stop: &CancellationToken,
+    hard_stop: &CancellationToken,
+) -> Result<BenchOutcome, ReportError> {
+    let cfg = effective_config(opts.config, &opts.workloads, opts.time_scale)?;
+    if let Some(dir) = &opts.out {
+        std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+    }
+    let jsonl = opts.out.as_ref().map(|d| d.join("requests.jsonl"));
+    let sink = Arc::new(BenchSink::new(
+        cfg.targets.len(),
+        jsonl.as_deref(),
+        opts.record_tokens,
+    )?);
+    let started_unix = unix_now();
+    let deployment = Deployment::start(&cfg, &opts.base_dir).await?;
+    let metrics = Arc::new(Metrics::new(&crate::slo::latency_thresholds(&cfg)));
+    // The config's SLOs, evaluated over this run only (no baselines from the daemon's runs).
+    let slo_defs =
+        crate::slo::compile_all(&cfg).map_err(|e| ReportError::Usage(format!("SLOs: {e}")))?;
+    let slo_texts: Vec<(String, String)> = slo_defs
+        .iter()
+        .map(|d| (d.name.clone(), d.text()))
+        .collect();
+    let slo = Arc::new(SloEngine::new(
+        slo_defs,
+        crate::slo::LabelDomain::of(&cfg),
+        crate::slo::baseline::BaselineStore::in_memory(),
+        None,
+    ));
+    let recorder = Recorder::new(
+        Arc::clone(&metrics),
+        Some(Arc::clone(&sink) as Arc<dyn crate::schedule::RecordSink>),
+    )
+    .with_observer(Arc::clone(&slo) as Arc<dyn MeasurementObserver>);
+    let runner = Arc::new(deployment.runner(&cfg, Arc::new(recorder), rand::random()));
+    // The servers' own metrics: as configured, and the embedded simulators' endpoints.
+    let scrape_targets: Vec<ScrapeTarget> = cfg
+        .targets
+        .iter()
+        .zip(&deployment.targets)
+        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
+        .collect();
+    let scraper = match scrape_targets.is_empty() {
+        true => None,
+        false => Some(Arc::new(
+            ServerScraper::new(scrape_targets, Arc::clone(&metrics))
+                .map_err(|e| ReportError::Usage(format!("server metrics: {e}")))?,
+        )),
+    };
+    let targets: Vec<TargetInfo> = deployment
+        .targets
+        .iter()
+        .map(|t| TargetInfo {
+            name: t.name.clone(),
+            serving_mode: t.mode.as_str().to_owned(),
+            cost_per_hour_usd: t.cost_per_hour_usd,
+        })
+        .collect();
+    let steps = plan_cycle(&cfg);
+    let progress = Progress::new(
+        opts.live_progress,
+        steps.len(),
+        targets.iter().map(|t| t.name.clone()).collect(),
+        Arc::clone(&sink),
+    );
+    runner.calibrate(hard_stop).await;
+    let stop_scraping = CancellationToken::new();
+    if let Some(scraper) = &scraper {
+        let shortest = steps
+            .iter()
+            .map(|p| p.warmup + p.steady)
+            .min()
+            .unwrap_or_default();
+        let every = cfg
+            .export
+            .server_metrics_interval
+            .0
+            .min(shortest / SCRAPES_PER_STEP)
+            .max(MIN_SCRAPE_INTERVAL);
+        tokio::spawn(Arc::clone(scraper).run(every, stop_scraping.clone()));
+    }
+
+    let mut results = Vec::new();
+    let mut finished = 0;
+    let mut interrupted = false;
+    for (i, plan) in steps.iter().enumerate() {
+        if soft_stop.is_cancelled() {
+            interrupted = true;
+            break;
+        }
+        let shown = progress.start(i, steps.len(), plan);
+        let mark = match &scraper {
+            Some(s) => Some(s.begin_step().await),
+            None => None,
+        };
+        let mut step_results = runner.run_step(plan, 0, soft_stop, hard_stop).await;
+        if let (Some(s), Some(mark)) = (&scraper, mark) {
+            let server = s.end_step(mark).await;
+            for r in &mut step_results {
+                r.server = server.get(&r.target).copied();
+            }
+        }
+        // A step cut short measured a shorter window than planned: it is not reported, and its
+        // requests do not reach the SLO windows.
+        let cut = soft_stop.is_cancelled();
+        progress.finish(shown, &step_results, cut);
+        if cut {
+            runner.recorder.step_finished(&[]);
+            interrupted = true;
+            break;
+        }
+        runner.recorder.step_finished(&step_results);
+        results.extend(step_results);
+        finished += 1;
+    }
+    stop_scraping.cancel();
+    progress.done(finished);
+    deployment.stop().await;
+    sink.finish()?;
+
+    let data = BenchData {
+        run: RunInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            config: opts.config_label,
+            time_scale: *cfg.time_scale,
+            workloads: cfg.cycle().iter().map(|w| (*w).to_owned()).collect(),
+            targets,
+            started_unix,
+            ended_unix: unix_now(),
+            steps_planned: steps.len(),
+            steps_finished: finished,
+            interrupted,
+        },
+        slo: slo
+            .evaluate_now()
+            .into_iter()
+            .map(|(name, status)| SloVerdict {
+                expr: slo_texts
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, t)| t.clone())
+                    .unwrap_or_default(),
+                name,
+                state: status.reading.state.as_str().to_owned(),
+                value: status.reading.value,
+                threshold: status.reading.threshold,
+                reason: status.reason,
+            })
+            .collect(),
+        steps: results,
+        ttft_by_distribution: sink.take_ttft_by_distribution(),
+    };
+    let report = Report::build(&data);
+    let mut files = jsonl.into_iter().collect::<Vec<_>>();
+    if let Some(dir) = &opts.out {
+        files.extend(write_files(dir, &data, &report)?);
+    }
+    Ok(BenchOutcome {
+        data,
+        report,
+        files,
+    })
+}
+
+/// Writes `summary.json`, one CSV per table and `report.html` into `dir`.
+pub fn write_files(
+    dir: &Path,
+    data: &BenchData,
+    report: &Report,
+) -> Result<Vec<PathBuf>, ReportError> {
+    let mut files = Vec::new();
+    let mut write = |name: String, body: String| -> Result<(), ReportError> {
+        let path = dir.join(name);
+        std::fs::write(&path, body).map_err(ReportError::io(&path))?;
+        files.push(path);
+        Ok(())
+    };
+    write(
+        "summary.json".into(),
+        serde_json::to_string_pretty(report)? + "\n",
+    )?;
+    for t in &report.tables {
+        write(format!("{}.csv", t.id), t.to_csv())?;
+    }
+    write("report.html".into(), super::html::render(data, report))?;
+    Ok(files)
+}
+
+/// Stop tokens driven by SIGINT / SIGTERM: the first signal stops sending and drains the running
+/// step, the second also cuts the requests in flight.
+pub fn stop_on_signals() -> (CancellationToken, CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let soft = CancellationToken::new();
+    let hard = CancellationToken::new();
+    let (s, h) = (soft.clone(), hard.clone());
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if s.is_cancelled() {
+                tracing::warn!("second signal: cutting the requests in flight");
+                h.cancel();
+                return;
+            }
+            tracing::warn!(
+                "signal received: draining the running step, then reporting the finished steps (again to cut now)"
+            );
+            s.cancel();
+        }
+    });
+    (soft, hard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_apply_and_bad_ones_are_usage_errors() {
+        let cfg = effective_config(
+            Config::demo(),
+            &["prefix_cache".into(), "concurrency_sweep".into()],
+            Some(0.01),
+        )
+        .unwrap();
+        assert_eq!(*cfg.time_scale, 0.01);
+        // The cycle's order, not the command line's.
+        assert_eq!(cfg.cycle(), vec!["concurrency_sweep", "prefix_cache"]);
+        for (w, f) in [
+            (vec![], Some(0.0)),
+            (vec![], Some(f64::NAN)),
+            (vec!["nope".to_owned()], None),
+        ] {
+            let e = effective_config(Config::demo(), &w, f).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+        }
+        let mut only_sweep = Config::demo();
+        only_sweep.workloads.multi_turn = None;
+        let e = effective_config(only_sweep, &["multi_turn".into()], None).unwrap_err();
+        assert!(e.to_string().contains("does not run"), "{e}");
+    }
+}

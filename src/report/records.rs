@@ -1,0 +1,298 @@
+//! The bench's view of every finished request: one `requests.jsonl` line each (close to AIPerf's
+//! per-record export, with instants as CLOCK_MONOTONIC nanoseconds so records line up with a
+//! server's clock on the same host), live request and error counts per target for the progress
+//! display, and the TTFT samples the box plots need.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::ReportError;
+use crate::client::RequestRecord;
+use crate::schedule::{Phase, RecordContext, RecordSink};
+
+/// Ties `tokio::time::Instant` to CLOCK_MONOTONIC and to Unix time. On Linux tokio's (and std's)
+/// `Instant` reads CLOCK_MONOTONIC, so one reading of each next to the other gives the offset of
+/// every later instant; the monotonic clock is read on both sides of `Instant::now()` and the
+/// midpoint taken, so the anchor is good to a microsecond or so.
+#[derive(Debug, Clone, Copy)]
+pub struct MonoClock {
+    anchor: Instant,
+    mono_ns: u64,
+    unix_ns: u64,
+}
+
+fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+impl MonoClock {
+    pub fn now() -> MonoClock {
+        let before = monotonic_ns();
+        let anchor = Instant::now();
+        let after = monotonic_ns();
+        let unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        MonoClock {
+            anchor,
+            mono_ns: before + (after - before) / 2,
+            unix_ns,
+        }
+    }
+
+    fn offset(base: u64, anchor: Instant, at: Instant) -> u64 {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if at >= anchor {
+            base.saturating_add(nanos(at - anchor))
+        } else {
+            base.saturating_sub(nanos(anchor - at))
+        }
+    }
+
+    /// CLOCK_MONOTONIC nanoseconds of `at`.
+    pub fn mono_ns(&self, at: Instant) -> u64 {
+        Self::offset(self.mono_ns, self.anchor, at)
+    }
+
+    /// Unix-epoch nanoseconds of `at` (wall clock at the anchor plus monotonic time since).
+    pub fn unix_ns(&self, at: Instant) -> u64 {
+        Self::offset(self.unix_ns, self.anchor, at)
+    }
+}
+
+/// One line of `requests.jsonl`. The field names are a contract (issue #7): tools that line the
+/// records up with server logs read them.
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    x_request_id: &'a str,
+    /// The response body's `id`.
+    response_id: Option<&'a str>,
+    target: &'a str,
+    serving_mode: &'a str,
+    workload: &'a str,
+    /// Step labels; `null` where they do not apply to the workload.
+    concurrency: Option<&'a str>,
+    turn: Option<&'a str>,
+    distribution: Option<&'a str>,
+    isl_bucket: Option<&'a str>,
+    prefix_ratio: Option<&'a str>,
+    /// `warmup` (not measured) or `steady`.
+    phase: &'static str,
+    intended_start_mono_ns: u64,
+    start_mono_ns: u64,
+    first_token_mono_ns: Option<u64>,
+    end_mono_ns: u64,
+    start_unix_ns: u64,
+    ttft_ms: Option<f64>,
+    itl_ms: Option<f64>,
+    latency_ms: f64,
+    requested_osl: u32,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    outcome: &'static str,
+    http_status: Option<u16>,
+    error: Option<&'a str>,
+    /// With `--record-tokens`: the arrival of every content chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_mono_ns: Option<Vec<u64>>,
+}
+
+struct Jsonl {
+    path: PathBuf,
+    out: BufWriter<File>,
+    /// The first write error; later lines are not attempted.
+    failed: Option<std::io::Error>,
+}
+
+/// Live counts of one target.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// The bench's [`RecordSink`].
+pub struct BenchSink {
+    clock: MonoClock,
+    record_tokens: bool,
+    jsonl: Option<Mutex<Jsonl>>,
+    counts: Vec<Counts>,
+    ttft_by_distribution: Mutex<BTreeMap<(String, String), Vec<f64>>>,
+}
+
+impl BenchSink {
+    /// A sink for `targets` targets, writing `requests.jsonl` to `path` when given.
+    pub fn new(
+        targets: usize,
+        path: Option<&Path>,
+        record_tokens: bool,
+    ) -> Result<BenchSink, ReportError> {
+        let jsonl = match path {
+            Some(p) => Some(Mutex::new(Jsonl {
+                path: p.to_owned(),
+                out: BufWriter::new(File::create(p).map_err(ReportError::io(p))?),
+                failed: None,
+            })),
+            None => None,
+        };
+        Ok(BenchSink {
+            clock: MonoClock::now(),
+            record_tokens,
+            jsonl,
+            counts: (0..targets).map(|_| Counts::default()).collect(),
+            ttft_by_distribution: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Requests finished and errors so far for target `index`.
+    pub fn counts(&self, index: usize) -> (u64, u64) {
+        self.counts.get(index).map_or((0, 0), |c| {
+            (
+                c.requests.load(Ordering::Relaxed),
+                c.errors.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Flushes `requests.jsonl`; reports the first write error.
+    pub fn finish(&self) -> Result<(), ReportError> {
+        let Some(j) = &self.jsonl else { return Ok(()) };
+        let mut j = j.lock().unwrap_or_else(PoisonError::into_inner);
+        let flushed = j.out.flush();
+        match (j.failed.take(), flushed) {
+            (Some(e), _) | (None, Err(e)) => Err(ReportError::Io {
+                path: j.path.clone(),
+                source: e,
+            }),
+            (None, Ok(())) => Ok(()),
+        }
+    }
+
+    /// The TTFT samples (seconds) of successful steady requests per (target, distribution).
+    pub fn take_ttft_by_distribution(&self) -> BTreeMap<(String, String), Vec<f64>> {
+        std::mem::take(
+            &mut *self
+                .ttft_by_distribution
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    fn line<'a>(&self, ctx: &'a RecordContext<'_>, rec: &'a RequestRecord) -> Line<'a> {
+        let l = ctx.labels;
+        let label = |v: &'a String| (!v.is_empty()).then_some(v.as_str());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Line {
+            x_request_id: &rec.request_id,
+            response_id: rec.response_id.as_deref(),
+            target: &l.target,
+            serving_mode: &l.serving_mode,
+            workload: &l.workload,
+            concurrency: label(&l.concurrency),
+            turn: label(&l.turn),
+            distribution: label(&l.distribution),
+            isl_bucket: label(&l.isl_bucket),
+            prefix_ratio: label(&l.prefix_ratio),
+            phase: match ctx.phase {
+                Phase::Warmup => "warmup",
+                Phase::Steady => "steady",
+            },
+            intended_start_mono_ns: self.clock.mono_ns(rec.intended),
+            start_mono_ns: self.clock.mono_ns(rec.sent),
+            first_token_mono_ns: rec.first_token_at().map(|t| self.clock.mono_ns(t)),
+            end_mono_ns: self.clock.mono_ns(rec.end),
+            start_unix_ns: self.clock.unix_ns(rec.sent),
+            ttft_ms: rec.ttft().map(ms),
+            itl_ms: rec.itl().map(ms),
+            latency_ms: ms(rec.latency()),
+            requested_osl: ctx.osl,
+            prompt_tokens: rec.prompt_tokens(),
+            completion_tokens: rec.usage.map(|u| u.completion_tokens),
+            cached_tokens: rec.cached_tokens(),
+            outcome: rec.outcome.as_str(),
+            http_status: rec.http_status,
+            error: rec.error.as_deref(),
+            token_mono_ns: self.record_tokens.then(|| {
+                rec.content_chunks()
+                    .map(|(at, _)| self.clock.mono_ns(at))
+                    .collect()
+            }),
+        }
+    }
+}
+
+impl RecordSink for BenchSink {
+    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        let ok = rec.outcome.is_ok();
+        if let Some(c) = self.counts.get(ctx.target_index) {
+            c.requests.fetch_add(1, Ordering::Relaxed);
+            if !ok {
+                c.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let labels = ctx.labels;
+        if ok
+            && ctx.phase == Phase::Steady
+            && !labels.distribution.is_empty()
+            && let Some(ttft) = rec.ttft()
+        {
+            self.ttft_by_distribution
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry((labels.target.clone(), labels.distribution.clone()))
+                .or_default()
+                .push(ttft.as_secs_f64());
+        }
+        if let Some(j) = &self.jsonl {
+            let line = self.line(ctx, rec);
+            let mut j = j.lock().unwrap_or_else(PoisonError::into_inner);
+            if j.failed.is_none() {
+                let written = serde_json::to_writer(&mut j.out, &line)
+                    .map_err(std::io::Error::other)
+                    .and_then(|()| j.out.write_all(b"\n"));
+                if let Err(e) = written {
+                    j.failed = Some(e);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_anchor_maps_instants_onto_clock_monotonic() {
+        let clock = MonoClock::now();
+        let later = clock.anchor + Duration::from_millis(1500);
+        assert_eq!(
+            clock.mono_ns(later) - clock.mono_ns(clock.anchor),
+            1_500_000_000
+        );
+        let earlier = clock.anchor - Duration::from_millis(2);
+        assert_eq!(
+            clock.mono_ns(clock.anchor) - clock.mono_ns(earlier),
+            2_000_000
+        );
+        // The anchor is CLOCK_MONOTONIC read now (within the time this test takes).
+        let read = monotonic_ns();
+        let mapped = clock.mono_ns(Instant::now());
+        assert!(mapped.abs_diff(read) < 50_000_000, "{mapped} vs {read}");
+        let unix = clock.unix_ns(clock.anchor);
+        assert!(unix > 1_600_000_000_000_000_000, "{unix}");
+    }
+}

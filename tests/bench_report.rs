@@ -1,0 +1,852 @@
+//! `llm-canary bench` end to end: the binary runs all four workloads against the two embedded
+//! simulators at a small time scale; the tables hold numbers for both modes, every file lands in
+//! `--out`, the JSON holds exactly the numbers the tables print, `requests.jsonl` follows its
+//! contract, `report.html` renders in a real headless Chromium with its charts, Ctrl-C reports
+//! what finished, and bad options exit 2 before any traffic.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
+
+/// Short requests (OSL ≤ 32) so that even 2.4 s steps measure dozens of requests per mode.
+const CONFIG: &str = r#"
+targets:
+  - { name: agg, serving_mode: aggregated, simulated: { profile: default }, cost_per_hour_usd: 65.54 }
+  - { name: disagg, serving_mode: disaggregated, simulated: { profile: default }, cost_per_hour_usd: 107.50 }
+time_scale: 0.02
+workloads:
+  concurrency_sweep: { levels: [1, 4, 16], isl: 256, osl: 24, step: 120s, warmup: 20s }
+  multi_turn: { turns: 3, conversations: 2, isl: 64, osl: 12, duration: 300s }
+  sequence_distribution:
+    distributions: [uniform, lognormal]
+    isl: { min: 128, max: 1024 }
+    osl: { min: 8, max: 32 }
+    concurrency: 4
+    step: 120s
+    warmup: 20s
+  prefix_cache: { hit_ratios: [0.0, 0.5, 1.0], isl: 2048, osl: 8, concurrency: 4, step: 120s, warmup: 20s, block_size: 64, pool_size: 2 }
+schedule: { drain_grace: 5s }
+slos:
+  - name: disagg-ttft-near-agg-c16
+    expr: >
+      p50(ttft{serving_mode="disaggregated", workload="concurrency_sweep", concurrency="16"})
+        <= 2 * p50(ttft{serving_mode="aggregated", workload="concurrency_sweep", concurrency="16"})
+    window: 30m
+    min_samples: 20
+"#;
+
+const MODES: [&str; 2] = ["aggregated", "disaggregated"];
+
+struct Run {
+    _dir: tempfile::TempDir,
+    out: PathBuf,
+    output: Output,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    fn summary(&self) -> Value {
+        let text = std::fs::read_to_string(self.out.join("summary.json")).unwrap();
+        serde_json::from_str(&text).expect("summary.json is JSON")
+    }
+}
+
+fn bench(args: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bench.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .arg("bench")
+        .arg("--config")
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    Run {
+        _dir: dir,
+        out,
+        output,
+    }
+}
+
+/// The whole plan once, shared by the tests that read it: Markdown on stdout.
+fn full_run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let run = bench(&["--format", "markdown"]);
+        assert!(
+            run.output.status.success(),
+            "bench failed: {}\n{}",
+            run.output.status,
+            run.stderr()
+        );
+        run
+    })
+}
+
+fn table<'a>(summary: &'a Value, id: &str) -> &'a Value {
+    summary["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap_or_else(|| panic!("no table {id}"))
+}
+
+fn col(t: &Value, name: &str) -> usize {
+    t["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("table {} has no column {name}", t["id"]))
+}
+
+/// Equal strings, or equal numbers however the JSON wrote them (`1` and `1.0`).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Rows of `t` whose column `key` holds `value` (a string or a number).
+fn rows_where<'a>(t: &'a Value, key: &str, value: &Value) -> Vec<&'a Vec<Value>> {
+    let k = col(t, key);
+    t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap())
+        .filter(|r| same(&r[k], value))
+        .collect()
+}
+
+fn row_for<'a>(t: &'a Value, pairs: &[(&str, Value)]) -> &'a Vec<Value> {
+    let found: Vec<&Vec<Value>> = t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap())
+        .filter(|r| pairs.iter().all(|(k, v)| same(&r[col(t, k)], v)))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "table {} rows {pairs:?}: {found:?}",
+        t["id"]
+    );
+    found[0]
+}
+
+fn num(row: &[Value], t: &Value, name: &str) -> f64 {
+    row[col(t, name)]
+        .as_f64()
+        .unwrap_or_else(|| panic!("table {} column {name} is not a number in {row:?}", t["id"]))
+}
+
+/// A cell as every rendering prints it: the JSON number with the column's decimals.
+fn render(cell: &Value, column: &Value) -> String {
+    match cell {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => {
+            let d = column["decimals"].as_u64().unwrap() as usize;
+            format!("{:.*}", d, n.as_f64().unwrap())
+        }
+        other => panic!("unexpected cell {other}"),
+    }
+}
+
+#[test]
+fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
+    let run = full_run();
+    let s = run.summary();
+    assert_eq!(s["run"]["steps_finished"], 9);
+    assert_eq!(s["run"]["interrupted"], false);
+
+    let sweep = table(&s, "concurrency_sweep");
+    for level in [1, 4, 16] {
+        for mode in MODES {
+            let r = row_for(
+                sweep,
+                &[("concurrency", level.into()), ("mode", mode.into())],
+            );
+            for c in [
+                "TTFT p50",
+                "TTFT p99",
+                "ITL p50",
+                "ITL p99",
+                "latency p50",
+                "throughput",
+            ] {
+                assert!(num(r, sweep, c) > 0.0, "sweep c={level} {mode} {c}");
+            }
+            assert!(num(r, sweep, "requests") >= 5.0, "{r:?}");
+        }
+    }
+
+    let mt = table(&s, "multi_turn");
+    for mode in MODES {
+        for turn in ["1", "2", "3"] {
+            let r = row_for(mt, &[("turn", turn.into()), ("mode", mode.into())]);
+            assert!(num(r, mt, "TTFT p50") > 0.0);
+            let hit = num(r, mt, "cache hit");
+            // Later turns resend the history, which the server's prefix cache serves.
+            if turn == "1" {
+                assert_eq!(hit, 0.0, "{mode} turn 1");
+            } else {
+                assert!(hit > 20.0, "{mode} turn {turn}: {hit} %");
+            }
+        }
+        let all = row_for(mt, &[("turn", "all".into()), ("mode", mode.into())]);
+        assert!(num(all, mt, "conversation p50") > 0.0);
+    }
+
+    let sd = table(&s, "sequence_distribution");
+    for dist in ["uniform", "lognormal"] {
+        for mode in MODES {
+            let r = row_for(
+                sd,
+                &[
+                    ("distribution", dist.into()),
+                    ("ISL bucket", "all".into()),
+                    ("mode", mode.into()),
+                ],
+            );
+            for c in [
+                "TTFT p50",
+                "TTFT p99",
+                "TTFT stddev",
+                "TTFT p99/p50",
+                "throughput",
+            ] {
+                assert!(num(r, sd, c) >= 0.0, "{dist} {mode} {c}");
+            }
+            assert!(num(r, sd, "TTFT p99/p50") >= 1.0);
+        }
+    }
+    assert!(
+        rows_where(sd, "ISL bucket", &"128-255".into()).len() >= 2,
+        "per-bucket rows"
+    );
+
+    let pc = table(&s, "prefix_cache");
+    for mode in MODES {
+        let at = |r: f64| row_for(pc, &[("prefix hit ratio", r.into()), ("mode", mode.into())]);
+        let (zero, half, full) = (at(0.0), at(50.0), at(100.0));
+        assert!(
+            num(zero, pc, "TTFT p50") > num(full, pc, "TTFT p50"),
+            "{mode}"
+        );
+        assert_eq!(num(zero, pc, "improvement vs 0 %"), 0.0);
+        assert!(
+            num(full, pc, "improvement vs 0 %") > 30.0,
+            "{mode}: {full:?}"
+        );
+        assert!(num(half, pc, "observed hit") > 40.0 && num(full, pc, "observed hit") > 90.0);
+        // The simulators' own /metrics were scraped during the steps.
+        assert!(num(full, pc, "server KV usage peak") > 0.0, "{full:?}");
+        assert!(num(full, pc, "server prefix hit") > 80.0, "{full:?}");
+        num(full, pc, "server KV evictions");
+    }
+    let fits = s["prefix_fits"].as_array().unwrap();
+    assert_eq!(fits.len(), 2);
+    assert!(fits.iter().all(|f| f["slope_ms"].as_f64().unwrap() > 0.0));
+
+    let cost = table(&s, "cost_efficiency");
+    for (mode, per_hour) in [("aggregated", 65.54), ("disaggregated", 107.5)] {
+        let r = row_for(cost, &[("mode", mode.into())]);
+        assert_eq!(num(r, cost, "GPU cost"), per_hour);
+        let tps = num(r, cost, "peak throughput");
+        let usd = num(r, cost, "per 1M output tokens");
+        // Both printed numbers are rounded (tok/s to 1, $ to a cent).
+        assert!(
+            (usd - per_hour / 3600.0 / tps * 1e6).abs() < 0.006 + usd / tps,
+            "{r:?}"
+        );
+    }
+
+    let q = table(&s, "questions");
+    assert_eq!(q["rows"].as_array().unwrap().len(), 4);
+    for r in q["rows"].as_array().unwrap() {
+        let finding = r[col(q, "finding")].as_str().unwrap();
+        assert!(!finding.starts_with("no "), "{finding}");
+        let evidence = r[col(q, "evidence")].as_str().unwrap();
+        assert!(
+            evidence.contains("ms") || evidence.contains('$'),
+            "{evidence}"
+        );
+    }
+    // The config's SLO, evaluated by the SLO engine over this run, filed under question 1.
+    let slo = table(&s, "slo");
+    let verdict = row_for(slo, &[("slo", "disagg-ttft-near-agg-c16".into())]);
+    assert_eq!(verdict[col(slo, "state")], "pass", "{verdict:?}");
+    assert!(num(verdict, slo, "value") > 0.0);
+    let q1 = row_for(q, &[("#", 1.into())]);
+    assert!(
+        q1[col(q, "SLO verdicts")]
+            .as_str()
+            .unwrap()
+            .starts_with("disagg-ttft-near-agg-c16: pass"),
+        "{q1:?}"
+    );
+    let rec = table(&s, "recommendations");
+    assert_eq!(rec["rows"].as_array().unwrap().len(), 4);
+    for r in rec["rows"].as_array().unwrap() {
+        let measured = r[col(rec, "measured")].as_str().unwrap();
+        assert!(MODES.contains(&measured), "{r:?}");
+        let expected = r[col(rec, "document expects")].as_str().unwrap();
+        let agrees = r[col(rec, "agrees")].as_str().unwrap();
+        assert_eq!(agrees == "yes", measured == expected, "{r:?}");
+    }
+
+    // Every file: the summary, the records, one CSV per table, the page.
+    for t in s["tables"].as_array().unwrap() {
+        let csv =
+            std::fs::read_to_string(run.out.join(format!("{}.csv", t["id"].as_str().unwrap())))
+                .unwrap();
+        assert_eq!(csv.lines().count(), t["rows"].as_array().unwrap().len() + 1);
+    }
+    for f in ["summary.json", "requests.jsonl", "report.html"] {
+        assert!(std::fs::metadata(run.out.join(f)).unwrap().len() > 0, "{f}");
+    }
+}
+
+/// Splits a Markdown table row into its cells (`\|` is an escaped pipe inside a cell).
+fn md_cells(line: &str) -> Vec<String> {
+    let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+    let mut cells = vec![String::new()];
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                cells.last_mut().unwrap().push('|');
+                chars.next();
+            }
+            '|' => cells.push(String::new()),
+            c => cells.last_mut().unwrap().push(c),
+        }
+    }
+    cells.iter().map(|c| c.trim().to_owned()).collect()
+}
+
+#[test]
+fn the_json_holds_exactly_the_numbers_the_markdown_tables_print() {
+    let run = full_run();
+    let s = run.summary();
+    let md = run.stdout();
+    for t in s["tables"].as_array().unwrap() {
+        let title = format!("### {}", t["title"].as_str().unwrap());
+        let start = md
+            .lines()
+            .position(|l| l == title)
+            .unwrap_or_else(|| panic!("no {title} in\n{md}"));
+        let lines: Vec<&str> = md
+            .lines()
+            .skip(start + 2)
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        let columns = t["columns"].as_array().unwrap();
+        let headers: Vec<String> = columns
+            .iter()
+            .map(|c| match c["unit"].as_str().unwrap() {
+                "" => c["name"].as_str().unwrap().to_owned(),
+                u => format!("{} ({u})", c["name"].as_str().unwrap()),
+            })
+            .collect();
+        assert_eq!(md_cells(lines[0]), headers);
+        let rows = t["rows"].as_array().unwrap();
+        assert_eq!(lines.len(), rows.len() + 2, "{title}");
+        for (line, row) in lines[2..].iter().zip(rows) {
+            let expected: Vec<String> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(columns)
+                .map(|(c, col)| render(c, col))
+                .collect();
+            assert_eq!(md_cells(line), expected, "{title}");
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, the clock `requests.jsonl` is stamped in.
+fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[test]
+fn requests_jsonl_follows_the_per_record_contract() {
+    let run = full_run();
+    let s = run.summary();
+    let text = std::fs::read_to_string(run.out.join("requests.jsonl")).unwrap();
+    let now = monotonic_ns();
+    let mut ids = HashSet::new();
+    let mut steady_per_level: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut workloads = HashSet::new();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).expect("one JSON object per line");
+        for key in [
+            "x_request_id",
+            "response_id",
+            "target",
+            "serving_mode",
+            "workload",
+            "concurrency",
+            "turn",
+            "distribution",
+            "isl_bucket",
+            "prefix_ratio",
+            "intended_start_mono_ns",
+            "start_mono_ns",
+            "first_token_mono_ns",
+            "end_mono_ns",
+            "start_unix_ns",
+            "ttft_ms",
+            "itl_ms",
+            "latency_ms",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "outcome",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing in {line}");
+        }
+        assert!(
+            r.get("token_mono_ns").is_none(),
+            "only with --record-tokens"
+        );
+        assert!(ids.insert(r["x_request_id"].as_str().unwrap().to_owned()));
+        workloads.insert(r["workload"].as_str().unwrap().to_owned());
+        if r["outcome"] != "ok" {
+            continue;
+        }
+        let n = |k: &str| r[k].as_u64().unwrap();
+        let (intended, start, first, end) = (
+            n("intended_start_mono_ns"),
+            n("start_mono_ns"),
+            n("first_token_mono_ns"),
+            n("end_mono_ns"),
+        );
+        assert!(
+            intended <= start && start <= first && first <= end,
+            "{line}"
+        );
+        // Stamped in CLOCK_MONOTONIC during this run (all of it took well under ten minutes).
+        assert!(
+            end <= now && end + 600_000_000_000 > now,
+            "{end} vs now {now}"
+        );
+        let ttft = r["ttft_ms"].as_f64().unwrap();
+        assert!(
+            (ttft - (first - intended) as f64 / 1e6).abs() < 0.01,
+            "{line}"
+        );
+        assert!(r["response_id"].is_string());
+        assert!(n("completion_tokens") > 0);
+        if r["workload"] == "concurrency_sweep" && r["phase"] == "steady" {
+            *steady_per_level
+                .entry((
+                    r["serving_mode"].as_str().unwrap().to_owned(),
+                    r["concurrency"].as_str().unwrap().to_owned(),
+                ))
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(workloads.len(), 4, "{workloads:?}");
+    // The records are the requests the tables count: steady, ok ones per sweep level and mode.
+    let sweep = table(&s, "concurrency_sweep");
+    for ((mode, level), count) in steady_per_level {
+        let r = row_for(
+            sweep,
+            &[
+                ("concurrency", level.parse::<u64>().unwrap().into()),
+                ("mode", mode.into()),
+            ],
+        );
+        let ok = num(r, sweep, "requests") - num(r, sweep, "errors");
+        assert_eq!(count as f64, ok, "{r:?}");
+    }
+}
+
+#[test]
+fn the_html_report_is_self_contained_and_holds_every_chart() {
+    let html = std::fs::read_to_string(full_run().out.join("report.html")).unwrap();
+    for id in [
+        "chart-pareto",
+        "chart-ttft-concurrency",
+        "chart-prefix",
+        "chart-turns",
+        "chart-distributions",
+    ] {
+        assert!(
+            html.contains(&format!("<svg class=\"chart\" id=\"{id}\"")),
+            "{id}"
+        );
+    }
+    let without_ns = html.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+    assert!(!without_ns.contains("http://") && !without_ns.contains("https://"));
+    assert!(!html.contains("<script") && !html.contains("NaN"));
+}
+
+/// Debian's `chromium`, which `scripts/test` installs. Outside CI a missing browser skips the
+/// browser tests loudly; in CI (`CI=true`) it fails them.
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join(name))
+                .find(|p| p.is_file())
+        })
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "chromium is not installed; ./scripts/test installs it"
+        );
+        eprintln!(
+            "\n!!! SKIPPING the headless-Chromium report test: chromium is not installed \
+             (./scripts/test installs it) !!!\n"
+        );
+    }
+    found
+}
+
+/// Runs headless Chromium on `page` with `extra` flags; returns (stdout, stderr).
+fn headless(chromium: &Path, page: &Path, profile: &Path, extra: &[&str]) -> (String, String) {
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Console messages in Chromium's log (`...:INFO:CONSOLE(...)] "message", source: ...`).
+fn console_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(":CONSOLE")).collect()
+}
+
+#[test]
+fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors() {
+    let Some(chromium) = chromium() else { return };
+    let run = full_run();
+    let page = run.out.join("report.html");
+    let tmp = tempfile::tempdir().unwrap();
+
+    // The detector works: a page that logs an error shows up in the log.
+    let bad = tmp.path().join("bad.html");
+    std::fs::write(
+        &bad,
+        "<html><body><script>console.error('boom')</script></body></html>",
+    )
+    .unwrap();
+    let (_, log) = headless(&chromium, &bad, &tmp.path().join("p0"), &["--dump-dom"]);
+    assert!(
+        console_lines(&log).iter().any(|l| l.contains("boom")),
+        "the console detector saw nothing:\n{log}"
+    );
+
+    let (dom, log) = headless(&chromium, &page, &tmp.path().join("p1"), &["--dump-dom"]);
+    assert!(
+        console_lines(&log).is_empty(),
+        "console messages: {:?}",
+        console_lines(&log)
+    );
+    assert_eq!(
+        dom.matches("<svg class=\"chart\"").count(),
+        5,
+        "charts in the rendered DOM"
+    );
+    assert!(dom.matches("<path class=\"series\"").count() >= 8);
+    assert!(dom.matches("<circle class=\"point\"").count() >= 20);
+    assert!(dom.matches("<g class=\"box\"").count() >= 4);
+
+    let shot = tmp.path().join("shot.png");
+    let (_, log) = headless(
+        &chromium,
+        &page,
+        &tmp.path().join("p2"),
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1400,1200",
+            "--hide-scrollbars",
+        ],
+    );
+    assert!(console_lines(&log).is_empty(), "{log}");
+    // Not blank: the two targets' chart colours are drawn in quantity.
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let pixels = &buf[..info.buffer_size()];
+    let count = |rgb: [u8; 3]| {
+        pixels
+            .chunks(channels)
+            .filter(|p| p.iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 12))
+            .count()
+    };
+    let (blue, vermilion) = (count([0x00, 0x72, 0xB2]), count([0xD5, 0x5E, 0x00]));
+    assert!(
+        blue > 500 && vermilion > 500,
+        "chart pixels: blue {blue}, vermilion {vermilion}"
+    );
+    let distinct: HashSet<&[u8]> = pixels.chunks(channels).collect();
+    assert!(
+        distinct.len() > 50,
+        "{} colours: a blank page",
+        distinct.len()
+    );
+}
+
+#[test]
+fn table_format_with_chosen_workloads_and_token_times() {
+    let run = bench(&[
+        "--workload",
+        "prefix_cache",
+        "--workload",
+        "multi_turn",
+        "--time-scale",
+        "0.01",
+        "--record-tokens",
+    ]);
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let s = run.summary();
+    assert_eq!(
+        s["run"]["workloads"],
+        serde_json::json!(["multi_turn", "prefix_cache"])
+    );
+    assert_eq!(s["run"]["time_scale"], 0.01);
+    let text = run.stdout();
+    // Each table's rows print exactly the JSON's numbers, aligned two spaces apart (or, for a
+    // table too wide for a terminal, one `column  value` line each).
+    for t in s["tables"].as_array().unwrap() {
+        let columns = t["columns"].as_array().unwrap();
+        let title = t["title"].as_str().unwrap();
+        let start = text
+            .lines()
+            .position(|l| l == title)
+            .unwrap_or_else(|| panic!("{title}"));
+        let body: Vec<&str> = text
+            .lines()
+            .skip(start + 1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        let blocks = body.first().is_some_and(|l| l.starts_with("[1]"));
+        for (i, row) in t["rows"].as_array().unwrap().iter().enumerate() {
+            let expected: Vec<String> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(columns)
+                .map(|(c, col)| render(c, col))
+                .collect();
+            let printed: Vec<String> = if blocks {
+                let at = body
+                    .iter()
+                    .position(|l| *l == format!("[{}]", i + 1))
+                    .unwrap();
+                body[at + 1..=at + columns.len()]
+                    .iter()
+                    .map(|l| {
+                        let l = l.trim_start();
+                        l.split_once("  ")
+                            .map(|(_, v)| v.trim_start())
+                            .unwrap_or("")
+                            .to_owned()
+                    })
+                    .collect()
+            } else {
+                body[2 + i]
+                    .split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            };
+            assert_eq!(printed, expected, "{title} row {i}");
+        }
+    }
+    assert!(
+        table(&s, "concurrency_sweep")["rows"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !table(&s, "prefix_cache")["rows"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    // --record-tokens: every content chunk's arrival, in order, first = first token.
+    let text = std::fs::read_to_string(run.out.join("requests.jsonl")).unwrap();
+    let mut checked = 0;
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        if r["outcome"] != "ok" {
+            continue;
+        }
+        let tokens: Vec<u64> = r["token_mono_ns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert!(!tokens.is_empty() && tokens.windows(2).all(|w| w[0] <= w[1]));
+        // Chunk stamps are kept to the microsecond.
+        assert!(tokens[0].abs_diff(r["first_token_mono_ns"].as_u64().unwrap()) < 1_000);
+        checked += 1;
+    }
+    assert!(checked > 10);
+}
+
+#[test]
+fn ctrl_c_stops_cleanly_and_reports_the_finished_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bench.yaml");
+    // Three 3-second sweep steps; the signal comes as the second starts.
+    std::fs::write(
+        &config,
+        CONFIG.replace("time_scale: 0.02", "time_scale: 0.025"),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["bench", "--workload", "concurrency_sweep", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut sent = false;
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(90)) {
+        if line.contains("[2/3] concurrency_sweep concurrency=4") {
+            let kill = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+            assert!(kill.success());
+            sent = true;
+            break;
+        }
+    }
+    if !sent {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+    assert!(sent, "the second step never started");
+    let out = child.wait_with_output().unwrap();
+    let log = reader.join().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("interrupted; the report covers the 1 of 3 steps that finished"),
+        "{log}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 of 3 steps (interrupted)"), "{stdout}");
+    let sweep: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "Concurrency sweep")
+        .skip(3)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(sweep.len(), 2, "{stdout}");
+    assert!(
+        sweep.iter().all(|l| l.trim_start().starts_with("1 ")),
+        "{sweep:?}"
+    );
+}
+
+#[test]
+fn bad_options_exit_2_before_any_traffic() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("bench")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--time-scale", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--time-scale"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let only_sweep = dir.path().join("sweep.yaml");
+    std::fs::write(
+        &only_sweep,
+        "targets: [{ name: a, serving_mode: aggregated, simulated: {} }]\nworkloads: { concurrency_sweep: {} }\n",
+    )
+    .unwrap();
+    let (code, err) = run(&[
+        "--config",
+        only_sweep.to_str().unwrap(),
+        "--workload",
+        "multi_turn",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("does not run"), "{err}");
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, "targets: [{ nam: a }]\n").unwrap();
+    let (code, err) = run(&["--config", broken.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("broken.yaml:1:"), "{err}");
+}
