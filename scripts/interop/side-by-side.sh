@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Side by side (documented, not part of CI): the same short concurrency sweep measured by AIPerf
+# and by llm-canary against one vLLM CPU server, then both tools' TTFT/ITL per step and their
+# agreement as a Markdown table (docs/INTEROP.md shows a run).
+#
+#   scripts/interop/side-by-side.sh [OUT_DIR]        (default target/side-by-side)
+#
+# Environment: LEVELS (default "1 2"), ISL (256), OSL (32), DURATION seconds per step (20).
+# AIPerf (PyPI `aiperf`) goes into its own cached venv (~/.cache/llm-canary/aiperf-venv). It uses
+# the model folder's tokenizer by path and the server's token counts (--use-server-token-count);
+# HF_HUB_OFFLINE is deliberately not set (AIPerf's tokenizer loader treats a local path as such).
+# Both tools send the same length recipe (ignore_eos and min_tokens at the body root).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=$(realpath -m "${1:-target/side-by-side}")
+LEVELS=${LEVELS:-"1 2"}
+ISL=${ISL:-256}
+OSL=${OSL:-32}
+DURATION=${DURATION:-20}
+export LLM_CANARY_VLLM_VENV=${LLM_CANARY_VLLM_VENV:-$HOME/.cache/llm-canary/vllm-venv}
+MODELS=${LLM_CANARY_INTEROP_MODELS:-$HOME/.cache/llm-canary/interop-models}
+AIPERF_VENV=${LLM_CANARY_AIPERF_VENV:-$HOME/.cache/llm-canary/aiperf-venv}
+MODEL_DIR=$MODELS/qwen3-tiny
+
+scripts/interop/install-vllm.sh "$LLM_CANARY_VLLM_VENV"
+"$LLM_CANARY_VLLM_VENV/bin/python" scripts/interop/build-models.py "$MODELS"
+if ! "$AIPERF_VENV/bin/aiperf" --version >/dev/null 2>&1; then
+  python3 -m venv "$AIPERF_VENV"
+  "$AIPERF_VENV/bin/pip" install -q --disable-pip-version-check aiperf
+fi
+cargo build --quiet --locked --bin llm-canary
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+PORT=$("$LLM_CANARY_VLLM_VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+URL=http://127.0.0.1:$PORT
+setsid scripts/interop/serve-vllm.sh "$MODEL_DIR" "$PORT" >"$OUT/vllm.log" 2>&1 &
+VLLM_PID=$!
+trap 'kill -TERM -- -$VLLM_PID 2>/dev/null || true; wait $VLLM_PID 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  curl -sf "$URL/health" >/dev/null && break
+  kill -0 "$VLLM_PID" 2>/dev/null || { tail -30 "$OUT/vllm.log"; exit 1; }
+  sleep 1
+done
+curl -sf "$URL/health" >/dev/null
+echo "vLLM healthy at $URL"
+
+for c in $LEVELS; do
+  echo "AIPerf, concurrency $c"
+  "$AIPERF_VENV/bin/aiperf" profile \
+    --model qwen3-tiny --tokenizer "$MODEL_DIR" --url "$URL" \
+    --endpoint-type chat --streaming --concurrency "$c" \
+    --synthetic-input-tokens-mean "$ISL" --synthetic-input-tokens-stddev 0 \
+    --output-tokens-mean "$OSL" --output-tokens-stddev 0 \
+    --extra-inputs ignore_eos:true --extra-inputs "min_tokens:$OSL" \
+    --use-server-token-count --benchmark-duration "$DURATION" --num-warmup-requests 2 \
+    --random-seed 12 --ui-type none --export-level records \
+    --artifact-dir "$OUT/aiperf-c$c" >"$OUT/aiperf-c$c.log" 2>&1
+done
+
+levels_yaml=$(echo "$LEVELS" | tr ' ' ',')
+cat >"$OUT/canary.yaml" <<YAML
+targets:
+  - { name: vllm, serving_mode: aggregated, url: "$URL", model: auto, dialect: vllm, server_metrics: ["$URL/metrics"] }
+tokenizer: $MODEL_DIR/tokenizer.json
+workloads:
+  concurrency_sweep: { levels: [$levels_yaml], isl: $ISL, osl: $OSL, step: ${DURATION}s, warmup: 2s }
+schedule: { cycle: [concurrency_sweep], drain_grace: 30s, max_lag_p99: 5s }
+YAML
+echo "llm-canary, concurrency $LEVELS"
+target/debug/llm-canary bench --config "$OUT/canary.yaml" --workload concurrency_sweep \
+  --format markdown --out "$OUT/canary" >"$OUT/canary.log" 2>&1
+
+"$LLM_CANARY_VLLM_VENV/bin/python" scripts/interop/compare-side-by-side.py "$OUT" $LEVELS | tee "$OUT/comparison.md"

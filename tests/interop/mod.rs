@@ -1,0 +1,230 @@
+//! Harness of the vLLM interop tests: the cached vLLM CPU venv (made by
+//! `scripts/interop/install-vllm.sh`), the tiny random-weight models (built by
+//! `scripts/interop/build-models.py`), and a server on a free loopback port: vLLM's OpenAI server
+//! (started by `scripts/interop/serve-vllm.sh`) or `transformers serve` from the same venv, ready
+//! once `GET /health` answers 200.
+//!
+//! Outside CI a missing venv skips the tests with a loud message; with `CI=true` it fails them.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Only one vLLM server at a time: each one wants both cores of a small machine.
+pub static ONE_SERVER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Longest a server may take to answer `/health` (about 50 s on an idle 2-core machine; the
+/// machine may be shared with a parallel build).
+pub const HEALTHY_WITHIN: Duration = Duration::from_secs(600);
+
+fn home_cache(name: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/llm-canary").join(name)
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The vLLM venv, or `None` (after a loud message) when it is not installed outside CI. In CI a
+/// missing venv is a failure: `scripts/test` installs it before the tests run.
+pub fn vllm_venv() -> Option<PathBuf> {
+    let venv = std::env::var_os("LLM_CANARY_VLLM_VENV")
+        .map_or_else(|| home_cache("vllm-venv"), PathBuf::from);
+    if venv.join(".llm-canary-ready").is_file() {
+        return Some(venv);
+    }
+    let message = format!(
+        "vLLM interop tests need the vLLM CPU venv at {} (not installed). \
+         Install it with `scripts/interop/install-vllm.sh` (about 7 minutes, 6 GB), \
+         or run everything with `scripts/interop/run.sh`.",
+        venv.display()
+    );
+    assert!(!in_ci(), "CI=true: {message}");
+    eprintln!(
+        "\n{}\nSKIPPED: {message}\n{}\n",
+        "!".repeat(78),
+        "!".repeat(78)
+    );
+    None
+}
+
+/// The folder of the tiny models, built (idempotently) with the venv's Python.
+pub fn tiny_models(venv: &Path) -> PathBuf {
+    let dir = std::env::var_os("LLM_CANARY_INTEROP_MODELS")
+        .map_or_else(|| home_cache("interop-models"), PathBuf::from);
+    let status = Command::new(venv.join("bin/python"))
+        .arg(repo().join("scripts/interop/build-models.py"))
+        .arg(&dir)
+        .status()
+        .expect("run scripts/interop/build-models.py");
+    assert!(status.success(), "building the tiny models failed");
+    dir
+}
+
+/// A serving engine's child process (in its own process group, with the processes it spawns,
+/// such as vLLM's engine core), killed when dropped.
+pub struct Server {
+    child: Child,
+    pub engine: String,
+    pub base_url: String,
+    pub model_name: String,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Starts vLLM (`serve-vllm.sh MODEL_DIR PORT EXTRA...`) and waits until `/health` answers.
+    pub async fn vllm(venv: &Path, model_dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(repo().join("scripts/interop/serve-vllm.sh"));
+        cmd.arg(model_dir)
+            .arg(port.to_string())
+            .args(extra)
+            .env("LLM_CANARY_VLLM_VENV", venv);
+        Server::start(cmd, "vllm", model_dir, port).await
+    }
+
+    /// Starts `transformers serve` (from the same venv) with the model preloaded, on the CPU.
+    pub async fn transformers(venv: &Path, model_dir: &Path) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(venv.join("bin/transformers"));
+        cmd.args(["serve", "--host", "127.0.0.1", "--device", "cpu", "--port"])
+            .arg(port.to_string())
+            .arg(model_dir)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1")
+            .env("OMP_NUM_THREADS", "2");
+        Server::start(cmd, "transformers", model_dir, port).await
+    }
+
+    async fn start(mut cmd: Command, engine: &str, model_dir: &Path, port: u16) -> Server {
+        let logs = repo().join("target/interop-logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let model_name = model_dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let log = logs.join(format!("{engine}-{model_name}-{port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {engine}: {e}"));
+        let mut server = Server {
+            child,
+            engine: engine.to_owned(),
+            base_url: format!("http://127.0.0.1:{port}"),
+            model_name,
+            log,
+        };
+        server.wait_healthy().await;
+        server
+    }
+
+    async fn wait_healthy(&mut self) {
+        let http = llm_canary::client::http_client_builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let url = format!("{}/health", self.base_url);
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the server exited ({status}) before it was healthy; log {}:\n{}",
+                    self.log.display(),
+                    self.log_tail(60)
+                );
+            }
+            if let Ok(r) = http.get(&url).send().await
+                && r.status().is_success()
+            {
+                eprintln!(
+                    "{} serving {} at {} healthy after {:.0} s",
+                    self.engine,
+                    self.model_name,
+                    self.base_url,
+                    started.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            assert!(
+                started.elapsed() < HEALTHY_WITHIN,
+                "{} not healthy within {HEALTHY_WITHIN:?}; log {}:\n{}",
+                self.engine,
+                self.log.display(),
+                self.log_tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The last `n` lines of the server's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Kills the server and its engine process at once (SIGKILL to the process group), as a
+    /// crash would, and reaps it.
+    pub fn kill(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The server's `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        llm_canary::client::http_client_builder()
+            .build()
+            .unwrap()
+            .get(format!("{}/metrics", self.base_url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The value of the first sample of `family` in a Prometheus text exposition.
+pub fn sample(text: &str, family: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
