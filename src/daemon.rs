@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use serde_json::json;
@@ -15,6 +15,8 @@ use crate::client::{ApiKey, ClientConfig, Endpoint, StreamClient};
 use crate::config::{Config, ConfigError, TargetConfig};
 use crate::export::http::{AppState, HttpServer, ReloadFuture, ReloadHook, StatusSource};
 use crate::export::metrics::Metrics;
+use crate::export::otlp::{OtlpExporter, OtlpTarget};
+use crate::export::scrape::{ScrapeTarget, ServerScraper};
 use crate::schedule::{Board, Recorder, Runner, Scheduler, Target, plan_cycle};
 use crate::sim::SimHandle;
 use crate::workload::prompt::OverheadLearner;
@@ -37,6 +39,12 @@ pub enum DaemonError {
     Tokenizer(String),
     #[error("client: {0}")]
     Client(#[from] crate::client::ClientError),
+    #[error("server metrics: {0}")]
+    Scrape(#[from] crate::export::scrape::ScrapeError),
+    #[error("OTLP: {0}")]
+    Otlp(#[from] crate::export::otlp::OtlpError),
+    #[error("Kubernetes: {0}")]
+    Kube(#[from] crate::k8s::KubeError),
 }
 
 /// Everything `run` and `bench` need to send traffic: the started simulators and the targets.
@@ -91,19 +99,7 @@ impl Deployment {
                 }
                 (None, None) => return Err(fail("no url".into())),
             };
-            let model = resolve_model(t, &url).await.map_err(fail)?;
-            let mut endpoint = Endpoint::new(&url, t.api, model, t.dialect)?
-                .with_length_control(t.length_control())
-                .with_nvext(t.dialect.supports_nvext());
-            if let Some(key) = api_key(t, base_dir).map_err(fail)? {
-                endpoint = endpoint.with_api_key(&key)?;
-            }
-            targets.push(Arc::new(Target {
-                name: t.name.value.clone(),
-                mode: t.serving_mode,
-                endpoint,
-                cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
-            }));
+            targets.push(Arc::new(resolve_at(t, &url, base_dir).await?));
         }
         Ok(Deployment {
             targets,
@@ -137,6 +133,40 @@ impl Deployment {
     }
 }
 
+/// A target with a `url` (configured or discovered) as the runner sees it: model `auto`
+/// resolved, API key loaded.
+pub async fn resolve_target(t: &TargetConfig, base_dir: &Path) -> Result<Target, DaemonError> {
+    let url = t
+        .url
+        .as_ref()
+        .map(|u| u.value.clone())
+        .ok_or_else(|| DaemonError::Target {
+            target: t.name.value.clone(),
+            message: "no url".into(),
+        })?;
+    resolve_at(t, &url, base_dir).await
+}
+
+async fn resolve_at(t: &TargetConfig, url: &str, base_dir: &Path) -> Result<Target, DaemonError> {
+    let fail = |message: String| DaemonError::Target {
+        target: t.name.value.clone(),
+        message,
+    };
+    let model = resolve_model(t, url).await.map_err(fail)?;
+    let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
+        .with_length_control(t.length_control())
+        .with_nvext(t.dialect.supports_nvext());
+    if let Some(key) = api_key(t, base_dir).map_err(fail)? {
+        endpoint = endpoint.with_api_key(&key)?;
+    }
+    Ok(Target {
+        name: t.name.value.clone(),
+        mode: t.serving_mode,
+        endpoint,
+        cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
+    })
+}
+
 /// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
 async fn resolve_model(t: &TargetConfig, base: &str) -> Result<String, String> {
     if t.model != "auto" {
@@ -156,12 +186,22 @@ async fn resolve_model(t: &TargetConfig, base: &str) -> Result<String, String> {
         match http.get(&url).send().await {
             Ok(r) if r.status().is_success() => {
                 let bytes = r.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-                let body: serde_json::Value =
-                    serde_json::from_slice(&bytes).map_err(|e| format!("{url}: not JSON: {e}"))?;
+                let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+                    format!("{url}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
+                })?;
                 return body["data"][0]["id"]
                     .as_str()
                     .map(str::to_owned)
                     .ok_or_else(|| format!("{url} lists no models; set `model:` on the target to the served model name instead of `auto`"));
+            }
+            // Up, but unable to list its models (`transformers serve` answers 500 when it serves
+            // a model by path): waiting would not help. Only gateway and overload statuses of a
+            // deployment still starting are retried.
+            Ok(r) if !matches!(r.status().as_u16(), 429 | 502..=504) => {
+                return Err(format!(
+                    "{url} answered {}; set `model:` on the target to the served model name instead of `auto`",
+                    r.status()
+                ));
             }
             Ok(r) => last = format!("{url} answered {}", r.status()),
             Err(e) => last = format!("{url}: {e}"),
@@ -251,8 +291,37 @@ impl ReloadHook for Reload {
 
 struct Status {
     board: Arc<Board>,
-    targets: Vec<Arc<Target>>,
+    /// The targets measured now (discovery and leader election change them).
+    targets: Arc<RwLock<Vec<Arc<Target>>>>,
     live: Arc<Live>,
+    slo: Arc<crate::slo::SloEngine>,
+}
+
+/// The SLO engine of `cfg`, with its baselines in the state file (in memory if it cannot be
+/// read).
+fn slo_engine(
+    cfg: &Config,
+    config_path: Option<&Path>,
+    metrics: &Arc<Metrics>,
+) -> crate::slo::SloEngine {
+    use crate::slo::baseline::BaselineStore;
+    let defs = crate::slo::compile_all(cfg).unwrap_or_else(|e| {
+        // Validation compiled every SLO already; this only guards against a mismatch.
+        tracing::error!("SLOs not evaluated: {e}");
+        Vec::new()
+    });
+    let path = crate::slo::engine::default_state_file(config_path);
+    let baselines = BaselineStore::open(&path).unwrap_or_else(|e| {
+        tracing::warn!("{e}; starting with no baselines");
+        BaselineStore::in_memory()
+    });
+    tracing::info!(slos = defs.len(), state_file = %path.display(), "SLO engine ready");
+    crate::slo::SloEngine::new(
+        defs,
+        crate::slo::LabelDomain::of(cfg),
+        baselines,
+        Some(Arc::clone(metrics)),
+    )
 }
 
 impl StatusSource for Status {
@@ -271,10 +340,12 @@ impl StatusSource for Status {
         v["cycle"] = json!(cfg.cycle());
         v["targets"] = self
             .targets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .map(|t| json!({"name": t.name, "serving_mode": t.mode.as_str(), "url": t.endpoint.url().as_str(), "model": t.endpoint.model()}))
             .collect();
-        v["slos"] = json!([]);
+        v["slos"] = self.slo.status_json();
         v
     }
 }
@@ -299,9 +370,12 @@ pub async fn run(
         .and_then(Path::parent)
         .unwrap_or(Path::new("."))
         .to_owned();
-    let thresholds: Vec<f64> = Vec::new();
+    // Every SLO latency threshold becomes an exact bucket bound, so the generated rules'
+    // `le` selectors hit a bucket (fixed for the process: histograms survive reloads).
+    let thresholds = crate::slo::latency_thresholds(&cfg);
     let metrics = Arc::new(Metrics::new(&thresholds));
     metrics.record_config_reload(true);
+    let config_path_for_state = config_path.clone();
     let live = Arc::new(Live {
         config: Mutex::new(cfg.clone()),
         path: config_path,
@@ -317,15 +391,66 @@ pub async fn run(
     for t in &deployment.targets {
         metrics.set_target_up(&t.name, true);
     }
-    let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), None));
+    let otlp = match &cfg.export.otlp {
+        Some(o) => {
+            let targets = deployment
+                .targets
+                .iter()
+                .map(|t| OtlpTarget::new(t.endpoint.api(), t.endpoint.model(), t.endpoint.url()))
+                .collect();
+            let exporter = OtlpExporter::start(o, targets).await?;
+            tracing::info!(endpoint = %*o.endpoint, interval = ?o.interval.0, spans = o.spans, "OTLP export on");
+            Some(Arc::new(exporter))
+        }
+        None => None,
+    };
+    let slo = Arc::new(slo_engine(&cfg, config_path_for_state.as_deref(), &metrics));
+    // In a cluster: discovery, leader election and Events (DESIGN §9).
+    let kube_stop = CancellationToken::new();
+    let kube = match &cfg.discovery {
+        Some(d) => Some(crate::k8s::KubeParts::start(&d.kubernetes, kube_stop.clone()).await?),
+        None => None,
+    };
+    if let Some(events) = kube.as_ref().and_then(|k| k.events.clone()) {
+        events.set_slos(&crate::slo::compile_all(&cfg).unwrap_or_default());
+        slo.add_hook(events);
+    }
+    let recorder = Recorder::new(Arc::clone(&metrics), None).with_observer(slo.clone());
+    let recorder = Arc::new(match &otlp {
+        Some(o) => recorder.with_otlp(Arc::clone(o)),
+        None => recorder,
+    });
+    // Server metrics: the configured endpoints, and every embedded simulator's own `/metrics`.
+    let scrape_targets: Vec<ScrapeTarget> = cfg
+        .targets
+        .iter()
+        .zip(&deployment.targets)
+        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
+        .collect();
+    let scrape_stop = CancellationToken::new();
+    // With Kubernetes the gated schedule scrapes the targets this replica sends to.
+    let server_metrics = if scrape_targets.is_empty() || kube.is_some() {
+        None
+    } else {
+        let scraper = Arc::new(ServerScraper::new(
+            scrape_targets.clone(),
+            Arc::clone(&metrics),
+        )?);
+        tokio::spawn(
+            Arc::clone(&scraper).run(cfg.export.server_metrics_interval.0, scrape_stop.clone()),
+        );
+        Some(scraper)
+    };
     let runner = Arc::new(deployment.runner(&cfg, recorder, rand::random()));
     let board = Arc::new(Board::default());
+    let current_targets = Arc::new(RwLock::new(deployment.targets.clone()));
     let state = AppState::new(
         Arc::clone(&metrics),
         Arc::new(Status {
             board: Arc::clone(&board),
-            targets: deployment.targets.clone(),
+            targets: Arc::clone(&current_targets),
             live: Arc::clone(&live),
+            slo: Arc::clone(&slo),
         }),
     );
     let state = if cfg.export.reload_endpoint {
@@ -340,23 +465,60 @@ pub async fn run(
     let scheduler = Scheduler {
         runner,
         board: Arc::clone(&board),
+        server_metrics,
     };
     board.announce(&plan_cycle(&cfg));
+    let slo_stop = CancellationToken::new();
+    let slo_live = Arc::clone(&live);
+    tokio::spawn(crate::slo::engine::run_evaluations(
+        Arc::clone(&slo),
+        move || {
+            let cfg = slo_live.config();
+            crate::slo::compile_all(&cfg)
+                .ok()
+                .map(|defs| (defs, crate::slo::LabelDomain::of(&cfg)))
+        },
+        slo_stop.clone(),
+    ));
     readiness.set_ready();
-    scheduler.runner.calibrate(&hard_stop).await;
     let plan_live = Arc::clone(&live);
     let pause_live = Arc::clone(&live);
-    scheduler
-        .run_forever(
-            move || plan_cycle(&plan_live.config()),
-            move || pause_live.config().schedule.cycle_pause.0,
-            &soft_stop,
-            &hard_stop,
-        )
-        .await;
+    let plan = move || plan_cycle(&plan_live.config());
+    let pause = move || pause_live.config().schedule.cycle_pause.0;
+    match kube {
+        None => {
+            scheduler.runner.calibrate(&hard_stop).await;
+            scheduler
+                .run_forever(plan, pause, &soft_stop, &hard_stop)
+                .await;
+        }
+        Some(k) => {
+            crate::k8s::traffic::GatedSchedule {
+                static_targets: deployment.targets.clone(),
+                static_scrape: scrape_targets,
+                discovered: k.discovered,
+                leadership: k.leadership,
+                runner: Arc::clone(&scheduler.runner),
+                board: Arc::clone(&board),
+                metrics: Arc::clone(&metrics),
+                events: k.events,
+                current: current_targets,
+                scrape_interval: cfg.export.server_metrics_interval.0,
+                base_dir: base_dir.clone(),
+            }
+            .run_forever(plan, pause, &soft_stop, &hard_stop)
+            .await;
+        }
+    }
+    kube_stop.cancel();
     tracing::info!("schedule stopped; shutting down");
     shutdown_http.cancel();
     let _ = http.await;
+    scrape_stop.cancel();
+    slo_stop.cancel();
+    if let Some(otlp) = otlp {
+        otlp.shutdown().await;
+    }
     deployment.stop().await;
     tracing::info!("shutdown complete");
     Ok(())

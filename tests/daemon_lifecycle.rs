@@ -36,7 +36,13 @@ fn a_bad_config_exits_2_naming_file_line_column_and_binds_nothing() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("{}:6:3: unknown key `concurency_sweep`", bad.display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:6:3: unknown key `concurency_sweep`",
+            bad.display()
+        )),
+        "{err}"
+    );
     assert!(!err.contains("listening on"), "{err}");
     // Nothing was bound: the port is still free.
     assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
@@ -60,38 +66,87 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
     };
-    let scrape = || async { client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap() };
-    assert_eq!(metric(&scrape().await, "llm_canary_config_last_reload_successful"), Some(1.0));
+    let scrape = || async {
+        client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        metric(&scrape().await, "llm_canary_config_last_reload_successful"),
+        Some(1.0)
+    );
 
     // A bad file: rejected with its diagnostics, the daemon keeps serving, the gauge says 0.
     std::fs::write(&path, GOOD.replace("levels: [2]", "levels: [0]")).unwrap();
-    let r = client.post(format!("{base}/-/reload")).send().await.unwrap();
+    let r = client
+        .post(format!("{base}/-/reload"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 500);
     let body = r.text().await.unwrap();
-    assert!(body.contains("concurrency level 0 must be between 1 and 4096"), "{body}");
+    assert!(
+        body.contains("concurrency level 0 must be between 1 and 4096"),
+        "{body}"
+    );
     let text = scrape().await;
-    assert_eq!(metric(&text, "llm_canary_config_last_reload_successful"), Some(0.0));
-    let ok_before = eventually("traffic after the bad reload", Duration::from_secs(30), || async {
-        let t = scrape().await;
-        t.lines()
-            .find(|l| l.starts_with("llm_canary_requests_total{") && l.contains("outcome=\"ok\""))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .filter(|v| *v > 0.0)
-    })
+    assert_eq!(
+        metric(&text, "llm_canary_config_last_reload_successful"),
+        Some(0.0)
+    );
+    let ok_before = eventually(
+        "traffic after the bad reload",
+        Duration::from_secs(30),
+        || async {
+            let t = scrape().await;
+            t.lines()
+                .find(|l| {
+                    l.starts_with("llm_canary_requests_total{") && l.contains("outcome=\"ok\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .filter(|v| *v > 0.0)
+        },
+    )
     .await;
     assert!(ok_before > 0.0);
     // GET is not a reload.
-    assert_eq!(client.get(format!("{base}/-/reload")).send().await.unwrap().status(), 405);
+    assert_eq!(
+        client
+            .get(format!("{base}/-/reload"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        405
+    );
 
     // A good file again: accepted.
     std::fs::write(&path, GOOD).unwrap();
-    let r = client.post(format!("{base}/-/reload")).send().await.unwrap();
+    let r = client
+        .post(format!("{base}/-/reload"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    assert_eq!(metric(&scrape().await, "llm_canary_config_last_reload_successful"), Some(1.0));
+    assert_eq!(
+        metric(&scrape().await, "llm_canary_config_last_reload_successful"),
+        Some(1.0)
+    );
 
     // SIGTERM: drain, exit 0, well inside the bounded drain.
     let pid = daemon.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let status = eventually("exit after SIGTERM", Duration::from_secs(15), || {
         let s = daemon.child.try_wait().unwrap();
         async move { s }

@@ -191,7 +191,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         ("llm_canary_target_up", "gauge"),
         ("llm_canary_schedule_lag_seconds", "histogram"),
         ("llm_canary_inflight_requests", "gauge"),
-        ("llm_canary_build_info", "gauge"),
+        ("llm_canary_build", "info"),
         ("llm_canary_config_last_reload_successful", "gauge"),
         (
             "llm_canary_config_last_reload_success_timestamp_seconds",

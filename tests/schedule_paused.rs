@@ -15,8 +15,11 @@ use llm_canary::schedule::{Phase, RecordContext, RecordSink, Recorder, StepKind,
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// Phase, intended send, end, outcome and latency of one request.
+type Seen = (Phase, Instant, Instant, &'static str, Duration);
+
 #[derive(Default)]
-struct Capture(Mutex<Vec<(Phase, Instant, Instant, &'static str, Duration)>>);
+struct Capture(Mutex<Vec<Seen>>);
 
 impl RecordSink for Capture {
     fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {

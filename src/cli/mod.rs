@@ -200,14 +200,46 @@ fn runtime(command: Command) -> ExitCode {
     rt.block_on(async move {
         match command {
             Command::Run(args) => run(args).await,
-            Command::Bench(_) | Command::Rules(_) => {
-                eprintln!("this command is not built yet in this version of llm-canary");
-                ExitCode::from(1)
-            }
+            Command::Bench(args) => bench(args).await,
+            Command::Rules(args) => rules(&args),
             Command::Sim(args) => sim(args).await,
             Command::Check(_) => unreachable!("check runs without the runtime"),
         }
     })
+}
+
+/// `llm-canary rules`: the Prometheus rules of the config's SLOs on stdout.
+fn rules(args: &RulesArgs) -> ExitCode {
+    let (cfg, source) = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(cfg) => {
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| path.display().to_string());
+                (cfg, name)
+            }
+            Err(e) => return report_config_error(&e),
+        },
+        None => (Config::demo(), "the embedded demo config".to_owned()),
+    };
+    let defs = match crate::slo::compile_all(&cfg) {
+        Ok(defs) => defs,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let format = match args.format {
+        RulesFormat::Rules => crate::slo::rules::Format::Rules,
+        RulesFormat::PrometheusRule => crate::slo::rules::Format::PrometheusRule,
+    };
+    let domain = crate::slo::LabelDomain::of(&cfg);
+    print!(
+        "{}",
+        crate::slo::rules::generate(&defs, &domain, &source, format)
+    );
+    ExitCode::SUCCESS
 }
 
 async fn run(args: RunArgs) -> ExitCode {
@@ -225,6 +257,70 @@ async fn run(args: RunArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// One pass of the plan; the tables on stdout, progress and logs on stderr, files in `--out`.
+/// Exit 0 when the plan ran to the end, 1 when it failed or was interrupted, 2 for bad options.
+async fn bench(args: BenchArgs) -> ExitCode {
+    use std::io::IsTerminal;
+    let (config, config_label, base_dir) = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(cfg) => (
+                cfg,
+                path.display().to_string(),
+                path.parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .to_owned(),
+            ),
+            Err(e) => return report_config_error(&e),
+        },
+        None => (
+            Config::demo(),
+            "<embedded demo>".to_owned(),
+            PathBuf::from("."),
+        ),
+    };
+    let opts = crate::report::BenchOptions {
+        config,
+        config_label,
+        base_dir,
+        workloads: args.workloads,
+        time_scale: args.time_scale,
+        out: args.out,
+        record_tokens: args.record_tokens,
+        live_progress: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+    };
+    let (soft_stop, hard_stop) = crate::report::bench::stop_on_signals();
+    let outcome = match crate::report::run_bench(opts, &soft_stop, &hard_stop).await {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("llm-canary bench: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let report = &outcome.report;
+    match args.format {
+        BenchFormat::Table => print!("{}", report.to_text()),
+        BenchFormat::Markdown => print!("{}", report.to_markdown()),
+        BenchFormat::Json => match serde_json::to_string_pretty(report) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("llm-canary bench: {e}");
+                return ExitCode::from(1);
+            }
+        },
+    }
+    for f in &outcome.files {
+        tracing::info!("wrote {}", f.display());
+    }
+    if report.run.interrupted {
+        eprintln!(
+            "llm-canary bench: interrupted; the report covers the {} of {} steps that finished",
+            report.run.steps_finished, report.run.steps_planned
+        );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
 }
 
 async fn sim(args: SimArgs) -> ExitCode {

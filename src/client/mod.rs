@@ -12,6 +12,7 @@ mod sse;
 mod stream;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
@@ -70,7 +71,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(600),
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
-            max_error_bytes: 512,
+            max_error_bytes: 2048,
             tail_grace: Duration::from_millis(250),
             pool_idle_timeout: Duration::from_secs(90),
         }
@@ -119,6 +120,9 @@ pub struct Endpoint {
     length_control: LengthControl,
     nvext: bool,
     authorization: Option<HeaderValue>,
+    /// Set once a rejection of the body's extension fields was logged, so a server that rejects
+    /// every request logs the fix once, not at request rate.
+    rejection_logged: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -175,6 +179,7 @@ impl Endpoint {
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
             authorization: None,
+            rejection_logged: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -245,13 +250,24 @@ pub struct StreamRequest {
 /// scraping): installs the TLS crypto provider reqwest needs and ignores environment proxies,
 /// through which latency would measure the proxy rather than the target.
 pub fn http_client_builder() -> reqwest::ClientBuilder {
+    install_crypto_provider();
+    reqwest::Client::builder().no_proxy()
+}
+
+/// The blocking counterpart of [`http_client_builder`], for the OTLP exporter, whose periodic
+/// reader sends from a thread without a Tokio reactor.
+pub fn blocking_http_client_builder() -> reqwest::blocking::ClientBuilder {
+    install_crypto_provider();
+    reqwest::blocking::Client::builder().no_proxy()
+}
+
+fn install_crypto_provider() {
     // reqwest is built without a bundled TLS crypto provider and refuses to build a client
     // until one is installed; ring is the one this crate links. Losing the race to another
     // installer is fine: a provider is then installed.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    reqwest::Client::builder().no_proxy()
 }
 
 /// The measurement client, cheap to clone (the pool is shared).
@@ -390,7 +406,16 @@ impl StreamClient {
             let tail_deadline = deadline.min(at + self.config.tail_grace);
             let text =
                 read_error_body(&mut response, tail_deadline, self.config.max_error_bytes).await;
-            let message = format!("HTTP {status}: {}", text.trim());
+            let message = match rejected_fields_hint(status.as_u16(), &text, endpoint) {
+                // The fix first, so truncation never cuts it off.
+                Some(hint) => {
+                    if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
+                        tracing::error!(url = %endpoint.url, status = status.as_u16(), server_said = %text.trim(), "{hint}");
+                    }
+                    format!("HTTP {status}: {hint}; the server said: {}", text.trim())
+                }
+                None => format!("HTTP {status}: {}", text.trim()),
+            };
             rec.error = Some(truncate(&message, self.config.max_error_bytes));
             return;
         }
@@ -479,6 +504,75 @@ fn classify_send_error(err: &reqwest::Error) -> Outcome {
     }
 }
 
+/// Phrases with which servers reject request fields they do not know: `transformers serve`
+/// ("Unexpected fields in the request"), OpenAI ("Unrecognized request argument supplied"),
+/// pydantic models that forbid extras ("Extra inputs are not permitted"), and similar.
+const UNKNOWN_FIELD_PHRASES: &[&str] = &[
+    "unexpected field",
+    "unrecognized request argument",
+    "unrecognized field",
+    "unknown field",
+    "unknown parameter",
+    "unsupported parameter",
+    "extra inputs are not permitted",
+    "extra fields not permitted",
+];
+
+/// For a 400/422 answer that rejects fields this client adds to the body (the length recipe,
+/// `nvext`), the target setting that stops sending them; `None` for any other error.
+fn rejected_fields_hint(status: u16, body: &str, endpoint: &Endpoint) -> Option<String> {
+    if !matches!(status, 400 | 422) {
+        return None;
+    }
+    let lower = body.to_ascii_lowercase();
+    if !UNKNOWN_FIELD_PHRASES.iter().any(|p| lower.contains(p)) {
+        return None;
+    }
+    let names = |field: &str| {
+        lower.match_indices(field).any(|(at, _)| {
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            !word(lower[..at].chars().next_back())
+                && !word(lower[at + field.len()..].chars().next())
+        })
+    };
+    let lc = endpoint.length_control;
+    let length_fields = [
+        ("max_tokens", lc.max_tokens),
+        ("max_completion_tokens", lc.max_completion_tokens),
+        ("min_tokens", lc.min_tokens),
+        ("ignore_eos", lc.ignore_eos),
+    ];
+    let rejected: Vec<&str> = length_fields
+        .iter()
+        .filter(|(field, sent)| *sent && names(field))
+        .map(|(field, _)| *field)
+        .collect();
+    let mut fixes = Vec::new();
+    if !rejected.is_empty() {
+        let keep = |field: &str, sent: bool| sent && !rejected.contains(&field);
+        fixes.push(format!(
+            "the server rejects the length field(s) {}: set the target's `length_control` to the \
+             fields it accepts, e.g. `length_control: {{ max_tokens: {}, max_completion_tokens: {}, \
+             min_tokens: {}, ignore_eos: {} }}` (or pick the target's `dialect`: dynamo, vllm, \
+             sglang or openai); without `min_tokens`/`ignore_eos` the output length is not forced \
+             and `llm_canary_osl_mismatch_total` counts the requests that end early",
+            rejected.join(", "),
+            keep("max_tokens", lc.max_tokens),
+            keep("max_completion_tokens", lc.max_completion_tokens),
+            keep("min_tokens", lc.min_tokens),
+            keep("ignore_eos", lc.ignore_eos),
+        ));
+    }
+    if endpoint.nvext && names("nvext") {
+        fixes.push(
+            "the server rejects `nvext`, which only Dynamo understands: set the target's \
+             `dialect` to vllm, sglang or openai"
+                .to_owned(),
+        );
+    }
+    (!fixes.is_empty()).then(|| fixes.join("; "))
+}
+
 /// Up to `limit` bytes of an error body, read until `deadline`.
 async fn read_error_body(
     response: &mut reqwest::Response,
@@ -531,6 +625,55 @@ mod tests {
             .unwrap()
             .with_nvext(true);
         assert!(vllm.nvext());
+    }
+
+    #[test]
+    fn a_rejection_of_the_length_fields_names_the_setting() {
+        let vllm = Endpoint::new("http://h", Api::Chat, "m", Dialect::Vllm).unwrap();
+        // `transformers serve`'s answer to the vLLM preset.
+        let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos', 'min_tokens'}"}"#;
+        let hint = rejected_fields_hint(422, body, &vllm).unwrap();
+        assert!(hint.contains("ignore_eos, min_tokens") || hint.contains("min_tokens, ignore_eos"));
+        assert!(hint.contains("`length_control`"), "{hint}");
+        assert!(
+            hint.contains("max_tokens: true, max_completion_tokens: true, min_tokens: false, ignore_eos: false"),
+            "{hint}"
+        );
+        assert!(hint.contains("llm_canary_osl_mismatch_total"), "{hint}");
+        // OpenAI's wording, with the status it uses.
+        let openai =
+            r#"{"error":{"message":"Unrecognized request argument supplied: min_tokens"}}"#;
+        let hint = rejected_fields_hint(400, openai, &vllm).unwrap();
+        assert!(
+            hint.contains("min_tokens") && !hint.contains("ignore_eos, "),
+            "{hint}"
+        );
+        // `nvext` sent to a server that is not Dynamo.
+        let dynamo = Endpoint::new("http://h", Api::Chat, "m", Dialect::Dynamo).unwrap();
+        let body = r#"{"detail":"Extra inputs are not permitted","loc":["body","nvext"]}"#;
+        let hint = rejected_fields_hint(422, body, &dynamo).unwrap();
+        assert!(
+            hint.contains("`dialect`") && hint.contains("nvext"),
+            "{hint}"
+        );
+    }
+
+    #[test]
+    fn other_client_errors_get_no_hint() {
+        let vllm = Endpoint::new("http://h", Api::Chat, "m", Dialect::Vllm).unwrap();
+        // A validation error about a value, not an unknown field.
+        let body = r#"{"detail":"max_tokens must be at least 1"}"#;
+        assert_eq!(rejected_fields_hint(422, body, &vllm), None);
+        // An unknown field the client did not send (a field name inside another name is not it).
+        let body = r#"{"detail":"Unexpected fields in the request: {'top_k', 'my_min_tokens_x'}"}"#;
+        assert_eq!(rejected_fields_hint(422, body, &vllm), None);
+        // A field this endpoint does not send.
+        let openai = Endpoint::new("http://h", Api::Chat, "m", Dialect::Openai).unwrap();
+        let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos'}"}"#;
+        assert_eq!(rejected_fields_hint(422, body, &openai), None);
+        // Other statuses.
+        let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos'}"}"#;
+        assert_eq!(rejected_fields_hint(404, body, &vllm), None);
     }
 
     #[test]

@@ -120,10 +120,48 @@ pub struct KubeDiscovery {
     pub namespace: Option<String>,
     #[serde(default = "yes")]
     pub dynamo_graph_deployments: bool,
+    /// Label selector on the DynamoGraphDeployments to measure (e.g. `team=inference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    /// Only DynamoGraphDeployments labelled or annotated `llm-canary.io/enabled: "true"` become
+    /// targets; otherwise every one does except those set to `"false"`.
+    #[serde(default)]
+    pub opt_in: bool,
+    /// A Kubernetes Event on the DynamoGraphDeployment (or the canary's Pod) per SLO state change.
+    #[serde(default = "yes")]
+    pub events: bool,
+    /// Several replicas coordinate through a Lease: one sends traffic, or each a share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_election: Option<LeaderElection>,
 }
 
 fn yes() -> bool {
     true
+}
+
+/// Leader election over a `coordination.k8s.io/v1` Lease.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaderElection {
+    #[serde(default = "lease_name")]
+    pub lease_name: String,
+    /// Namespace of the Lease; absent = the canary's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// How long a lease holds without renewal; a replica that cannot renew stops sending
+    /// before this runs out.
+    #[serde(default = "lease_duration")]
+    pub lease_duration: At<Dur>,
+    /// Every replica sends traffic to a share of the targets instead of one replica to all.
+    #[serde(default)]
+    pub sharding: bool,
+}
+
+fn lease_name() -> String {
+    "llm-canary".to_owned()
+}
+fn lease_duration() -> At<Dur> {
+    At::dflt(Dur::secs(15))
 }
 
 /// How the client talks to targets.

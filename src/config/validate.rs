@@ -253,7 +253,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
 
     validate_workloads(&mut c, &cfg.workloads);
     validate_schedule(&mut c, cfg);
-    validate_slos(&mut c, &cfg.slos);
+    validate_slos(&mut c, cfg);
 
     let ex = &cfg.export;
     if ex.listen.parse::<SocketAddr>().is_err() {
@@ -468,9 +468,23 @@ fn validate_schedule(c: &mut Check, cfg: &Config) {
     }
 }
 
-fn validate_slos(c: &mut Check, slos: &[SloConfig]) {
+/// Where character `offset` of a scalar's value is in the file: the value's own position plus the
+/// offset on a single line. A value with line breaks is a block scalar (`|` or `>` with
+/// more-indented lines), whose content starts at `pos` on its own line: each kept line break is
+/// one line down, at the block's indentation. (Lines a `>` scalar folded into spaces cannot be
+/// told from spaces, so every message also names the column inside the expression.)
+fn position_in_value(pos: Option<(u64, u64)>, value: &str, offset: usize) -> Option<(u64, u64)> {
+    let (line, col) = pos?;
+    let before: Vec<char> = value.chars().take(offset).collect();
+    let breaks = before.iter().filter(|c| **c == '\n').count() as u64;
+    let since_break = before.iter().rev().take_while(|c| **c != '\n').count() as u64;
+    Some((line + breaks, col + since_break))
+}
+
+fn validate_slos(c: &mut Check, cfg: &Config) {
+    let domain = crate::slo::LabelDomain::of(cfg);
     let mut seen: HashMap<&str, ()> = HashMap::new();
-    for s in slos {
+    for s in &cfg.slos {
         c.label_safe_name(&s.name, "SLO name");
         if seen.insert(s.name.as_str(), ()).is_some() {
             c.err(
@@ -489,6 +503,15 @@ fn validate_slos(c: &mut Check, slos: &[SloConfig]) {
                 if sli.trim().is_empty() {
                     c.err(sli.pos, "`sli` is empty", None);
                 }
+                if let Some(p) = &s.period
+                    && **p < *s.window
+                {
+                    c.err(
+                        p.pos,
+                        format!("`period` ({}) is shorter than `window` ({})", **p, *s.window),
+                        None,
+                    );
+                }
                 c.finite_in(obj, "objective", 0.0, 100.0, true);
                 if **obj >= 100.0 {
                     c.err(obj.pos, "an objective of 100 % leaves no error budget", Some("use e.g. 99.0".into()));
@@ -506,6 +529,26 @@ fn validate_slos(c: &mut Check, slos: &[SloConfig]) {
         c.positive_dur(&s.window, "window");
         if *s.min_samples == 0 {
             c.err(s.min_samples.pos, "`min_samples` must be at least 1", None);
+        }
+        let nonempty = |v: &Option<At<String>>| v.as_ref().is_some_and(|t| !t.trim().is_empty());
+        let shaped = (s.expr.is_some() && s.sli.is_none() && s.objective.is_none())
+            || (s.expr.is_none() && s.sli.is_some() && s.objective.is_some());
+        if shaped
+            && (nonempty(&s.expr) || nonempty(&s.sli))
+            && let Err(crate::slo::SloError::Expression {
+                key,
+                offset,
+                message,
+                ..
+            }) = crate::slo::compile(s, &domain)
+        {
+            let at = if key == "expr" { &s.expr } else { &s.sli };
+            let at = at.as_ref().expect("the key that failed is present");
+            c.err(
+                position_in_value(at.pos, at, offset),
+                format!("`{key}` column {}: {message}", offset + 1),
+                Some("the SLO language is described in docs/SLO.md".into()),
+            );
         }
     }
 }

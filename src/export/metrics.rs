@@ -28,6 +28,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -605,6 +606,9 @@ pub struct Metrics {
     server_preemptions: Family<TargetLabels, CounterF64>,
     server_evictions: Family<TargetLabels, CounterF64>,
     server_ttft_mean: Family<TargetLabels, GaugeF64>,
+    server_kvbm_host_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    server_kvbm_disk_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    server_scrape_errors: Family<TargetLabels, Counter>,
 
     slo_state: SloStateSet,
     slo_value: Family<SloLabels, GaugeF64>,
@@ -615,7 +619,6 @@ pub struct Metrics {
     target_up: Family<TargetLabels, Gauge>,
     schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
     inflight: Family<TargetLabels, Gauge>,
-    build_info: Family<VersionLabels, Gauge>,
     config_last_reload_successful: Gauge,
     config_last_reload_success_timestamp: GaugeF64,
 }
@@ -671,6 +674,9 @@ impl Metrics {
             server_preemptions: Family::default(),
             server_evictions: Family::default(),
             server_ttft_mean: Family::default(),
+            server_kvbm_host_cache_hit_ratio: Family::default(),
+            server_kvbm_disk_cache_hit_ratio: Family::default(),
+            server_scrape_errors: Family::default(),
             slo_state: SloStateSet::default(),
             slo_value: Family::default(),
             slo_threshold: Family::default(),
@@ -679,7 +685,6 @@ impl Metrics {
             target_up: Family::default(),
             schedule_lag: Family::new_with_constructor(lag),
             inflight: Family::default(),
-            build_info: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
         };
@@ -828,6 +833,21 @@ impl Metrics {
             s(),
             self.server_ttft_mean.clone(),
         );
+        r.register(
+            "llm_canary_server_kvbm_host_cache_hit_ratio",
+            "KV block manager CPU-tier hit rate reported by the server (kvbm_host_cache_hit_rate)",
+            self.server_kvbm_host_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_kvbm_disk_cache_hit_ratio",
+            "KV block manager disk-tier hit rate reported by the server (kvbm_disk_cache_hit_rate)",
+            self.server_kvbm_disk_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_scrape_errors",
+            "Failed scrapes of the server's own metrics endpoints",
+            self.server_scrape_errors.clone(),
+        );
 
         r.register(
             "llm_canary_slo_state",
@@ -871,10 +891,13 @@ impl Metrics {
             "Requests sent and not yet finished",
             self.inflight.clone(),
         );
+        // An OpenMetrics info family: the sample is `llm_canary_build_info{version} 1`.
         r.register(
-            "llm_canary_build_info",
-            "Build information; the value is always 1",
-            self.build_info.clone(),
+            "llm_canary_build",
+            "Build information",
+            Info::new(VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            }),
         );
         r.register(
             "llm_canary_config_last_reload_successful",
@@ -887,12 +910,6 @@ impl Metrics {
             s(),
             self.config_last_reload_success_timestamp.clone(),
         );
-
-        self.build_info
-            .get_or_create_owned(&VersionLabels {
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-            })
-            .set(1);
         self
     }
 
@@ -1105,6 +1122,30 @@ impl Metrics {
         });
     }
 
+    /// Publishes the KV block manager's tier hit rates (Dynamo KVBM); `None` leaves a series as is.
+    pub fn set_server_kvbm(&self, target: &str, host: Option<f64>, disk: Option<f64>) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        for (family, value) in [
+            (&self.server_kvbm_host_cache_hit_ratio, host),
+            (&self.server_kvbm_disk_cache_hit_ratio, disk),
+        ] {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                family.get_or_create_owned(&labels).set(v);
+            }
+        }
+    }
+
+    /// Counts one failed scrape of a server metrics endpoint of `target`.
+    pub fn record_server_scrape_error(&self, target: &str) {
+        self.server_scrape_errors
+            .get_or_create_owned(&TargetLabels {
+                target: target.to_owned(),
+            })
+            .inc();
+    }
+
     /// Publishes one SLO evaluation. The state is stored as one value, so every scrape sees exactly
     /// one `state` at 1.
     pub fn set_slo(&self, slo: &str, reading: &SloReading) {
@@ -1223,9 +1264,12 @@ impl Metrics {
             &self.server_prefix_cache_hit_ratio,
             &self.server_kv_cache_usage_ratio,
             &self.server_ttft_mean,
+            &self.server_kvbm_host_cache_hit_ratio,
+            &self.server_kvbm_disk_cache_hit_ratio,
         ] {
             family.remove(&labels);
         }
+        self.server_scrape_errors.remove(&labels);
         self.server_preemptions.remove(&labels);
         self.server_evictions.remove(&labels);
         self.target_up.remove(&labels);

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::export::metrics::{Quantiles, StepSummary};
 use crate::measure::step::Spread;
 pub use plan::{StepKind, StepPlan, plan_cycle};
-pub use recorder::{Phase, RecordContext, RecordSink, Recorder};
+pub use recorder::{MeasurementObserver, Phase, RecordContext, RecordSink, Recorder};
 pub use runner::{Runner, StepResult, Target};
 
 /// How many finished step results the board keeps (about a day of the default cycle).
@@ -85,7 +85,8 @@ impl Board {
         });
     }
 
-    fn cycle_done(&self) {
+    /// Counts a completed cycle (also for schedules driven outside `run_forever`).
+    pub fn cycle_done(&self) {
         self.with(|s| s.cycles_completed += 1);
     }
 
@@ -140,6 +141,9 @@ fn quantiles(s: Option<Spread>) -> Option<Quantiles> {
 pub struct Scheduler {
     pub runner: Arc<Runner>,
     pub board: Arc<Board>,
+    /// Scrapes the targets' own metrics at each step's start and end; `None` when no target has
+    /// server metrics.
+    pub server_metrics: Option<Arc<crate::export::scrape::ServerScraper>>,
 }
 
 impl Scheduler {
@@ -153,10 +157,20 @@ impl Scheduler {
     ) -> Vec<StepResult> {
         self.board.starting(plan, cycle);
         tracing::info!(cycle, step = %plan.name(), warmup = ?plan.warmup, steady = ?plan.steady, "step starting");
-        let results = self
+        let mark = match &self.server_metrics {
+            Some(scraper) => Some(scraper.begin_step().await),
+            None => None,
+        };
+        let mut results = self
             .runner
             .run_step(plan, cycle, soft_stop, hard_stop)
             .await;
+        if let (Some(scraper), Some(mark)) = (&self.server_metrics, mark) {
+            let server = scraper.end_step(mark).await;
+            for r in &mut results {
+                r.server = server.get(&r.target).copied();
+            }
+        }
         let metrics = self.runner.recorder.metrics();
         for r in &results {
             let m = &r.measurements;
@@ -200,6 +214,7 @@ impl Scheduler {
             }
         }
         self.board.finished(plan, &results);
+        self.runner.recorder.step_finished(&results);
         results
     }
 
@@ -223,6 +238,7 @@ impl Scheduler {
                 self.step(step, cycle, soft_stop, hard_stop).await;
             }
             self.board.cycle_done();
+            self.runner.recorder.cycle_finished();
             cycle += 1;
             tokio::select! {
                 _ = tokio::time::sleep(cycle_pause()) => {}

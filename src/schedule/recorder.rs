@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::client::{RequestRecord, StreamRequest};
 use crate::export::metrics::{Metrics, RequestLabels};
+use crate::export::otlp::OtlpExporter;
 use crate::measure::step::{Sample, StepAccumulator};
 
 /// Which part of a step a request was intended in.
@@ -44,6 +45,16 @@ pub struct Recorder {
     metrics: Arc<Metrics>,
     step: Mutex<HashMap<Key, StepAccumulator>>,
     sink: Option<Arc<dyn RecordSink>>,
+    otlp: Option<Arc<OtlpExporter>>,
+    observer: Option<Arc<dyn MeasurementObserver>>,
+}
+
+/// Receives what the SLO engine evaluates: every steady-window request, every finished step (so
+/// a degraded step's requests can be left out) and the end of every cycle (baselines).
+pub trait MeasurementObserver: Send + Sync {
+    fn request(&self, labels: &RequestLabels, rec: &RequestRecord);
+    fn step_finished(&self, results: &[super::StepResult]);
+    fn cycle_finished(&self);
 }
 
 impl Recorder {
@@ -52,7 +63,35 @@ impl Recorder {
             metrics,
             step: Mutex::new(HashMap::new()),
             sink,
+            otlp: None,
+            observer: None,
         }
+    }
+
+    /// Also feeds steady-window requests, step ends and cycle ends to `observer` (the SLO engine).
+    pub fn with_observer(mut self, observer: Arc<dyn MeasurementObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// A step ended with these results (called by the scheduler after publishing them).
+    pub fn step_finished(&self, results: &[super::StepResult]) {
+        if let Some(o) = &self.observer {
+            o.step_finished(results);
+        }
+    }
+
+    /// A cycle of the schedule completed.
+    pub fn cycle_finished(&self) {
+        if let Some(o) = &self.observer {
+            o.cycle_finished();
+        }
+    }
+
+    /// Also pushes every request to the OTLP pipeline.
+    pub fn with_otlp(mut self, otlp: Arc<OtlpExporter>) -> Self {
+        self.otlp = Some(otlp);
+        self
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -67,11 +106,17 @@ impl Recorder {
         if let Some(sink) = &self.sink {
             sink.record(ctx, rec);
         }
+        if let Some(otlp) = &self.otlp {
+            otlp.record(ctx.target_index, labels, ctx.phase == Phase::Steady, rec);
+        }
         if ctx.phase == Phase::Warmup {
             // Warmup requests still count, so an error in warmup is never silently lost.
             self.metrics
                 .record_request(labels, outcome, None, None, None, 0, 0, 0);
             return;
+        }
+        if let Some(o) = &self.observer {
+            o.request(labels, rec);
         }
         let ok = rec.outcome.is_ok();
         let ttft = rec.ttft().map(secs);

@@ -77,6 +77,9 @@ pub struct StepResult {
     /// The requests' labels, for the metrics.
     #[serde(skip)]
     pub request_labels: RequestLabels,
+    /// What the server's own metrics said about the step, where they are scraped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<crate::export::scrape::ServerStep>,
 }
 
 fn unix_now() -> f64 {
@@ -392,6 +395,7 @@ impl Runner {
                 steady_seconds: steady.as_secs_f64(),
                 measurements: acc.finish(steady, target.cost_per_hour_usd, self.max_lag_p99),
                 request_labels: labels,
+                server: None,
             };
             let several = mine.len() > 1;
             let mut total = StepAccumulator::default();
