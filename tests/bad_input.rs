@@ -1,0 +1,258 @@
+//! Bad input never panics and never grows without bound: the SSE parser, the SLO expression
+//! parser and the config loader under generated input (proptest, bounded in cases; the
+//! open-ended fuzzing lives in `fuzz/`), servers that stream forever or send one endless line,
+//! and server-controlled strings that would break a metric label.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use llm_canary::client::{
+    ClientConfig, Endpoint, Outcome, Prompt, SseParser, StreamClient, StreamRequest,
+};
+use llm_canary::config::{Api, Config, Dialect};
+use proptest::prelude::*;
+use support::RawReply;
+
+/// A valid config to mutate: every kind of value the loader checks.
+const FULL: &str = include_str!("testdata/config/good/full.yaml");
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_sse_parser_takes_any_bytes_in_any_split(
+        data in proptest::collection::vec(
+            prop_oneof![
+                any::<u8>(),
+                Just(b'\n'), Just(b'\r'), Just(b':'), Just(b' '),
+                Just(b'd'), Just(b'a'), Just(b't'),
+            ],
+            0..2048,
+        ),
+        cuts in proptest::collection::vec(0usize..2048, 0..16),
+        limit in 1024usize..4096,
+    ) {
+        let mut parser = SseParser::new(limit);
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < data.len()).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut from = 0;
+        for to in cuts.into_iter().chain([data.len()]) {
+            parser.feed(Bytes::copy_from_slice(&data[from..to]));
+            from = to;
+            while let Ok(Some(event)) = parser.next_event() {
+                // An event never holds more than the cap.
+                prop_assert!(event.data.len() <= limit);
+            }
+        }
+        let _ = parser.finish();
+    }
+
+    #[test]
+    fn the_slo_parser_takes_any_text(
+        text in "[a-z0-9_{}()\\[\\]=!~<>*/+., \"'-]{0,120}",
+    ) {
+        let _ = llm_canary::slo::parse_condition(&text);
+        let _ = llm_canary::slo::parse_sli(&text);
+    }
+
+    #[test]
+    fn the_slo_parser_takes_mutated_expressions(at in 0usize..200, insert in "\\PC{0,4}") {
+        let base = r#"p50(ttft{serving_mode="disaggregated", concurrency=~"32|64"}) <= 0.8 * p50(ttft{serving_mode="aggregated"}) and r2(p50(ttft{workload="prefix_cache"}) by (prefix_ratio)) >= 0.9"#;
+        let at = base.char_indices().map(|(i, _)| i).nth(at % base.chars().count()).unwrap_or(0);
+        let text = format!("{}{insert}{}", &base[..at], &base[at..]);
+        let _ = llm_canary::slo::parse_condition(&text);
+    }
+
+    #[test]
+    fn the_config_loader_takes_any_mutation_of_a_valid_config(
+        at in 0usize..100_000,
+        cut in 0usize..64,
+        insert in "[ :\\-\\[\\]{}\"'#&*!|>%@`0-9a-z\\n\\t]{0,12}",
+    ) {
+        let at = FULL.char_indices().map(|(i, _)| i).nth(at % FULL.chars().count()).unwrap_or(0);
+        let end = FULL[at..].char_indices().map(|(i, _)| at + i).nth(cut).unwrap_or(FULL.len());
+        let text = format!("{}{insert}{}", &FULL[..at], &FULL[end..]);
+        let _ = Config::parse(&text, "mutated.yaml", Path::new("."));
+    }
+}
+
+#[test]
+fn absurd_sizes_are_rejected_with_a_clear_message() {
+    // A 10 MB prompt (ISL), 1e9 concurrency, zero durations: each named with its bound.
+    let text = r#"
+targets:
+  - { name: agg, serving_mode: aggregated, url: "http://127.0.0.1:8000" }
+workloads:
+  concurrency_sweep: { levels: [1000000000], isl: 10000000, osl: 10000000, step: 0s }
+  prefix_cache: { concurrency: 1000000000, isl: 10000000 }
+client: { max_event_bytes: 1000000000000, request_timeout: 0s }
+"#;
+    let err = Config::parse(text, "absurd.yaml", Path::new("."))
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "concurrency level 1000000000 must be between 1 and 4096",
+        "`concurrency_sweep.isl` is 10000000, must be between 1 and",
+        "`concurrency_sweep.osl` is 10000000, must be between 1 and",
+        "`client.max_event_bytes` is 1000000000000, must be between 1024 and 67108864",
+    ] {
+        assert!(err.contains(want), "missing `{want}` in:\n{err}");
+    }
+    assert!(err.contains("must be longer than 0"), "{err}");
+}
+
+fn request(osl: u32) -> StreamRequest {
+    StreamRequest {
+        request_id: "bad-input-1".into(),
+        prompt: Prompt::Text("hello".into()),
+        osl,
+    }
+}
+
+async fn send(addr: std::net::SocketAddr, osl: u32) -> llm_canary::client::RequestRecord {
+    let client = StreamClient::new(ClientConfig {
+        request_timeout: Duration::from_secs(20),
+        max_event_bytes: 64 << 10,
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    let endpoint =
+        Endpoint::new(&format!("http://{addr}"), Api::Chat, "m", Dialect::Openai).unwrap();
+    client
+        .send(&endpoint, &request(osl), tokio::time::Instant::now())
+        .await
+}
+
+const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_streams_forever_is_cut_off() {
+    let chunk = format!(
+        "data: {}\n\n",
+        serde_json::json!({"choices": [{"index": 0, "delta": {"content": "again "}}]})
+    );
+    let (addr, _) = support::raw_server(move |_| RawReply::Endless {
+        head: SSE_HEAD.to_vec(),
+        chunk: chunk.clone().into_bytes(),
+    })
+    .await;
+    let rec = send(addr, 8).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+    let error = rec.error.unwrap_or_default();
+    assert!(error.contains("response body over"), "{error}");
+    // 8 tokens may bring 8 × 4 KiB + 1 MiB: the reply kept is bounded by that.
+    assert!(
+        rec.reply.len() <= (1 << 20) + 8 * 4096,
+        "{}",
+        rec.reply.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_line_is_cut_at_the_event_cap() {
+    let (addr, _) = support::raw_server(|_| RawReply::Endless {
+        head: [SSE_HEAD, b"data: "].concat(),
+        chunk: vec![b'x'; 64 << 10],
+    })
+    .await;
+    let rec = send(addr, 8).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+    let error = rec.error.unwrap_or_default();
+    assert!(error.contains("longer than 65536 bytes"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_strings_never_become_metric_labels() {
+    // A model id and error texts made to break a label or the exposition if they got there.
+    const EVIL: &str = r#"evil"} 1 # EOF {le="x\"#;
+    let models = format!(
+        "{{\"object\":\"list\",\"data\":[{{\"id\":{}}}]}}",
+        serde_json::to_string(EVIL).unwrap()
+    );
+    let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (addr, _) = support::raw_server(move |head| {
+        if head.starts_with("GET /v1/models") {
+            return RawReply::Bytes(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{models}",
+                    models.len()
+                )
+                .into_bytes(),
+            );
+        }
+        let body = format!(
+            "{{\"error\":{{\"message\":{}}}}}",
+            serde_json::to_string(&format!("boom{EVIL}\n# EOF\n")).unwrap()
+        );
+        match turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3 {
+            0 => RawReply::Bytes(support::sse_ok(EVIL, 4)),
+            1 => RawReply::Bytes(
+                format!(
+                    "HTTP/1.1 500 {EVIL}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes(),
+            ),
+            _ => {
+                let sse = format!("event: error\ndata: {body}\n\n");
+                RawReply::Bytes(
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{sse}",
+                        sse.len()
+                    )
+                    .into_bytes(),
+                )
+            }
+        }
+    })
+    .await;
+    let cfg = Config::parse(
+        &format!(
+            r#"
+targets:
+  - {{ name: labelled, serving_mode: aggregated, url: "http://{addr}", dialect: openai }}
+time_scale: 0.01
+workloads:
+  concurrency_sweep: {{ levels: [2], isl: 32, osl: 4, step: 100s, warmup: 10s }}
+"#
+        ),
+        "labels.yaml",
+        Path::new("."),
+    )
+    .unwrap();
+    let deployment = llm_canary::daemon::Deployment::start(&cfg, Path::new("."))
+        .await
+        .unwrap();
+    // The model id is carried as it came (it is sent back in request bodies)...
+    assert_eq!(deployment.targets[0].endpoint.model(), EVIL);
+    let metrics = Arc::new(llm_canary::export::metrics::Metrics::new(&[]));
+    let recorder = Arc::new(llm_canary::schedule::Recorder::new(
+        Arc::clone(&metrics),
+        None,
+    ));
+    let runner = Arc::new(deployment.runner(&cfg, recorder, 3));
+    let never = tokio_util::sync::CancellationToken::new();
+    let plan = llm_canary::schedule::plan_cycle(&cfg).remove(0);
+    let results = runner.run_step(&plan, 0, &never, &never).await;
+    let outcomes = &results[0].measurements.outcomes;
+    for kind in ["ok", "http_5xx", "stream_error"] {
+        assert!(outcomes.get(kind).is_some_and(|n| *n > 0), "{outcomes:?}");
+    }
+    // ...but neither it nor any error text reaches the exposition, which stays well-formed.
+    let text = metrics.encode().unwrap();
+    assert!(!text.contains("evil") && !text.contains("boom"), "{text}");
+    let sample = regex::Regex::new(
+        r#"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\.)*",?)*\})? [-+0-9.eEInfa]+$"#,
+    )
+    .unwrap();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(sample.is_match(line), "malformed sample line: {line}");
+    }
+    assert!(text.ends_with("# EOF\n"));
+    deployment.stop().await;
+}

@@ -1,0 +1,287 @@
+//! The fault matrix (docs/RELIABILITY.md): for every fault the simulator injects, and for a target
+//! that disappears mid-run and comes back, one test drives a healthy step and then a faulted step
+//! against two simulated targets, the fault injected into one of them at runtime, and asserts what
+//! the canary makes of it: the right error kind is counted with its latency, the other target's
+//! step is unaffected, `/metrics` still encodes, `llm_canary_target_up` follows the target, the
+//! step is marked faulted and the SLO verdict does not flip on the fault's thin data.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use llm_canary::config::Config;
+use llm_canary::daemon::Deployment;
+use llm_canary::export::metrics::{Metrics, SloState};
+use llm_canary::schedule::{Board, Recorder, Scheduler, StepResult, plan_cycle};
+use llm_canary::sim::FaultSpec;
+use llm_canary::slo::SloEngine;
+use llm_canary::slo::baseline::BaselineStore;
+use tokio_util::sync::CancellationToken;
+
+const CONFIG: &str = r#"
+targets:
+  - { name: steady, serving_mode: aggregated, simulated: { profile: fast } }
+  - { name: faulty, serving_mode: disaggregated, simulated: { profile: fast } }
+time_scale: 0.01
+client: { request_timeout: 1s, connect_timeout: 1s }
+workloads:
+  concurrency_sweep: { levels: [4], isl: 64, osl: 8, step: 150s, warmup: 10s }
+schedule: { drain_grace: 2s }
+slos:
+  - name: faulty-ttft
+    expr: p50(ttft{target="faulty"}) < 5s
+    window: 30m
+    min_samples: 10
+"#;
+
+/// One row of the matrix.
+struct Row {
+    /// The simulator's fault spec (YAML).
+    faults: &'static str,
+    /// The error kind the faulty target's failed requests count as.
+    outcome: &'static str,
+    /// `llm_canary_target_up` of the faulty target after the faulted step.
+    up: bool,
+    /// The fault starts this long into the faulted step instead of before it (a target that
+    /// disappears mid-run).
+    mid_run: Option<Duration>,
+}
+
+struct Harness {
+    deployment: Deployment,
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    slo: Arc<SloEngine>,
+    cfg: Config,
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        let cfg = Config::parse(CONFIG, "faults.yaml", Path::new(".")).unwrap();
+        let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+        let metrics = Arc::new(Metrics::new(&[]));
+        let slo = Arc::new(SloEngine::new(
+            llm_canary::slo::compile_all(&cfg).unwrap(),
+            llm_canary::slo::LabelDomain::of(&cfg),
+            BaselineStore::in_memory(),
+            Some(Arc::clone(&metrics)),
+        ));
+        let recorder =
+            Arc::new(Recorder::new(Arc::clone(&metrics), None).with_observer(slo.clone()));
+        let runner = Arc::new(deployment.runner(&cfg, recorder, 11));
+        runner.calibrate(&CancellationToken::new()).await;
+        let scheduler = Scheduler {
+            runner,
+            board: Arc::new(Board::default()),
+            server_metrics: None,
+        };
+        Harness {
+            deployment,
+            scheduler,
+            metrics,
+            slo,
+            cfg,
+        }
+    }
+
+    async fn step(&self, cycle: u64) -> Vec<StepResult> {
+        let never = CancellationToken::new();
+        let plan = plan_cycle(&self.cfg).remove(0);
+        self.scheduler.step(&plan, cycle, &never, &never).await
+    }
+
+    fn faulty_sim(&self) -> &llm_canary::sim::SimHandle {
+        &self.deployment.sims[1]
+    }
+
+    /// The scrape as `/metrics` serves it, checked to be a complete exposition.
+    fn scrape(&self) -> String {
+        let text = self.metrics.encode().expect("metrics encode");
+        assert!(text.ends_with("# EOF\n"), "incomplete exposition");
+        text
+    }
+}
+
+fn result<'a>(results: &'a [StepResult], target: &str) -> &'a StepResult {
+    results
+        .iter()
+        .find(|r| r.target == target)
+        .unwrap_or_else(|| panic!("no step result for {target}: {results:#?}"))
+}
+
+/// The value of the first sample of `name` whose labels contain every `k="v"` of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn run_row(row: Row) {
+    let h = Harness::start().await;
+
+    // A healthy step first: both targets measured, the SLO passes.
+    let healthy = h.step(0).await;
+    for t in ["steady", "faulty"] {
+        let r = result(&healthy, t);
+        assert_eq!(
+            r.measurements.errors, 0,
+            "{t} healthy: {:?}",
+            r.measurements
+        );
+        assert!(r.measurements.requests >= 10, "{t}: {:?}", r.measurements);
+    }
+    h.slo.evaluate_now();
+    assert_eq!(h.slo.state("faulty-ttft"), Some(SloState::Pass));
+    let before = h.scrape();
+    let durations_before = sum(
+        &before,
+        "llm_canary_request_duration_seconds_count",
+        &[("target", "faulty")],
+    );
+
+    // The fault, before the step or part-way into it.
+    let faults: FaultSpec = serde_saphyr::from_str(row.faults).unwrap();
+    let injector = match row.mid_run {
+        None => {
+            h.faulty_sim().set_faults(faults);
+            None
+        }
+        Some(after) => Some(async move {
+            tokio::time::sleep(after).await;
+            faults
+        }),
+    };
+    let faulted = match injector {
+        None => h.step(1).await,
+        Some(later) => {
+            let step = h.step(1);
+            tokio::pin!(step);
+            tokio::select! {
+                f = later => {
+                    h.faulty_sim().set_faults(f);
+                    step.await
+                }
+                r = &mut step => panic!("the step ended before the fault: {r:#?}"),
+            }
+        }
+    };
+
+    // The faulty target: the right error kind, with its latency, the step marked.
+    let bad = &result(&faulted, "faulty").measurements;
+    let kind = bad.outcomes.get(row.outcome).copied().unwrap_or(0);
+    assert!(
+        kind > 0,
+        "no `{}` among {:?} ({})",
+        row.outcome,
+        bad.outcomes,
+        row.faults
+    );
+    assert!(bad.faulted, "faulted step not marked: {bad:?}");
+    let text = h.scrape();
+    let counted = sum(
+        &text,
+        "llm_canary_requests_total",
+        &[("target", "faulty"), ("outcome", row.outcome)],
+    );
+    assert!(counted >= kind as f64, "{counted} < {kind}");
+    // Every steady request, failed ones included, has a duration (error latency).
+    let durations = sum(
+        &text,
+        "llm_canary_request_duration_seconds_count",
+        &[("target", "faulty")],
+    ) - durations_before;
+    assert!(
+        durations >= bad.requests as f64,
+        "{durations} durations for {} requests",
+        bad.requests
+    );
+    assert_eq!(
+        sample(&text, "llm_canary_target_up", &[("target", "faulty")]),
+        Some(if row.up { 1.0 } else { 0.0 }),
+        "target_up after `{}`",
+        row.faults
+    );
+
+    // The other target: unaffected.
+    let good = &result(&faulted, "steady").measurements;
+    let healthy_good = &result(&healthy, "steady").measurements;
+    assert_eq!(good.errors, 0, "{good:?}");
+    assert!(!good.faulted && !good.degraded, "{good:?}");
+    assert!(
+        good.requests * 2 >= healthy_good.requests,
+        "steady target sent {} requests, {} when healthy",
+        good.requests,
+        healthy_good.requests
+    );
+    assert_eq!(
+        sample(&text, "llm_canary_target_up", &[("target", "steady")]),
+        Some(1.0)
+    );
+
+    // The verdict does not flip on the fault's thin data.
+    h.slo.evaluate_now();
+    assert_eq!(
+        h.slo.state("faulty-ttft"),
+        Some(SloState::Pass),
+        "{}",
+        h.slo.status_json()
+    );
+
+    // The fault clears: the target comes back, up again, its step clean.
+    h.faulty_sim().set_faults(FaultSpec::default());
+    let recovered = h.step(2).await;
+    let back = &result(&recovered, "faulty").measurements;
+    assert!(back.ok_requests > 0 && !back.faulted, "{back:?}");
+    assert_eq!(
+        sample(&h.scrape(), "llm_canary_target_up", &[("target", "faulty")]),
+        Some(1.0)
+    );
+    h.deployment.stop().await;
+}
+
+macro_rules! rows {
+    ($($name:ident: $faults:expr => $outcome:expr, up = $up:expr $(, mid_run = $mid:expr)?;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            run_row(Row {
+                faults: $faults,
+                outcome: $outcome,
+                up: $up,
+                mid_run: None $(.or(Some($mid)))?,
+            })
+            .await;
+        }
+    )*};
+}
+
+rows! {
+    http_429: "{ error: { status: 429 } }" => "http_429", up = true;
+    http_500: "{ error: { status: 500 } }" => "http_5xx", up = true;
+    http_503: "{ error: { status: 503 } }" => "http_5xx", up = true;
+    stall_after_tokens: "{ stall: { after_tokens: 3, duration: 5s } }" => "timeout", up = true;
+    truncated_stream: "{ truncate: { after_tokens: 3 } }" => "stream_truncated", up = true;
+    reset_mid_stream: "{ truncate: { after_tokens: 3, abrupt: true } }" => "stream_truncated", up = true;
+    malformed_chunk: "{ malformed_chunk: { after_tokens: 3 } }" => "bad_response", up = true;
+    error_event: "{ error_event: { after_tokens: 3 } }" => "stream_error", up = true;
+    slow_first_byte: "{ slow_first_byte: { delay: 5s } }" => "timeout", up = false;
+    refused_connections: "{ refuse_connections: stop_accepting }" => "connect", up = false;
+    disappears_mid_run_and_comes_back: "{ refuse_connections: stop_accepting }" => "connect", up = false,
+        mid_run = Duration::from_millis(600);
+}
