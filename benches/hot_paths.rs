@@ -1,0 +1,335 @@
+//! Micro-benchmarks of the canary's hot paths (issue #10), with criterion:
+//!
+//! - `sse_parse`: the SSE parser over a streamed chat completion, one event per network read (a
+//!   server flushing every token) and 16 KiB reads (a busy connection); throughput in bytes/s.
+//! - `record_request`: one finished request into the metrics registry and step accumulators, the
+//!   work the runner does per request.
+//! - `metrics_encode`: the full `/metrics` exposition of two targets running the default plan
+//!   (every request label set, every outcome, step, server and SLO series), after one request
+//!   changed a series, as between two scrapes of a running daemon.
+//! - `slo_tick`: one evaluation tick of the demo config's SLOs over filled windows.
+//!
+//! ```text
+//! cargo bench --bench hot_paths              # all
+//! cargo bench --bench hot_paths -- sse_parse # one group
+//! ```
+//! `cargo test --all-targets` only builds this and runs each benchmark once.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use llm_canary::client::{
+    ChatMessage, Outcome, Prompt, RequestRecord, Role, SseParser, StreamRequest,
+};
+use llm_canary::config::{Config, ServingMode};
+use llm_canary::export::metrics::{
+    Metrics, Quantiles, RequestLabels, ServerSnapshot, SloReading, SloState, StepSummary,
+};
+use llm_canary::measure::step::StepAccumulator;
+use llm_canary::schedule::{Phase, RecordContext, Recorder, StepResult};
+use llm_canary::slo::SloEngine;
+use llm_canary::slo::baseline::BaselineStore;
+use llm_canary::slo::eval::RequestSample;
+use tokio::time::Instant;
+
+/// A chat completion stream of `tokens` content chunks as vLLM/Dynamo send it.
+fn chat_stream(tokens: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(
+        b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"Qwen/Qwen3-30B-A3B-FP8\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    );
+    for i in 0..tokens {
+        body.extend_from_slice(
+            format!(
+                "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"Qwen/Qwen3-30B-A3B-FP8\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" word{i}\"}},\"finish_reason\":null}}]}}\n\n"
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend_from_slice(b"data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":1024,\"completion_tokens\":512}}\n\ndata: [DONE]\n\n");
+    body
+}
+
+/// Splits `body` at every event boundary (one event per read).
+fn per_event_reads(body: &[u8]) -> Vec<Bytes> {
+    let mut reads = Vec::new();
+    let mut start = 0;
+    for end in memchr::memmem::find_iter(body, b"\n\n") {
+        reads.push(Bytes::copy_from_slice(&body[start..end + 2]));
+        start = end + 2;
+    }
+    reads
+}
+
+fn sse_parse(c: &mut Criterion) {
+    let body = chat_stream(512);
+    let mut group = c.benchmark_group("sse_parse");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    let one_per_read = per_event_reads(&body);
+    let big_reads: Vec<Bytes> = body.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
+    for (name, reads) in [
+        ("event_per_read", &one_per_read),
+        ("16KiB_reads", &big_reads),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut parser = SseParser::default();
+                let mut events = 0usize;
+                for read in reads {
+                    // A clone of `Bytes` is a reference count, as a network read hands it over.
+                    parser.feed(read.clone());
+                    while let Ok(Some(event)) = parser.next_event() {
+                        events += event.data.len();
+                    }
+                }
+                black_box(events)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The step label sets of the default plan for one target.
+fn step_labels(target: &str, mode: ServingMode) -> Vec<RequestLabels> {
+    let mut steps = Vec::new();
+    for level in [1, 2, 4, 8, 16, 32, 64] {
+        steps.push(RequestLabels::new(target, mode, "concurrency_sweep").with_concurrency(level));
+    }
+    for turn in 1..=5 {
+        steps.push(RequestLabels::new(target, mode, "multi_turn").with_turn(turn));
+    }
+    for distribution in ["uniform", "zipf", "lognormal"] {
+        for isl_bucket in [128, 256, 512, 1024, 2048, 4096] {
+            steps.push(
+                RequestLabels::new(target, mode, "sequence_distribution")
+                    .with_distribution(distribution, isl_bucket),
+            );
+        }
+    }
+    for ratio in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        steps.push(RequestLabels::new(target, mode, "prefix_cache").with_prefix_ratio(ratio));
+    }
+    steps
+}
+
+const TARGETS: [(&str, ServingMode); 2] = [
+    ("sim-agg", ServingMode::Aggregated),
+    ("sim-disagg", ServingMode::Disaggregated),
+];
+
+/// A finished request of `tokens` chunks, 20 ms apart after a 100 ms TTFT.
+fn record(tokens: u32) -> RequestRecord {
+    let t0 = Instant::now();
+    let mut rec = RequestRecord::new("bench-1", t0, t0);
+    for i in 0..tokens {
+        rec.push_content(
+            t0 + Duration::from_millis(100) + Duration::from_millis(20) * i,
+            1,
+        );
+    }
+    let end = t0 + Duration::from_millis(100) + Duration::from_millis(20) * tokens;
+    rec.usage = Some(llm_canary::client::Usage {
+        prompt_tokens: 1024,
+        completion_tokens: u64::from(tokens),
+        cached_tokens: 0,
+    });
+    rec.settle(Outcome::Ok, end, None);
+    rec
+}
+
+/// Fills `metrics` with the full series set of the default plan on two targets.
+fn fill(metrics: &Metrics) {
+    for (target, mode) in TARGETS {
+        for labels in step_labels(target, mode) {
+            for (i, outcome) in Outcome::ALL.iter().enumerate() {
+                let scale = 1.0 + i as f64;
+                metrics.record_request(
+                    &labels,
+                    outcome.as_str(),
+                    Some(0.05 * scale),
+                    Some(0.01 * scale),
+                    Some(2.0 * scale),
+                    1024,
+                    256,
+                    512,
+                );
+            }
+            metrics.record_chunk_gaps(&labels, &[(0.02, 1), (0.04, 2)]);
+            metrics.record_osl_mismatch(&labels);
+            metrics.observe_schedule_lag(target, &labels.workload, 0.0002);
+            let q = Quantiles {
+                p50: 0.1,
+                p90: 0.2,
+                p99: 0.4,
+            };
+            metrics.set_step(
+                &labels,
+                &StepSummary {
+                    ttft: Some(q),
+                    itl: Some(q),
+                    request_duration: Some(q),
+                    output_tokens_per_second: 1000.0,
+                    requests_per_second: 2.0,
+                    error_ratio: 0.01,
+                    cache_hit_ratio: Some(0.3),
+                    cost_per_million_tokens_usd: Some(18.0),
+                    end_timestamp_seconds: 1.75e9,
+                    degraded: false,
+                },
+            );
+        }
+        metrics.set_target_up(target, true);
+        metrics.set_server(
+            target,
+            &ServerSnapshot {
+                prefix_cache_hit_ratio: Some(0.4),
+                kv_cache_usage_ratio: Some(0.6),
+                preemptions_total: Some(1.0),
+                evictions_total: Some(2.0),
+                ttft_mean_seconds: Some(0.2),
+            },
+        );
+    }
+    for slo in 0..8 {
+        metrics.set_slo(
+            &format!("slo-{slo}"),
+            &SloReading {
+                state: SloState::Pass,
+                value: Some(0.5),
+                threshold: Some(1.0),
+                value_lower: Some(0.4),
+                value_upper: Some(0.6),
+            },
+        );
+    }
+}
+
+fn record_request(c: &mut Criterion) {
+    let metrics = Arc::new(Metrics::new(&[2.0]));
+    fill(&metrics);
+    let recorder = Recorder::new(metrics, None);
+    let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
+        .with_concurrency(32);
+    let request = StreamRequest {
+        request_id: "bench-1".into(),
+        prompt: Prompt::Chat(vec![ChatMessage {
+            role: Role::User,
+            content: "hello".into(),
+        }]),
+        osl: 256,
+    };
+    let rec = record(256);
+    let ctx = RecordContext {
+        target_index: 0,
+        labels: &labels,
+        phase: Phase::Steady,
+        osl: 256,
+        shared_prefix_tokens: 0,
+        request: &request,
+    };
+    c.bench_function("record_request/osl256", |b| {
+        b.iter(|| recorder.record(&ctx, black_box(&rec)))
+    });
+}
+
+fn metrics_encode(c: &mut Criterion) {
+    let metrics = Metrics::new(&[2.0, 0.5, 0.05]);
+    fill(&metrics);
+    let text = metrics.encode().expect("encodes");
+    let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
+        .with_concurrency(32);
+    let mut group = c.benchmark_group("metrics_encode");
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.bench_function("full_series_set", |b| {
+        b.iter(|| {
+            // Between two scrapes the step in progress records requests.
+            metrics.record_request(
+                &labels,
+                "ok",
+                Some(0.1),
+                Some(0.02),
+                Some(5.0),
+                1024,
+                0,
+                256,
+            );
+            black_box(metrics.encode().expect("encodes").len())
+        })
+    });
+    group.finish();
+}
+
+fn demo_config() -> Config {
+    let text = include_str!("../examples/demo.yaml");
+    Config::parse(text, "examples/demo.yaml", std::path::Path::new("examples"))
+        .expect("the demo config is valid")
+}
+
+fn slo_tick(c: &mut Criterion) {
+    let cfg = demo_config();
+    let defs = llm_canary::slo::compile_all(&cfg).expect("the demo SLOs compile");
+    let engine = SloEngine::new(
+        defs,
+        llm_canary::slo::LabelDomain::of(&cfg),
+        BaselineStore::in_memory(),
+        None,
+    );
+    // One step of 200 requests per label set and target: a full cycle of the demo in the windows.
+    for (target, mode) in TARGETS {
+        for labels in step_labels(target, mode) {
+            for i in 0..200u32 {
+                let ttft = 0.1 + f64::from(i % 50) * 0.002;
+                engine.observe(
+                    &labels,
+                    RequestSample {
+                        ok: true,
+                        ttft: Some(ttft),
+                        itl: Some(0.02),
+                        latency: Some(ttft + 5.0),
+                        server_ttft: Some(ttft * 0.9),
+                        ..RequestSample::default()
+                    },
+                );
+            }
+            let mut measurements = StepAccumulator::default().finish(
+                Duration::from_secs(30),
+                Some(60.0),
+                Duration::from_millis(50),
+            );
+            measurements.requests = 200;
+            measurements.ok_requests = 200;
+            measurements.output_tokens = 200 * 256;
+            engine.step_finished(&[StepResult {
+                cycle: 0,
+                workload: labels.workload.clone(),
+                step: format!("{} {}", labels.workload, labels.concurrency),
+                target: target.to_owned(),
+                serving_mode: mode.as_str().to_owned(),
+                labels: BTreeMap::new(),
+                total: false,
+                started_unix: 0.0,
+                ended_unix: 30.0,
+                steady_seconds: 30.0,
+                measurements,
+                request_labels: labels.clone(),
+                server: None,
+            }]);
+        }
+    }
+    c.bench_function("slo_tick/demo_config", |b| {
+        b.iter(|| black_box(engine.evaluate_now().len()))
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = sse_parse, record_request, metrics_encode, slo_tick
+}
+criterion_main!(benches);
