@@ -1,6 +1,7 @@
 //! The `run` daemon: binds the HTTP surface, starts embedded simulators, resolves targets,
-//! drives the schedule forever, reloads the plan on SIGHUP / `POST /-/reload`, and shuts down
-//! on SIGTERM with a bounded drain (a second signal exits at once).
+//! drives the schedule forever, reloads the config on SIGHUP, `POST /-/reload` or a change of
+//! the file (targets added, changed or removed between steps, the plan from the next cycle), and
+//! shuts down on SIGTERM with a bounded drain (a second signal exits at once).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{ApiKey, ClientConfig, Endpoint, StreamClient};
@@ -16,8 +18,9 @@ use crate::config::{Config, ConfigError, TargetConfig};
 use crate::export::http::{AppState, HttpServer, ReloadFuture, ReloadHook, StatusSource};
 use crate::export::metrics::Metrics;
 use crate::export::otlp::{OtlpExporter, OtlpTarget};
-use crate::export::scrape::{ScrapeTarget, ServerScraper};
-use crate::schedule::{Board, Recorder, Runner, Scheduler, Target, plan_cycle};
+use crate::export::scrape::ScrapeTarget;
+use crate::k8s::traffic::StaticTargets;
+use crate::schedule::{Board, Recorder, Runner, Target, plan_cycle};
 use crate::sim::SimHandle;
 use crate::workload::prompt::OverheadLearner;
 use crate::workload::tokenizer::TokenModel;
@@ -53,6 +56,8 @@ pub struct Deployment {
     pub sims: Vec<SimHandle>,
     pub client: StreamClient,
     pub tokens: Arc<TokenModel>,
+    /// For each target, the index of its embedded simulator in `sims`.
+    sim_of: Vec<Option<usize>>,
 }
 
 impl Deployment {
@@ -80,32 +85,21 @@ impl Deployment {
         };
         let mut sims = Vec::new();
         let mut targets = Vec::new();
+        let mut sim_of = Vec::new();
         for t in &cfg.targets {
-            let fail = |message: String| DaemonError::Target {
-                target: t.name.value.clone(),
-                message,
-            };
-            let url = match (&t.url, &t.simulated) {
-                (Some(u), _) => u.value.clone(),
-                (None, Some(spec)) => {
-                    let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
-                    let sim = crate::sim::start(spec.value.clone(), t.serving_mode, loopback)
-                        .await
-                        .map_err(|e| fail(e.to_string()))?;
-                    tracing::info!(target = %*t.name, mode = t.serving_mode.as_str(), url = %sim.base_url(), "simulator started");
-                    let url = sim.base_url();
-                    sims.push(sim);
-                    url
-                }
-                (None, None) => return Err(fail("no url".into())),
-            };
-            targets.push(Arc::new(resolve_at(t, &url, base_dir).await?));
+            let (target, sim) = start_target(t, base_dir, &client).await?;
+            targets.push(target);
+            sim_of.push(sim.map(|s| {
+                sims.push(s);
+                sims.len() - 1
+            }));
         }
         Ok(Deployment {
             targets,
             sims,
             client,
             tokens,
+            sim_of,
         })
     }
 
@@ -133,9 +127,46 @@ impl Deployment {
     }
 }
 
+/// Starts `t`'s embedded simulator (when it has one) and resolves it.
+async fn start_target(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<(Arc<Target>, Option<SimHandle>), DaemonError> {
+    let fail = |message: String| DaemonError::Target {
+        target: t.name.value.clone(),
+        message,
+    };
+    let (url, sim) = match (&t.url, &t.simulated) {
+        (Some(u), _) => (u.value.clone(), None),
+        (None, Some(spec)) => {
+            let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+            let sim = crate::sim::start(spec.value.clone(), t.serving_mode, loopback)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            tracing::info!(target = %*t.name, mode = t.serving_mode.as_str(), url = %sim.base_url(), "simulator started");
+            (sim.base_url(), Some(sim))
+        }
+        (None, None) => return Err(fail("no url".into())),
+    };
+    match resolve_at(t, &url, base_dir, client).await {
+        Ok(target) => Ok((Arc::new(target), sim)),
+        Err(e) => {
+            if let Some(sim) = sim {
+                sim.shutdown().await;
+            }
+            Err(e)
+        }
+    }
+}
+
 /// A target with a `url` (configured or discovered) as the runner sees it: model `auto`
 /// resolved, API key loaded.
-pub async fn resolve_target(t: &TargetConfig, base_dir: &Path) -> Result<Target, DaemonError> {
+pub async fn resolve_target(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<Target, DaemonError> {
     let url = t
         .url
         .as_ref()
@@ -144,18 +175,41 @@ pub async fn resolve_target(t: &TargetConfig, base_dir: &Path) -> Result<Target,
             target: t.name.value.clone(),
             message: "no url".into(),
         })?;
-    resolve_at(t, &url, base_dir).await
+    resolve_at(t, &url, base_dir, client).await
 }
 
-async fn resolve_at(t: &TargetConfig, url: &str, base_dir: &Path) -> Result<Target, DaemonError> {
+async fn resolve_at(
+    t: &TargetConfig,
+    url: &str,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<Target, DaemonError> {
     let fail = |message: String| DaemonError::Target {
         target: t.name.value.clone(),
         message,
     };
-    let model = resolve_model(t, url).await.map_err(fail)?;
+    // The target's own TLS client (private CA, client certificate), also for the model lookup.
+    let tls = match &t.tls {
+        Some(tls) => {
+            let file = |f: &Option<crate::config::At<String>>| {
+                f.as_ref().map(|f| base_dir.join(f.as_str()))
+            };
+            let files = crate::client::TlsFiles {
+                ca_file: file(&tls.ca_file),
+                cert_file: file(&tls.cert_file),
+                key_file: file(&tls.key_file),
+            };
+            Some(client.tls_client(&files).map_err(|e| fail(e.to_string()))?)
+        }
+        None => None,
+    };
+    let model = resolve_model(t, url, tls.clone()).await.map_err(fail)?;
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
         .with_nvext(t.dialect.supports_nvext());
+    if let Some(http) = tls {
+        endpoint = endpoint.with_http_client(http);
+    }
     if let Some(key) = api_key(t, base_dir).map_err(fail)? {
         endpoint = endpoint.with_api_key(&key)?;
     }
@@ -167,32 +221,62 @@ async fn resolve_at(t: &TargetConfig, url: &str, base_dir: &Path) -> Result<Targ
     })
 }
 
+/// Largest `GET /v1/models` answer read when resolving model `auto`.
+const MODEL_LIST_MAX_BYTES: usize = 1 << 20;
+/// Longest model id accepted from a server.
+const MODEL_ID_MAX_BYTES: usize = 512;
+
 /// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
-async fn resolve_model(t: &TargetConfig, base: &str) -> Result<String, String> {
+async fn resolve_model(
+    t: &TargetConfig,
+    base: &str,
+    tls: Option<reqwest::Client>,
+) -> Result<String, String> {
     if t.model != "auto" {
         return Ok(t.model.clone());
     }
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
-    let http = crate::client::http_client_builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
+    let http = match tls {
+        Some(http) => http,
+        None => crate::client::http_client_builder()
+            .build()
+            .map_err(|e| e.to_string())?,
+    };
     // A deployment that is still starting answers after a while: try for about half a minute.
     let mut last = String::new();
     for attempt in 0..15 {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        match http.get(&url).send().await {
-            Ok(r) if r.status().is_success() => {
-                let bytes = r.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        match http.get(&url).timeout(Duration::from_secs(10)).send().await {
+            Ok(mut r) if r.status().is_success() => {
+                // The server decides the size: read at most MODEL_LIST_MAX_BYTES.
+                let mut bytes = Vec::new();
+                while let Some(chunk) = r.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+                    if bytes.len() + chunk.len() > MODEL_LIST_MAX_BYTES {
+                        return Err(format!(
+                            "{url}: the model list is over {MODEL_LIST_MAX_BYTES} bytes; set `model:` on the target"
+                        ));
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
                 let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
                     format!("{url}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
                 })?;
-                return body["data"][0]["id"]
+                let id = body["data"][0]["id"]
                     .as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("{url} lists no models; set `model:` on the target to the served model name instead of `auto`"));
+                    .ok_or_else(|| format!("{url} lists no models; set `model:` on the target to the served model name instead of `auto`"))?;
+                // The id goes into every request body and `/api/v1/status`: refuse what no real
+                // model name looks like rather than carry it around.
+                if id.is_empty()
+                    || id.len() > MODEL_ID_MAX_BYTES
+                    || id.chars().any(char::is_control)
+                {
+                    return Err(format!(
+                        "{url} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
+                    ));
+                }
+                return Ok(id.to_owned());
             }
             // Up, but unable to list its models (`transformers serve` answers 500 when it serves
             // a model by path): waiting would not help. Only gateway and overload statuses of a
@@ -234,42 +318,93 @@ impl crate::client::TokenCounter for TokenModel {
     }
 }
 
+/// How often the config file is checked for changes (a third way to reload, besides SIGHUP and
+/// `POST /-/reload`; a Kubernetes ConfigMap update arrives this way).
+pub const CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// One target in force: its config (to tell what a reload changed), how the runner sees it, and
+/// its embedded simulator.
+struct LiveTarget {
+    name: String,
+    config: TargetConfig,
+    key: String,
+    target: Arc<Target>,
+    sim: Option<SimHandle>,
+    /// Started by the reload in progress (rolled back if the reload fails).
+    fresh: bool,
+}
+
+impl LiveTarget {
+    fn new(config: &TargetConfig, target: Arc<Target>, sim: Option<SimHandle>) -> Self {
+        LiveTarget {
+            name: config.name.value.clone(),
+            key: target_key(config),
+            config: config.clone(),
+            target,
+            sim,
+            fresh: false,
+        }
+    }
+}
+
+/// What identifies a target's setup: its config without positions.
+fn target_key(t: &TargetConfig) -> String {
+    serde_json::to_string(t).unwrap_or_default()
+}
+
 /// The config in force and where it came from (for reloads).
 struct Live {
     config: Mutex<Config>,
     path: Option<PathBuf>,
     metrics: Arc<Metrics>,
+    base_dir: PathBuf,
+    client: StreamClient,
+    targets: Mutex<Vec<LiveTarget>>,
+    /// The configured targets, as the schedule re-reads them at every step.
+    statics: watch::Sender<StaticTargets>,
+    /// Simulators of removed targets; the schedule stops them between steps, once no request
+    /// of theirs can be in flight.
+    retired: Arc<Mutex<Vec<SimHandle>>>,
+    /// One reload at a time (SIGHUP, `POST /-/reload` and the file watch may coincide).
+    reloading: tokio::sync::Mutex<()>,
+    /// Hash of the file's content as last loaded or rejected: the file watch reloads on change.
+    loaded_hash: Mutex<Option<u64>>,
+}
+
+fn content_hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Live {
     fn config(&self) -> Config {
-        self.config
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.config).clone()
     }
 
-    /// Re-reads the config file; a bad file leaves the running config untouched.
-    fn reload(&self) -> Result<String, String> {
+    /// Re-reads the config file and applies it; a bad file, or a new target that cannot be
+    /// started, leaves the running config untouched.
+    async fn reload(&self) -> Result<String, String> {
+        let _one = self.reloading.lock().await;
         let result = match &self.path {
             None => Ok("the embedded demo config has nothing to reload".to_owned()),
-            Some(path) => match Config::load(path) {
-                Ok(new) => {
-                    let old = self.config();
-                    let targets_changed = serde_json::to_value(&old.targets).ok()
-                        != serde_json::to_value(&new.targets).ok();
-                    *self.config.lock().unwrap_or_else(PoisonError::into_inner) = new;
-                    let mut msg = format!(
-                        "reloaded {}; the new plan applies from the next cycle",
-                        path.display()
-                    );
-                    if targets_changed {
-                        msg.push_str("; target changes need a restart in this version");
-                    }
-                    Ok(msg)
+            Some(path) => {
+                if let Ok(bytes) = std::fs::read(path) {
+                    *lock(&self.loaded_hash) = Some(content_hash(&bytes));
                 }
-                Err(e) => Err(e.to_string()),
-            },
+                match Config::load(path) {
+                    Ok(new) => self
+                        .apply(new)
+                        .await
+                        .map(|m| format!("reloaded {}: {m}", path.display())),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
         };
         self.metrics.record_config_reload(result.is_ok());
         match &result {
@@ -278,6 +413,158 @@ impl Live {
         }
         result
     }
+
+    /// Starts the targets `new` adds or changes, then swaps the target set and the config;
+    /// on any failure stops what it started and keeps everything as it was.
+    async fn apply(&self, new: Config) -> Result<String, String> {
+        let mut old = std::mem::take(&mut *lock(&self.targets));
+        let mut next: Vec<LiveTarget> = Vec::new();
+        let mut failure = None;
+        for t in &new.targets {
+            let key = target_key(t);
+            if let Some(i) = old.iter().position(|o| o.name == *t.name && o.key == key) {
+                next.push(old.remove(i));
+                continue;
+            }
+            match start_target(t, &self.base_dir, &self.client).await {
+                Ok((target, sim)) => next.push(LiveTarget {
+                    fresh: true,
+                    ..LiveTarget::new(t, target, sim)
+                }),
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for t in next {
+                if t.fresh {
+                    if let Some(sim) = t.sim {
+                        sim.shutdown().await;
+                    }
+                } else {
+                    old.push(t);
+                }
+            }
+            let order = self.config();
+            old.sort_by_key(|t| order.targets.iter().position(|c| *c.name == t.name));
+            *lock(&self.targets) = old;
+            return Err(e);
+        }
+        let added: Vec<&str> = next
+            .iter()
+            .filter(|t| t.fresh && !old.iter().any(|o| o.name == t.name))
+            .map(|t| t.name.as_str())
+            .collect();
+        let changed: Vec<&str> = next
+            .iter()
+            .filter(|t| t.fresh && old.iter().any(|o| o.name == t.name))
+            .map(|t| t.name.as_str())
+            .collect();
+        let removed: Vec<&str> = old
+            .iter()
+            .filter(|o| !next.iter().any(|t| t.name == o.name))
+            .map(|o| o.name.as_str())
+            .collect();
+        let mut msg = format!(
+            "{} target(s); added [{}], changed [{}], removed [{}] from the next step; the new plan applies from the next cycle",
+            next.len(),
+            added.join(", "),
+            changed.join(", "),
+            removed.join(", ")
+        );
+        let before = self.config();
+        let restart_only = [
+            (
+                "export",
+                serde_json::to_value(&before.export).ok() != serde_json::to_value(&new.export).ok(),
+            ),
+            (
+                "discovery",
+                serde_json::to_value(&before.discovery).ok()
+                    != serde_json::to_value(&new.discovery).ok(),
+            ),
+            (
+                "tokenizer",
+                before.tokenizer.as_deref() != new.tokenizer.as_deref(),
+            ),
+            (
+                "client",
+                serde_json::to_value(&before.client).ok() != serde_json::to_value(&new.client).ok(),
+            ),
+        ];
+        let needs_restart: Vec<&str> = restart_only
+            .iter()
+            .filter(|(_, c)| *c)
+            .map(|(n, _)| *n)
+            .collect();
+        if !needs_restart.is_empty() {
+            msg.push_str(&format!(
+                "; changes to {} apply on restart",
+                needs_restart.join(", ")
+            ));
+        }
+        for t in old {
+            if let Some(sim) = t.sim {
+                lock(&self.retired).push(sim);
+            }
+        }
+        for t in &mut next {
+            t.fresh = false;
+        }
+        self.statics.send_replace(static_targets(&next));
+        *lock(&self.targets) = next;
+        *lock(&self.config) = new;
+        Ok(msg)
+    }
+
+    /// Stops every simulator, those in force and the retired ones.
+    async fn stop_sims(&self) {
+        let mut sims: Vec<SimHandle> = std::mem::take(&mut *lock(&self.retired));
+        sims.extend(
+            std::mem::take(&mut *lock(&self.targets))
+                .into_iter()
+                .filter_map(|t| t.sim),
+        );
+        for sim in sims {
+            sim.shutdown().await;
+        }
+    }
+}
+
+/// The configured targets and their server-metrics endpoints, for the schedule.
+fn static_targets(targets: &[LiveTarget]) -> StaticTargets {
+    StaticTargets {
+        targets: targets.iter().map(|t| Arc::clone(&t.target)).collect(),
+        scrape: targets
+            .iter()
+            .filter_map(|t| ScrapeTarget::for_target(&t.config, t.target.endpoint.url()))
+            .collect(),
+    }
+}
+
+/// Reloads when the config file's content changes (checked every [`CONFIG_POLL_INTERVAL`]). A
+/// file that does not change is not reloaded again, so a bad one is reported once.
+async fn watch_config_file(live: Arc<Live>, stop: CancellationToken) {
+    let Some(path) = live.path.clone() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(CONFIG_POLL_INTERVAL) => {}
+            _ = stop.cancelled() => return,
+        }
+        // A file being replaced may be missing for a moment: that is no change.
+        let Ok(bytes) = tokio::fs::read(&path).await else {
+            continue;
+        };
+        let hash = content_hash(&bytes);
+        if *lock(&live.loaded_hash) != Some(hash) {
+            tracing::info!(path = %path.display(), "config file changed: reloading");
+            let _ = live.reload().await;
+        }
+    }
 }
 
 struct Reload(Arc<Live>);
@@ -285,7 +572,7 @@ struct Reload(Arc<Live>);
 impl ReloadHook for Reload {
     fn reload(&self) -> ReloadFuture {
         let live = Arc::clone(&self.0);
-        Box::pin(async move { live.reload() })
+        Box::pin(async move { live.reload().await })
     }
 }
 
@@ -375,22 +662,49 @@ pub async fn run(
     let thresholds = crate::slo::latency_thresholds(&cfg);
     let metrics = Arc::new(Metrics::new(&thresholds));
     metrics.record_config_reload(true);
-    let config_path_for_state = config_path.clone();
-    let live = Arc::new(Live {
-        config: Mutex::new(cfg.clone()),
-        path: config_path,
-        metrics: Arc::clone(&metrics),
-    });
 
-    let shutdown_http = CancellationToken::new();
     let soft_stop = CancellationToken::new();
     let hard_stop = CancellationToken::new();
-    spawn_signal_handlers(Arc::clone(&live), soft_stop.clone(), hard_stop.clone());
+    // Installed before the (possibly slow) start so a signal during it is a drain, not a kill.
+    let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
+    spawn_signal_handlers(live_rx, soft_stop.clone(), hard_stop.clone());
 
-    let deployment = Deployment::start(&cfg, &base_dir).await?;
+    let mut deployment = Deployment::start(&cfg, &base_dir).await?;
     for t in &deployment.targets {
         metrics.set_target_up(&t.name, true);
     }
+    let mut sims: Vec<Option<SimHandle>> = std::mem::take(&mut deployment.sims)
+        .into_iter()
+        .map(Some)
+        .collect();
+    let live_targets: Vec<LiveTarget> = cfg
+        .targets
+        .iter()
+        .zip(&deployment.targets)
+        .zip(&deployment.sim_of)
+        .map(|((c, t), s)| LiveTarget::new(c, Arc::clone(t), s.and_then(|i| sims[i].take())))
+        .collect();
+    let (statics_tx, statics_rx) = watch::channel(static_targets(&live_targets));
+    let retired = Arc::new(Mutex::new(Vec::new()));
+    let live = Arc::new(Live {
+        config: Mutex::new(cfg.clone()),
+        loaded_hash: Mutex::new(
+            config_path
+                .as_deref()
+                .and_then(|p| std::fs::read(p).ok())
+                .map(|b| content_hash(&b)),
+        ),
+        path: config_path.clone(),
+        metrics: Arc::clone(&metrics),
+        base_dir: base_dir.clone(),
+        client: deployment.client.clone(),
+        targets: Mutex::new(live_targets),
+        statics: statics_tx,
+        retired: Arc::clone(&retired),
+        reloading: tokio::sync::Mutex::new(()),
+    });
+    let _ = live_tx.send(Arc::clone(&live));
+
     let otlp = match &cfg.export.otlp {
         Some(o) => {
             let targets = deployment
@@ -404,7 +718,7 @@ pub async fn run(
         }
         None => None,
     };
-    let slo = Arc::new(slo_engine(&cfg, config_path_for_state.as_deref(), &metrics));
+    let slo = Arc::new(slo_engine(&cfg, config_path.as_deref(), &metrics));
     // In a cluster: discovery, leader election and Events (DESIGN §9).
     let kube_stop = CancellationToken::new();
     let kube = match &cfg.discovery {
@@ -420,27 +734,6 @@ pub async fn run(
         Some(o) => recorder.with_otlp(Arc::clone(o)),
         None => recorder,
     });
-    // Server metrics: the configured endpoints, and every embedded simulator's own `/metrics`.
-    let scrape_targets: Vec<ScrapeTarget> = cfg
-        .targets
-        .iter()
-        .zip(&deployment.targets)
-        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
-        .collect();
-    let scrape_stop = CancellationToken::new();
-    // With Kubernetes the gated schedule scrapes the targets this replica sends to.
-    let server_metrics = if scrape_targets.is_empty() || kube.is_some() {
-        None
-    } else {
-        let scraper = Arc::new(ServerScraper::new(
-            scrape_targets.clone(),
-            Arc::clone(&metrics),
-        )?);
-        tokio::spawn(
-            Arc::clone(&scraper).run(cfg.export.server_metrics_interval.0, scrape_stop.clone()),
-        );
-        Some(scraper)
-    };
     let runner = Arc::new(deployment.runner(&cfg, recorder, rand::random()));
     let board = Arc::new(Board::default());
     let current_targets = Arc::new(RwLock::new(deployment.targets.clone()));
@@ -460,13 +753,11 @@ pub async fn run(
     };
     let readiness = state.readiness();
     let server = HttpServer::from_listener(listener, state);
+    let shutdown_http = CancellationToken::new();
     let http = tokio::spawn(server.serve(shutdown_http.clone()));
+    let watch_stop = CancellationToken::new();
+    tokio::spawn(watch_config_file(Arc::clone(&live), watch_stop.clone()));
 
-    let scheduler = Scheduler {
-        runner,
-        board: Arc::clone(&board),
-        server_metrics,
-    };
     board.announce(&plan_cycle(&cfg));
     let slo_stop = CancellationToken::new();
     let slo_live = Arc::clone(&live);
@@ -485,67 +776,81 @@ pub async fn run(
     let pause_live = Arc::clone(&live);
     let plan = move || plan_cycle(&plan_live.config());
     let pause = move || pause_live.config().schedule.cycle_pause.0;
-    match kube {
-        None => {
-            scheduler.runner.calibrate(&hard_stop).await;
-            scheduler
-                .run_forever(plan, pause, &soft_stop, &hard_stop)
-                .await;
-        }
-        Some(k) => {
-            crate::k8s::traffic::GatedSchedule {
-                static_targets: deployment.targets.clone(),
-                static_scrape: scrape_targets,
-                discovered: k.discovered,
-                leadership: k.leadership,
-                runner: Arc::clone(&scheduler.runner),
-                board: Arc::clone(&board),
-                metrics: Arc::clone(&metrics),
-                events: k.events,
-                current: current_targets,
-                scrape_interval: cfg.export.server_metrics_interval.0,
-                base_dir: base_dir.clone(),
-            }
-            .run_forever(plan, pause, &soft_stop, &hard_stop)
-            .await;
-        }
+    // One schedule for every setup: it re-reads the target set at every step, so a reload (and,
+    // in a cluster, discovery and leader election) changes targets between steps.
+    let (discovered, leadership, events) = match kube {
+        Some(k) => (k.discovered, k.leadership, k.events),
+        None => (None, None, None),
+    };
+    crate::k8s::traffic::GatedSchedule {
+        static_targets: statics_rx,
+        discovered,
+        leadership,
+        runner: Arc::clone(&runner),
+        board: Arc::clone(&board),
+        metrics: Arc::clone(&metrics),
+        events,
+        current: current_targets,
+        scrape_interval: cfg.export.server_metrics_interval.0,
+        base_dir: base_dir.clone(),
+        retired_sims: retired,
     }
+    .run_forever(plan, pause, &soft_stop, &hard_stop)
+    .await;
     kube_stop.cancel();
+    watch_stop.cancel();
     tracing::info!("schedule stopped; shutting down");
     shutdown_http.cancel();
     let _ = http.await;
-    scrape_stop.cancel();
     slo_stop.cancel();
     if let Some(otlp) = otlp {
         otlp.shutdown().await;
     }
+    // A reload in progress finishes first, so no simulator it starts is left behind.
+    let _one = live.reloading.lock().await;
+    live.stop_sims().await;
     deployment.stop().await;
     tracing::info!("shutdown complete");
     Ok(())
 }
 
 /// SIGTERM/SIGINT: stop sending and drain (bounded by [`SHUTDOWN_DRAIN`]); a second one exits at
-/// once. SIGHUP: reload.
+/// once. SIGHUP: reload (once the daemon has started; before, it is ignored with a warning).
 fn spawn_signal_handlers(
-    live: Arc<Live>,
+    live: tokio::sync::oneshot::Receiver<Arc<Live>>,
     soft_stop: CancellationToken,
     hard_stop: CancellationToken,
 ) {
     use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::hangup()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
+        let mut live = live;
+        let mut started: Option<Arc<Live>> = None;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
-                _ = hup.recv() => { let _ = live.reload(); continue; }
+                _ = hup.recv() => {
+                    if started.is_none() {
+                        started = live.try_recv().ok();
+                    }
+                    match &started {
+                        // Off the signal loop, so a second SIGTERM is heard during a long reload.
+                        Some(l) => {
+                            let l = Arc::clone(l);
+                            tokio::spawn(async move { let _ = l.reload().await; });
+                        }
+                        None => tracing::warn!("SIGHUP before the daemon started: ignored"),
+                    }
+                    continue;
+                }
             }
             if soft_stop.is_cancelled() {
                 tracing::warn!("second signal: exiting now");

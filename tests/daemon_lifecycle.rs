@@ -156,3 +156,252 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
     let log = daemon.log_text();
     assert!(log.contains("shutdown complete"), "{log}");
 }
+
+fn kill(signal: &str, daemon: &support::Proc) {
+    let pid = daemon.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+async fn scrape(client: &reqwest::Client, addr: std::net::SocketAddr) -> String {
+    client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Sum of a counter/histogram family's samples whose line contains `needle`.
+fn total(text: &str, name: &str, needle: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const TWO: &str = r#"
+targets:
+  - { name: sim-agg, serving_mode: aggregated, simulated: { profile: fast } }
+  - { name: sim-extra, serving_mode: disaggregated, simulated: { profile: fast } }
+time_scale: 0.01
+workloads:
+  concurrency_sweep: { levels: [2], isl: 64, osl: 8, step: 120s, warmup: 10s }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_by_sighup_and_file_change_adds_and_removes_targets_keeping_histograms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(&path, GOOD).unwrap();
+    let (daemon, addr) = start_daemon(Some(&path), dir.path());
+    let client = http();
+    let ttft = "llm_canary_time_to_first_token_seconds_count";
+    eventually("traffic to sim-agg", Duration::from_secs(30), || async {
+        (total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"") > 0.0).then_some(())
+    })
+    .await;
+
+    // SIGHUP with a second target: it gets traffic from a following step.
+    std::fs::write(&path, TWO).unwrap();
+    kill("-HUP", &daemon);
+    eventually(
+        "traffic to the added target",
+        Duration::from_secs(30),
+        || async {
+            (total(&scrape(&client, addr).await, ttft, "target=\"sim-extra\"") > 0.0).then_some(())
+        },
+    )
+    .await;
+    let text = scrape(&client, addr).await;
+    assert!(
+        text.contains("llm_canary_config_last_reload_successful 1"),
+        "{text}"
+    );
+    let agg_before = total(&text, ttft, "target=\"sim-agg\"");
+
+    // A file change alone (no signal): the target is removed with every series of it.
+    std::fs::write(&path, GOOD).unwrap();
+    let text = eventually(
+        "the removed target's series gone",
+        Duration::from_secs(30),
+        || async {
+            let t = scrape(&client, addr).await;
+            (!t.contains("sim-extra")).then_some(t)
+        },
+    )
+    .await;
+    // The remaining target's histograms survived both reloads.
+    assert!(total(&text, ttft, "target=\"sim-agg\"") >= agg_before);
+    // A bad file by file change: rejected, old config keeps running, gauge 0.
+    std::fs::write(&path, "targets: [ {name: broken").unwrap();
+    eventually("reload failure seen", Duration::from_secs(30), || async {
+        scrape(&client, addr)
+            .await
+            .contains("llm_canary_config_last_reload_successful 0")
+            .then_some(())
+    })
+    .await;
+    let n = total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"");
+    eventually(
+        "traffic goes on after the bad file",
+        Duration::from_secs(30),
+        || async {
+            (total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"") > n).then_some(())
+        },
+    )
+    .await;
+    let log = daemon.log_text();
+    assert!(log.contains("added [sim-extra]"), "{log}");
+    assert!(log.contains("removed [sim-extra]"), "{log}");
+    assert!(log.contains("config file changed: reloading"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_without_waiting_for_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    // Every stream stalls for a minute: the first SIGTERM's drain would wait its full bound.
+    std::fs::write(
+        &path,
+        GOOD.replace(
+            "simulated: { profile: fast }",
+            "simulated: { profile: fast, faults: { stall: { after_tokens: 2, duration: 60s } } }",
+        ),
+    )
+    .unwrap();
+    let (daemon, addr) = start_daemon(Some(&path), dir.path());
+    let client = http();
+    eventually("requests in flight", Duration::from_secs(30), || async {
+        let t = scrape(&client, addr).await;
+        (total(&t, "llm_canary_inflight_requests", "sim-agg") > 0.0).then_some(())
+    })
+    .await;
+    let t0 = tokio::time::Instant::now();
+    kill("-TERM", &daemon);
+    eventually("drain started", Duration::from_secs(10), || async {
+        daemon
+            .log_text()
+            .contains("draining in-flight requests")
+            .then_some(())
+    })
+    .await;
+    kill("-TERM", &daemon);
+    let mut daemon = daemon;
+    let status = eventually(
+        "exit after the second signal",
+        Duration::from_secs(5),
+        || {
+            let s = daemon.child.try_wait().unwrap();
+            async move { s }
+        },
+    )
+    .await;
+    // Well inside the 10 s drain bound: the second signal cut it.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(status.code(), Some(130), "{}", daemon.log_text());
+    assert!(daemon.log_text().contains("second signal: exiting now"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_reach_the_target_and_nothing_else_and_the_surface_is_as_configured() {
+    const KEY: &str = "sk-canary-test-5ecret-9f2c";
+    let (target, heads) = support::raw_server(|head| {
+        let authorised = head
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case(&format!("authorization: Bearer {KEY}")));
+        if authorised {
+            support::RawReply::Bytes(support::sse_ok("m", 8))
+        } else {
+            support::RawReply::Bytes(
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_vec(),
+            )
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    let port = support::free_port();
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+targets:
+  - {{ name: secured, serving_mode: aggregated, url: "http://{target}", model: m, dialect: openai, api_key_env: CANARY_TEST_KEY }}
+time_scale: 0.01
+workloads:
+  concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 120s, warmup: 10s }}
+export: {{ listen: "127.0.0.1:{port}", reload_endpoint: false }}
+"#
+        ),
+    )
+    .unwrap();
+    // Debug logging everywhere (HTTP client included): the key must not show even there.
+    let (daemon, addr) = support::start_daemon_with(
+        Some(&path),
+        dir.path(),
+        false,
+        &[("CANARY_TEST_KEY", KEY), ("RUST_LOG", "debug")],
+    );
+    // The HTTP surface binds where the config says.
+    assert_eq!(addr, format!("127.0.0.1:{port}").parse().unwrap());
+    let client = http();
+    eventually("authorised requests", Duration::from_secs(30), || async {
+        (total(
+            &scrape(&client, addr).await,
+            "llm_canary_requests_total",
+            "outcome=\"ok\"",
+        ) >= 4.0)
+            .then_some(())
+    })
+    .await;
+    // Every request carried the key.
+    let seen = heads.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|h| h.contains(KEY)),
+        "a request without the key"
+    );
+    // `/-/reload` is off: 403 to POST, 405 to GET.
+    let reload = format!("http://{addr}/-/reload");
+    assert_eq!(client.post(&reload).send().await.unwrap().status(), 403);
+    assert_eq!(client.get(&reload).send().await.unwrap().status(), 405);
+    // Nothing the daemon shows holds the key.
+    let metrics = scrape(&client, addr).await;
+    let status = client
+        .get(format!("http://{addr}/api/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    kill("-TERM", &daemon);
+    let mut daemon = daemon;
+    eventually("exit", Duration::from_secs(15), || {
+        let s = daemon.child.try_wait().unwrap();
+        async move { s }
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(log.contains("DEBUG"), "debug logging was on");
+    for (what, text) in [
+        ("/metrics", &metrics),
+        ("/api/v1/status", &status),
+        ("log", &log),
+    ] {
+        assert!(!text.contains(KEY), "the API key shows in {what}");
+        assert!(
+            !text.contains("5ecret"),
+            "part of the API key shows in {what}"
+        );
+    }
+    assert!(status.contains("secured"), "{status}");
+}

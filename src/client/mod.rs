@@ -30,6 +30,10 @@ pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 
 use stream::{Flow, StreamDecoder, truncate};
 
+/// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
+/// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
+pub const RESPONSE_BYTES_PER_TOKEN: usize = 4096;
+
 /// Errors in setting the client up. Requests themselves never fail with an error: see
 /// [`StreamClient::send`].
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,40 @@ pub enum ClientError {
     InvalidConfig(String),
     #[error("cannot build the HTTP client: {0}")]
     Build(#[from] reqwest::Error),
+    #[error("TLS: cannot read {path}: {source}")]
+    TlsFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS: {path} holds no usable PEM {what}: {message}")]
+    TlsPem {
+        path: String,
+        what: &'static str,
+        message: String,
+    },
+}
+
+/// TLS material for one target, read from files (a private CA, an optional client certificate).
+#[derive(Clone, Default)]
+pub struct TlsFiles {
+    /// PEM bundle of the CA certificates to trust; they replace the platform's roots for this
+    /// target, so a private CA cannot be bypassed by a public one.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate (chain) and its PEM private key, for mutual TLS.
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Paths only: key material never reaches a log.
+        f.debug_struct("TlsFiles")
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .finish()
+    }
 }
 
 /// Client-wide settings.
@@ -55,6 +93,10 @@ pub struct ClientConfig {
     /// Cap on one SSE line or event; a larger one is a `bad_response`, so a broken server cannot
     /// exhaust memory.
     pub max_event_bytes: usize,
+    /// Cap on one response body. A stream is also cut at `osl` × [`RESPONSE_BYTES_PER_TOKEN`] +
+    /// 1 MiB when that is smaller, so a server that streams forever (or far past the requested
+    /// length) ends as a `bad_response` instead of growing the record without bound.
+    pub max_response_bytes: usize,
     /// Cap on the stored error message.
     pub max_error_bytes: usize,
     /// After the outcome is decided (`[DONE]`, an error status), how long to keep reading the rest
@@ -71,6 +113,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(600),
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            max_response_bytes: 64 << 20,
             max_error_bytes: 2048,
             tail_grace: Duration::from_millis(250),
             pool_idle_timeout: Duration::from_secs(90),
@@ -89,6 +132,9 @@ impl ClientConfig {
         }
         if self.max_event_bytes < 1024 {
             return bad("max_event_bytes must be at least 1024");
+        }
+        if self.max_response_bytes < self.max_event_bytes {
+            return bad("max_response_bytes must be at least max_event_bytes");
         }
         Ok(())
     }
@@ -120,6 +166,9 @@ pub struct Endpoint {
     length_control: LengthControl,
     nvext: bool,
     authorization: Option<HeaderValue>,
+    /// This target's own HTTP client when it needs TLS settings of its own (a private CA, a
+    /// client certificate); `None` uses the shared client.
+    http: Option<reqwest::Client>,
     /// Set once a rejection of the body's extension fields was logged, so a server that rejects
     /// every request logs the fix once, not at request rate.
     rejection_logged: Arc<AtomicBool>,
@@ -137,6 +186,7 @@ impl std::fmt::Debug for Endpoint {
                 "api_key",
                 &self.authorization.as_ref().map(|_| "<redacted>"),
             )
+            .field("own_tls", &self.http.is_some())
             .finish()
     }
 }
@@ -179,8 +229,16 @@ impl Endpoint {
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
             authorization: None,
+            http: None,
             rejection_logged: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Sends this endpoint's requests through `client` (built by [`StreamClient::tls_client`])
+    /// instead of the shared one.
+    pub fn with_http_client(mut self, client: reqwest::Client) -> Self {
+        self.http = Some(client);
+        self
     }
 
     /// Overrides the dialect's length-control preset.
@@ -290,18 +348,60 @@ impl std::fmt::Debug for StreamClient {
 impl StreamClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         config.validate()?;
-        let http = http_client_builder()
-            .tcp_nodelay(true)
-            .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(config.pool_idle_timeout)
-            // A redirected POST turns into a GET elsewhere: report it instead of following it.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        let http = Self::builder(&config).build()?;
         Ok(Self {
             http,
             config,
             counter: None,
         })
+    }
+
+    fn builder(config: &ClientConfig) -> reqwest::ClientBuilder {
+        http_client_builder()
+            .tcp_nodelay(true)
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(config.pool_idle_timeout)
+            // A redirected POST turns into a GET elsewhere: report it instead of following it.
+            .redirect(reqwest::redirect::Policy::none())
+    }
+
+    /// An HTTP client with this client's settings and the TLS material of `tls`, for
+    /// [`Endpoint::with_http_client`]. Files are read now, so a missing or malformed one fails
+    /// at start-up (or reload), never at request time.
+    pub fn tls_client(&self, tls: &TlsFiles) -> Result<reqwest::Client, ClientError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|source| ClientError::TlsFile {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let pem_error = |path: &std::path::Path, what, e: reqwest::Error| ClientError::TlsPem {
+            path: path.display().to_string(),
+            what,
+            message: e.to_string(),
+        };
+        let mut builder = Self::builder(&self.config);
+        if let Some(ca) = &tls.ca_file {
+            let certs = reqwest::Certificate::from_pem_bundle(&read(ca)?)
+                .map_err(|e| pem_error(ca, "certificate", e))?;
+            if certs.is_empty() {
+                return Err(ClientError::TlsPem {
+                    path: ca.display().to_string(),
+                    what: "certificate",
+                    message: "no certificate found".into(),
+                });
+            }
+            builder = builder.tls_certs_only(certs);
+        }
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            let mut pem = read(cert)?;
+            pem.push(b'\n');
+            pem.extend_from_slice(&read(key)?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| pem_error(cert, "certificate and key", e))?;
+            builder = builder.identity(identity);
+        }
+        Ok(builder.build()?)
     }
 
     /// Counts tokens per content chunk with `counter` instead of one per chunk.
@@ -373,8 +473,10 @@ impl StreamClient {
         deadline: Instant,
         rec: &mut RequestRecord,
     ) {
-        let mut builder = self
+        let mut builder = endpoint
             .http
+            .as_ref()
+            .unwrap_or(&self.http)
             .post(endpoint.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "text/event-stream")
@@ -443,6 +545,8 @@ impl StreamClient {
             self.counter.as_deref(),
             self.config.max_error_bytes,
         );
+        let body_limit = response_limit(&self.config, request.osl);
+        let mut body_bytes = 0usize;
         loop {
             let read = response.chunk().await;
             // Stamped before anything looks at the bytes.
@@ -450,7 +554,18 @@ impl StreamClient {
             let flow = match read {
                 Ok(Some(bytes)) => {
                     rec.first_body_byte.get_or_insert(at);
-                    decoder.on_read(rec, bytes, at)
+                    body_bytes = body_bytes.saturating_add(bytes.len());
+                    if body_bytes > body_limit {
+                        Flow::Finished(
+                            Outcome::BadResponse,
+                            Some(format!(
+                                "response body over {body_limit} bytes for {} requested tokens: cut off",
+                                request.osl
+                            )),
+                        )
+                    } else {
+                        decoder.on_read(rec, bytes, at)
+                    }
                 }
                 Ok(None) => decoder.on_eof(rec, at),
                 Err(err) => {
@@ -485,6 +600,17 @@ impl StreamClient {
         }
         truncate(&text, self.config.max_error_bytes)
     }
+}
+
+/// The most body bytes one request may receive (see [`ClientConfig::max_response_bytes`]).
+fn response_limit(config: &ClientConfig, osl: u32) -> usize {
+    let per_request = (osl as usize)
+        .saturating_mul(RESPONSE_BYTES_PER_TOKEN)
+        .saturating_add(1 << 20);
+    config
+        .max_response_bytes
+        .min(per_request)
+        .max(config.max_event_bytes)
 }
 
 /// The outcome of a request that got no response head.

@@ -1,12 +1,13 @@
-//! The schedule when Kubernetes is involved: the cycle of steps as `Scheduler::run_forever` runs
-//! it, but the target set is re-read at every step start (static targets plus the discovered
-//! ones this replica owns) and traffic flows only while leader election lets this replica send.
-//! A target that leaves the set has its metric label sets removed; losing the Lease ends the step
-//! in progress at once (requests in flight get the drain grace) and waits for the next term.
+//! The daemon's schedule: the cycle of steps as `Scheduler::run_forever` runs it, but the target
+//! set is re-read at every step start (the configured targets, which a reload changes, plus the
+//! discovered ones this replica owns) and, in a cluster, traffic flows only while leader election
+//! lets this replica send. A target that leaves the set has its metric label sets removed (and
+//! its embedded simulator stopped); losing the Lease ends the step in progress at once (requests
+//! in flight get the drain grace) and waits for the next term.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -19,11 +20,17 @@ use crate::export::metrics::Metrics;
 use crate::export::scrape::{ScrapeTarget, ServerScraper};
 use crate::schedule::{Board, Runner, Scheduler, StepPlan, Target};
 
+/// The configured targets (always measured while this replica sends) and their server-metrics
+/// endpoints; a reload sends a new set.
+#[derive(Debug, Clone, Default)]
+pub struct StaticTargets {
+    pub targets: Vec<Arc<Target>>,
+    pub scrape: Vec<ScrapeTarget>,
+}
+
 /// Everything the gated schedule needs.
 pub struct GatedSchedule {
-    /// The configured targets (always measured while this replica sends).
-    pub static_targets: Vec<Arc<Target>>,
-    pub static_scrape: Vec<ScrapeTarget>,
+    pub static_targets: watch::Receiver<StaticTargets>,
     pub discovered: Option<watch::Receiver<Vec<DiscoveredTarget>>>,
     /// `None`: no election, this replica always sends to every target.
     pub leadership: Option<watch::Receiver<Leadership>>,
@@ -38,6 +45,8 @@ pub struct GatedSchedule {
     pub scrape_interval: Duration,
     /// Relative paths of discovered targets resolve against this (API key files).
     pub base_dir: PathBuf,
+    /// Simulators of targets a reload removed, stopped at the next step boundary.
+    pub retired_sims: Arc<Mutex<Vec<crate::sim::SimHandle>>>,
 }
 
 /// The live target set of this replica and what hangs off it.
@@ -60,6 +69,17 @@ impl GatedSchedule {
     /// Resolves newly discovered targets and recomputes this replica's share; publishes the
     /// change (metrics, status, Events, server-metrics scraping).
     async fn refresh(&self, active: &mut Active) {
+        // Between steps no request of a removed target is in flight: its simulator may go.
+        let retired = std::mem::take(
+            &mut *self
+                .retired_sims
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for sim in retired {
+            tokio::spawn(sim.shutdown());
+        }
+        let statics = self.static_targets.borrow().clone();
         let discovered = self
             .discovered
             .as_ref()
@@ -72,7 +92,9 @@ impl GatedSchedule {
             if active.resolved.contains_key(&d.name) {
                 continue;
             }
-            match crate::daemon::resolve_target(&d.to_config(), &self.base_dir).await {
+            match crate::daemon::resolve_target(&d.to_config(), &self.base_dir, &self.runner.client)
+                .await
+            {
                 Ok(t) => {
                     active
                         .resolved
@@ -84,8 +106,8 @@ impl GatedSchedule {
             }
         }
         let leadership = self.leadership();
-        let mine: Vec<Arc<Target>> = self
-            .static_targets
+        let mine: Vec<Arc<Target>> = statics
+            .targets
             .iter()
             .chain(active.resolved.values().map(|(_, t)| t))
             .filter(|t| leadership.sends_to(&t.name))
@@ -108,7 +130,12 @@ impl GatedSchedule {
             tracing::info!(target = %gone.name, "target removed; its series are dropped");
             self.metrics.remove_target(&gone.name);
         }
-        for t in &mine {
+        // A new target is up until its first request says otherwise; the others keep what
+        // their last request said.
+        for t in mine
+            .iter()
+            .filter(|t| !active.mine.iter().any(|m| m.name == t.name))
+        {
             self.metrics.set_target_up(&t.name, true);
         }
         if let Some(events) = &self.events {
@@ -122,8 +149,8 @@ impl GatedSchedule {
                     .collect(),
             );
         }
-        let scrape: Vec<ScrapeTarget> = self
-            .static_scrape
+        let scrape: Vec<ScrapeTarget> = statics
+            .scrape
             .iter()
             .filter(|s| mine.iter().any(|t| t.name == s.name))
             .cloned()
@@ -189,16 +216,19 @@ impl GatedSchedule {
             if let Some(d) = &mut self.discovered {
                 d.mark_unchanged();
             }
+            self.static_targets.mark_unchanged();
             self.refresh(active).await;
             if !active.mine.is_empty() || soft_stop.is_cancelled() {
                 return;
             }
             let leadership = self.leadership.clone();
             let discovered = self.discovered.clone();
+            let statics = Some(self.static_targets.clone());
             tokio::select! {
                 _ = soft_stop.cancelled() => return,
                 _ = changed(leadership) => {}
                 _ = changed(discovered) => {}
+                _ = changed(statics) => {}
             }
         }
     }

@@ -7,6 +7,11 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+/// Share of failed steady-window requests above which a step counts as faulted: its latencies and
+/// throughput describe the fault more than the service, so SLO verdicts leave them out (its
+/// errors still count).
+pub const FAULTED_ERROR_RATIO: f64 = 0.1;
+
 /// Seconds are stored in microseconds with 3 significant digits, up to one hour (clamped above).
 const MICROS_MAX: u64 = 3_600_000_000;
 
@@ -172,6 +177,11 @@ impl StepAccumulator {
         let output_tps = self.output_tokens as f64 / secs;
         let lag = Spread::of(&self.lag);
         let degraded = lag.is_some_and(|l| l.p99 > max_lag_p99.as_secs_f64());
+        let error_ratio = if self.requests == 0 {
+            0.0
+        } else {
+            self.errors as f64 / self.requests as f64
+        };
         StepMeasurements {
             requests: self.requests,
             ok_requests: ok,
@@ -184,11 +194,7 @@ impl StepAccumulator {
             conversation: Spread::of(&self.conversation),
             output_tokens_per_second: output_tps,
             requests_per_second: ok as f64 / secs,
-            error_ratio: if self.requests == 0 {
-                0.0
-            } else {
-                self.errors as f64 / self.requests as f64
-            },
+            error_ratio,
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             output_tokens: self.output_tokens,
@@ -201,6 +207,7 @@ impl StepAccumulator {
                 .map(|c| c / 3600.0 / output_tps * 1e6),
             osl_mismatches: self.osl_mismatches,
             degraded,
+            faulted: error_ratio > FAULTED_ERROR_RATIO,
         }
     }
 }
@@ -233,6 +240,8 @@ pub struct StepMeasurements {
     pub osl_mismatches: u64,
     /// Schedule lag p99 above the limit: the canary, not the server, was measured.
     pub degraded: bool,
+    /// More than [`FAULTED_ERROR_RATIO`] of the requests failed: the step measured a fault.
+    pub faulted: bool,
 }
 
 #[cfg(test)]
@@ -282,7 +291,7 @@ mod tests {
         assert_eq!(m.expected_cache_hit_ratio, Some(0.256));
         // $36/h = 1 cent/s at 1000 tokens/s → $10 per million tokens.
         assert!((m.cost_per_million_tokens_usd.unwrap() - 10.0).abs() < 1e-9);
-        assert!(!m.degraded);
+        assert!(!m.degraded && !m.faulted);
     }
 
     #[test]
@@ -296,6 +305,24 @@ mod tests {
         let m = acc.finish(Duration::from_secs(1), None, Duration::from_millis(50));
         assert!(m.degraded);
         assert_eq!(m.cost_per_million_tokens_usd, None);
+    }
+
+    #[test]
+    fn a_step_with_many_errors_is_faulted() {
+        let mut acc = StepAccumulator::default();
+        for i in 0..10 {
+            acc.record(&ok(0.1, 1.0, 10));
+            if i < 2 {
+                acc.record(&Sample {
+                    outcome: "http_5xx",
+                    latency: 0.01,
+                    ..Default::default()
+                });
+            }
+        }
+        let m = acc.finish(Duration::from_secs(1), None, Duration::from_millis(50));
+        assert!(m.faulted, "2 of 12 failed: {}", m.error_ratio);
+        assert!(!m.degraded);
     }
 
     #[test]

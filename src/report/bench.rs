@@ -278,9 +278,13 @@ pub fn write_files(
     report: &Report,
 ) -> Result<Vec<PathBuf>, ReportError> {
     let mut files = Vec::new();
+    // Write-then-rename: an interrupted bench leaves a complete old file or a complete new one,
+    // never half of one (a `*.partial` at most).
     let mut write = |name: String, body: String| -> Result<(), ReportError> {
-        let path = dir.join(name);
-        std::fs::write(&path, body).map_err(ReportError::io(&path))?;
+        let path = dir.join(&name);
+        let partial = dir.join(format!("{name}.partial"));
+        std::fs::write(&partial, body).map_err(ReportError::io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(ReportError::io(&path))?;
         files.push(path);
         Ok(())
     };

@@ -112,6 +112,9 @@ struct Line<'a> {
 
 struct Jsonl {
     path: PathBuf,
+    /// Written here and renamed to `path` by `finish`, so a killed bench never leaves a
+    /// half-written `requests.jsonl`.
+    partial: PathBuf,
     out: BufWriter<File>,
     /// The first write error; later lines are not attempted.
     failed: Option<std::io::Error>,
@@ -141,11 +144,17 @@ impl BenchSink {
         record_tokens: bool,
     ) -> Result<BenchSink, ReportError> {
         let jsonl = match path {
-            Some(p) => Some(Mutex::new(Jsonl {
-                path: p.to_owned(),
-                out: BufWriter::new(File::create(p).map_err(ReportError::io(p))?),
-                failed: None,
-            })),
+            Some(p) => {
+                let mut partial = p.as_os_str().to_owned();
+                partial.push(".partial");
+                let partial = PathBuf::from(partial);
+                Some(Mutex::new(Jsonl {
+                    path: p.to_owned(),
+                    out: BufWriter::new(File::create(&partial).map_err(ReportError::io(&partial))?),
+                    partial,
+                    failed: None,
+                }))
+            }
             None => None,
         };
         Ok(BenchSink {
@@ -167,7 +176,7 @@ impl BenchSink {
         })
     }
 
-    /// Flushes `requests.jsonl`; reports the first write error.
+    /// Flushes `requests.jsonl` and moves it into place; reports the first write error.
     pub fn finish(&self) -> Result<(), ReportError> {
         let Some(j) = &self.jsonl else { return Ok(()) };
         let mut j = j.lock().unwrap_or_else(PoisonError::into_inner);
@@ -177,7 +186,12 @@ impl BenchSink {
                 path: j.path.clone(),
                 source: e,
             }),
-            (None, Ok(())) => Ok(()),
+            (None, Ok(())) => {
+                std::fs::rename(&j.partial, &j.path).map_err(|source| ReportError::Io {
+                    path: j.path.clone(),
+                    source,
+                })
+            }
         }
     }
 

@@ -209,6 +209,7 @@ impl Scheduler {
                     tokens_per_s = format!("{:.0}", m.output_tokens_per_second),
                     cache_hit_ratio = %m.cache_hit_ratio.map(|c| format!("{c:.3}")).unwrap_or_else(|| "-".into()),
                     degraded = m.degraded,
+                    faulted = m.faulted,
                     "step done"
                 );
             }

@@ -10,6 +10,18 @@ use crate::export::metrics::{Metrics, RequestLabels};
 use crate::export::otlp::OtlpExporter;
 use crate::measure::step::{Sample, StepAccumulator};
 
+/// `llm_canary_target_up`: whether a finished request reached the target. Any HTTP response
+/// counts (a 429 or 503 still comes from a live server); no connection, or a timeout with no
+/// response head, does not.
+pub fn reached_target(rec: &RequestRecord) -> bool {
+    use crate::client::Outcome;
+    match rec.outcome {
+        Outcome::Connect => false,
+        Outcome::Timeout => rec.first_byte.is_some(),
+        _ => true,
+    }
+}
+
 /// Which part of a step a request was intended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -109,6 +121,8 @@ impl Recorder {
         if let Some(otlp) = &self.otlp {
             otlp.record(ctx.target_index, labels, ctx.phase == Phase::Steady, rec);
         }
+        self.metrics
+            .set_target_up(&labels.target, reached_target(rec));
         if ctx.phase == Phase::Warmup {
             // Warmup requests still count, so an error in warmup is never silently lost.
             self.metrics

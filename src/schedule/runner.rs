@@ -32,6 +32,11 @@ use crate::workload::sampler::{
 };
 use crate::workload::tokenizer::TokenModel;
 
+/// A closed-loop worker whose request failed waits this long before the next one, doubling per
+/// consecutive failure up to [`ERROR_BACKOFF_MAX`]; a success resets it (see `back_off`).
+pub const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 /// One target as the runner sees it.
 #[derive(Debug)]
 pub struct Target {
@@ -158,6 +163,22 @@ struct Built {
     body_tokens: usize,
     isl: u32,
     shared_prefix_tokens: u64,
+}
+
+/// After a failed request a closed-loop worker waits (doubling up to [`ERROR_BACKOFF_MAX`], never
+/// past the end of sending): a failing target answers at once (refused, 503), and N workers
+/// spinning against it would starve the other targets' measurements of CPU. A success resets it.
+async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
+    if ok {
+        *backoff = Duration::ZERO;
+        return;
+    }
+    *backoff = (*backoff * 2).clamp(ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX);
+    let until = (Instant::now() + *backoff).min(ctx.send_end);
+    tokio::select! {
+        _ = tokio::time::sleep_until(until) => {}
+        _ = ctx.soft_stop.cancelled() => {}
+    }
 }
 
 fn as_prompt(api: Api, text: String) -> Prompt {
@@ -593,6 +614,7 @@ impl Runner {
         let base = ctx.base_labels(&target);
         let mut samplers = self.samplers(&ctx, worker);
         let mut k = 0u64;
+        let mut backoff = Duration::ZERO;
         while ctx.sending() {
             let Some(built) = self.build(&ctx, &target, worker, k, samplers.as_mut()) else {
                 return;
@@ -617,6 +639,7 @@ impl Runner {
                 .await;
             self.learn(&rec, built.body_tokens);
             k += 1;
+            back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
         }
     }
 
@@ -696,6 +719,7 @@ impl Runner {
         };
         let base = ctx.base_labels(&target);
         let mut round = 0u64;
+        let mut backoff = Duration::ZERO;
         while ctx.sending() {
             let conversation = slot + round * u64::from(conversations);
             round += 1;
@@ -735,6 +759,7 @@ impl Runner {
                 let rec = self
                     .send_and_record(&ctx, t, req, intended, &labels, 0)
                     .await;
+                back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
                 if !rec.outcome.is_ok() {
                     complete = false;
                     break;

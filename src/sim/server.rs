@@ -97,11 +97,17 @@ pub async fn serve(
     let tracker = TaskTracker::new();
     let mut faults = state.faults.clone();
     let mut listener = Some(listener);
+    // The open connections' stop: a server that goes away closes its keep-alive connections
+    // too, or pooled clients would never notice.
+    let mut connections = cancel.child_token();
     loop {
         let refuse = faults.borrow_and_update().refuse_connections;
         if refuse == Some(RefuseMode::StopAccepting) {
-            // Closing the socket makes connects fail with "connection refused".
+            // Closing the socket makes connects fail with "connection refused"; open
+            // connections finish their response and close.
             listener = None;
+            connections.cancel();
+            connections = cancel.child_token();
             tokio::select! {
                 changed = faults.changed() => if changed.is_err() { break },
                 _ = cancel.cancelled() => break,
@@ -132,7 +138,7 @@ pub async fn serve(
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "TCP_NODELAY failed");
                     }
-                    tracker.spawn(serve_connection(stream, Arc::clone(&state), cancel.clone()));
+                    tracker.spawn(serve_connection(stream, Arc::clone(&state), connections.clone()));
                 }
                 Err(e) => {
                     // Typically EMFILE: back off briefly instead of spinning.

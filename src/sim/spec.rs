@@ -373,7 +373,8 @@ pub struct SlowFirstByte {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RefuseMode {
-    /// Close the listening socket: connects fail with "connection refused".
+    /// Close the listening socket: connects fail with "connection refused", and open keep-alive
+    /// connections close once their response is done (the server went away).
     StopAccepting,
     /// Accept, then close at once without a response.
     CloseImmediately,

@@ -293,16 +293,24 @@ impl SloEngine {
     }
 
     /// A step ended: its label sets' samples go into the windows unless the step was degraded
-    /// (its schedule lag says it measured the canary, not the server).
+    /// (its schedule lag says it measured the canary, not the server). A faulted step (more than
+    /// `FAULTED_ERROR_RATIO` of its requests failed) keeps its counts (error ratio, throughput,
+    /// goodput and burn rates see the fault) but gives no samples to the latency distributions:
+    /// quantiles of a fault's few survivors are not a fair sample, so a fault shows as errors
+    /// and thin data (`insufficient_data`, or the previous verdict), never as a latency verdict.
     pub fn step_finished(&self, results: &[StepResult]) {
         let now = Instant::now();
         let mut pending =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
-        let degraded_targets: Vec<&str> = results
-            .iter()
-            .filter(|r| r.total && r.measurements.degraded)
-            .map(|r| r.target.as_str())
-            .collect();
+        let flagged = |f: fn(&StepResult) -> bool| -> Vec<&str> {
+            results
+                .iter()
+                .filter(|r| r.total && f(r))
+                .map(|r| r.target.as_str())
+                .collect()
+        };
+        let degraded_targets = flagged(|r| r.measurements.degraded);
+        let faulted_targets = flagged(|r| r.measurements.faulted);
         self.with(|inner| {
             for r in results.iter().filter(|r| !r.total) {
                 let samples = pending.remove(&r.request_labels).unwrap_or_default();
@@ -310,6 +318,10 @@ impl SloEngine {
                 if m.degraded || degraded_targets.contains(&r.target.as_str()) {
                     tracing::info!(step = %r.step, target = %r.target, "degraded step left out of SLO verdicts");
                     continue;
+                }
+                let faulted = m.faulted || faulted_targets.contains(&r.target.as_str());
+                if faulted {
+                    tracing::info!(step = %r.step, target = %r.target, error_ratio = m.error_ratio, "faulted step: its latencies are left out of SLO distributions");
                 }
                 let record = StepRecord {
                     labels: r.request_labels.clone(),
@@ -327,8 +339,10 @@ impl SloEngine {
                         .map(|c| c * m.output_tokens as f64 / 1e6),
                     good: BTreeMap::new(),
                 };
-                inner.cycle_store.commit(record.clone(), &samples, now);
-                inner.store.commit(record, &samples, now);
+                inner
+                    .cycle_store
+                    .commit(record.clone(), &samples, now, !faulted);
+                inner.store.commit(record, &samples, now, !faulted);
             }
         });
     }

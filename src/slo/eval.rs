@@ -287,9 +287,17 @@ impl Store {
 
     /// Adds a finished, non-degraded step of one series: its requests' samples into the wanted
     /// windows, and its totals (with good-request counts) into the step list.
-    pub fn commit(&mut self, mut record: StepRecord, samples: &[RequestSample], now: Instant) {
+    /// With `distributions` false (a faulted step) the samples only count towards goodput and
+    /// burn-rate SLIs, not towards the latency windows.
+    pub fn commit(
+        &mut self,
+        mut record: StepRecord,
+        samples: &[RequestSample],
+        now: Instant,
+        distributions: bool,
+    ) {
         let mut targets: HashSet<(Measure, Duration)> = HashSet::new();
-        for w in &self.wants {
+        for w in self.wants.iter().filter(|_| distributions) {
             if labels_match(&record.labels, &w.matchers) {
                 targets.insert((w.measure, w.window));
             }
