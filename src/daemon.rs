@@ -710,7 +710,14 @@ pub async fn run(
             let targets = deployment
                 .targets
                 .iter()
-                .map(|t| OtlpTarget::new(t.endpoint.api(), t.endpoint.model(), t.endpoint.url()))
+                .map(|t| {
+                    OtlpTarget::new(
+                        &t.name,
+                        t.endpoint.api(),
+                        t.endpoint.model(),
+                        t.endpoint.url(),
+                    )
+                })
                 .collect();
             let exporter = OtlpExporter::start(o, targets).await?;
             tracing::info!(endpoint = %*o.endpoint, interval = ?o.interval.0, spans = o.spans, "OTLP export on");

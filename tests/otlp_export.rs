@@ -143,6 +143,7 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
         spans: true,
     };
     let target = OtlpTarget::new(
+        "sim-agg",
         Api::Chat,
         "qwen",
         &url::Url::parse("http://127.0.0.1:8000").unwrap(),
@@ -151,9 +152,9 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
     let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
         .with_concurrency(32);
     let rec = record();
-    exporter.record(0, &labels, true, &rec);
+    exporter.record(&labels, true, &rec);
     // A warmup request only counts.
-    exporter.record(0, &labels, false, &rec);
+    exporter.record(&labels, false, &rec);
     Arc::clone(&exporter).shutdown().await;
 
     let r = received.lock().unwrap();

@@ -23,6 +23,7 @@
 //! (as `OTEL_EXPORTER_OTLP_ENDPOINT`): `/v1/metrics` and `/v1/traces` are appended for HTTP.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::KeyValue;
@@ -64,9 +65,12 @@ pub enum OtlpError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// What the exporter knows of a target, by its index in the runner's target list.
+/// What the exporter knows of a target, found by the target's name (the `target` label), so a
+/// reload that adds, removes or reorders targets never tags a request with another's model.
 #[derive(Debug, Clone)]
 pub struct OtlpTarget {
+    /// The `target` label.
+    pub name: String,
     /// `chat` or `text_completion` (`gen_ai.operation.name`).
     pub operation: &'static str,
     pub model: String,
@@ -74,8 +78,9 @@ pub struct OtlpTarget {
 }
 
 impl OtlpTarget {
-    pub fn new(api: Api, model: &str, url: &url::Url) -> Self {
+    pub fn new(name: &str, api: Api, model: &str, url: &url::Url) -> Self {
         OtlpTarget {
+            name: name.to_owned(),
             operation: match api {
                 Api::Chat => "chat",
                 Api::Completions => "text_completion",
@@ -116,8 +121,8 @@ pub struct OtlpExporter {
     meters: SdkMeterProvider,
     tracing: Option<(SdkTracerProvider, SdkTracer)>,
     instruments: Instruments,
-    targets: Vec<Vec<KeyValue>>,
-    span_names: Vec<String>,
+    /// Per target name: its attributes and its span name.
+    targets: HashMap<String, (Vec<KeyValue>, String)>,
 }
 
 impl std::fmt::Debug for OtlpExporter {
@@ -158,7 +163,7 @@ pub fn label_attributes(labels: &RequestLabels) -> Vec<KeyValue> {
 }
 
 impl OtlpExporter {
-    /// Starts the pipeline for `cfg`; `targets` are indexed like the runner's targets.
+    /// Starts the pipeline for `cfg` with what it knows of the `targets`.
     ///
     /// Runs the SDK setup on a blocking thread: reqwest's blocking client owns a runtime of its
     /// own that must not be created or dropped on an async worker thread.
@@ -262,30 +267,29 @@ impl OtlpExporter {
                 .with_description("Prompt tokens served from the prefix cache")
                 .build(),
         };
-        let span_names = targets
+        let targets = targets
             .iter()
-            .map(|t| format!("{} {}", t.operation, t.model))
+            .map(|t| {
+                let span_name = format!("{} {}", t.operation, t.model);
+                (t.name.clone(), (t.attributes(), span_name))
+            })
             .collect();
         Ok(OtlpExporter {
             meters,
             tracing,
             instruments,
-            targets: targets.iter().map(OtlpTarget::attributes).collect(),
-            span_names,
+            targets,
         })
     }
 
-    /// Records one finished request of target `target_index`. Warmup requests only count in
+    /// Records one finished request (of the target its labels name; a target the exporter was
+    /// not started with — added by a reload — gets the label attributes only). Warmup requests
+    /// only count in
     /// `llm_canary.requests`, as they only count in `llm_canary_requests_total`.
-    pub fn record(
-        &self,
-        target_index: usize,
-        labels: &RequestLabels,
-        steady: bool,
-        rec: &RequestRecord,
-    ) {
+    pub fn record(&self, labels: &RequestLabels, steady: bool, rec: &RequestRecord) {
         let mut attrs = label_attributes(labels);
-        if let Some(t) = self.targets.get(target_index) {
+        let target = self.targets.get(&labels.target);
+        if let Some((t, _)) = target {
             attrs.extend(t.iter().cloned());
         }
         let ok = rec.outcome.is_ok();
@@ -327,28 +331,20 @@ impl OtlpExporter {
                 .add(rec.cached_tokens().unwrap_or(0), &attrs);
         }
         if let Some((_, tracer)) = &self.tracing {
-            self.span(tracer, target_index, attrs, rec);
+            let name = target
+                .map(|(_, n)| n.clone())
+                .unwrap_or_else(|| "chat".to_owned());
+            self.span(tracer, name, attrs, rec);
         }
     }
 
     /// One client span per request, from the intended send to the request's end, with the first
     /// content chunk as an event.
-    fn span(
-        &self,
-        tracer: &SdkTracer,
-        target_index: usize,
-        attrs: Vec<KeyValue>,
-        rec: &RequestRecord,
-    ) {
+    fn span(&self, tracer: &SdkTracer, name: String, attrs: Vec<KeyValue>, rec: &RequestRecord) {
         let now = Instant::now();
         let wall_now = SystemTime::now();
         let wall = |at: Instant| wall_now - now.saturating_duration_since(at);
-        let name: Cow<'static, str> = self
-            .span_names
-            .get(target_index)
-            .cloned()
-            .unwrap_or_else(|| "chat".to_owned())
-            .into();
+        let name: Cow<'static, str> = name.into();
         let mut attributes = attrs;
         attributes.push(KeyValue::new(
             "llm_canary.request_id",

@@ -12,6 +12,10 @@ use serde::Serialize;
 /// errors still count).
 pub const FAULTED_ERROR_RATIO: f64 = 0.1;
 
+/// Lower bar for closed-loop steps in which every worker saw at least one failure: their
+/// back-off after each failure hides how long the target was failing (see the step runner).
+pub const FAULTED_ERROR_RATIO_WITH_BACKOFF: f64 = 0.02;
+
 /// Seconds are stored in microseconds with 3 significant digits, up to one hour (clamped above).
 const MICROS_MAX: u64 = 3_600_000_000;
 

@@ -119,7 +119,7 @@ impl Recorder {
             sink.record(ctx, rec);
         }
         if let Some(otlp) = &self.otlp {
-            otlp.record(ctx.target_index, labels, ctx.phase == Phase::Steady, rec);
+            otlp.record(labels, ctx.phase == Phase::Steady, rec);
         }
         self.metrics
             .set_target_up(&labels.target, reached_target(rec));

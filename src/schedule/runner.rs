@@ -23,7 +23,7 @@ use crate::client::{
 };
 use crate::config::{Api, Pairing, ServingMode};
 use crate::export::metrics::RequestLabels;
-use crate::measure::step::{StepAccumulator, StepMeasurements};
+use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator, StepMeasurements};
 use crate::workload::prompt::{
     OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
@@ -414,7 +414,17 @@ impl Runner {
                 started_unix,
                 ended_unix,
                 steady_seconds: steady.as_secs_f64(),
-                measurements: acc.finish(steady, target.cost_per_hour_usd, self.max_lag_p99),
+                measurements: {
+                    let mut m = acc.finish(steady, target.cost_per_hour_usd, self.max_lag_p99);
+                    // Closed-loop workers back off after a failure, so a target that is down for
+                    // part of the window sends few requests and the error ratio understates the
+                    // damage: at least one failure per worker also marks the step.
+                    let workers = u64::from(plan.concurrency());
+                    m.faulted |= plan.rate.is_none()
+                        && m.errors >= workers
+                        && m.error_ratio > FAULTED_ERROR_RATIO_WITH_BACKOFF;
+                    m
+                },
                 request_labels: labels,
                 server: None,
             };
