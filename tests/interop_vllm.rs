@@ -623,9 +623,14 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
         rec.usage
     );
     assert_eq!(rec.outcome, Outcome::StreamTruncated, "no [DONE]");
-    assert_eq!(rec.finish_reason.as_deref(), Some("length"));
     let usage = rec.usage.expect("usage on the finish_reason chunk");
-    assert!(usage.completion_tokens > 4, "{usage:?}");
+    // A random-weight model may draw its end-of-sequence token before the server's default
+    // length ("stop"); when it runs to the length, that length is not the requested OSL.
+    match rec.finish_reason.as_deref() {
+        Some("length") => assert!(usage.completion_tokens > 4, "{usage:?}"),
+        Some("stop") => {}
+        other => panic!("finish_reason {other:?}"),
+    }
     assert_eq!(usage.cached_tokens, 0, "no prompt_tokens_details");
 
     // `length_control` set to what the server accepts (`max_tokens`): the OSL holds as a cap (a
