@@ -26,15 +26,18 @@ use llm_canary::client::{
     ChatMessage, Outcome, Prompt, RequestRecord, Role, SseParser, StreamRequest,
 };
 use llm_canary::config::{Config, ServingMode};
-use llm_canary::export::metrics::{
-    Metrics, Quantiles, RequestLabels, ServerSnapshot, SloReading, SloState, StepSummary,
-};
+use llm_canary::export::metrics::{Metrics, RequestLabels};
 use llm_canary::measure::step::StepAccumulator;
 use llm_canary::schedule::{Phase, RecordContext, Recorder, StepResult};
 use llm_canary::slo::SloEngine;
 use llm_canary::slo::baseline::BaselineStore;
 use llm_canary::slo::eval::RequestSample;
 use tokio::time::Instant;
+
+#[path = "support/series.rs"]
+mod series;
+
+use series::{TARGETS, fill, step_labels};
 
 /// A chat completion stream of `tokens` content chunks as vLLM/Dynamo send it.
 fn chat_stream(tokens: usize) -> Vec<u8> {
@@ -93,34 +96,6 @@ fn sse_parse(c: &mut Criterion) {
     group.finish();
 }
 
-/// The step label sets of the default plan for one target.
-fn step_labels(target: &str, mode: ServingMode) -> Vec<RequestLabels> {
-    let mut steps = Vec::new();
-    for level in [1, 2, 4, 8, 16, 32, 64] {
-        steps.push(RequestLabels::new(target, mode, "concurrency_sweep").with_concurrency(level));
-    }
-    for turn in 1..=5 {
-        steps.push(RequestLabels::new(target, mode, "multi_turn").with_turn(turn));
-    }
-    for distribution in ["uniform", "zipf", "lognormal"] {
-        for isl_bucket in [128, 256, 512, 1024, 2048, 4096] {
-            steps.push(
-                RequestLabels::new(target, mode, "sequence_distribution")
-                    .with_distribution(distribution, isl_bucket),
-            );
-        }
-    }
-    for ratio in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        steps.push(RequestLabels::new(target, mode, "prefix_cache").with_prefix_ratio(ratio));
-    }
-    steps
-}
-
-const TARGETS: [(&str, ServingMode); 2] = [
-    ("sim-agg", ServingMode::Aggregated),
-    ("sim-disagg", ServingMode::Disaggregated),
-];
-
 /// A finished request of `tokens` chunks, 20 ms apart after a 100 ms TTFT.
 fn record(tokens: u32) -> RequestRecord {
     let t0 = Instant::now();
@@ -139,73 +114,6 @@ fn record(tokens: u32) -> RequestRecord {
     });
     rec.settle(Outcome::Ok, end, None);
     rec
-}
-
-/// Fills `metrics` with the full series set of the default plan on two targets.
-fn fill(metrics: &Metrics) {
-    for (target, mode) in TARGETS {
-        for labels in step_labels(target, mode) {
-            for (i, outcome) in Outcome::ALL.iter().enumerate() {
-                let scale = 1.0 + i as f64;
-                metrics.record_request(
-                    &labels,
-                    outcome.as_str(),
-                    Some(0.05 * scale),
-                    Some(0.01 * scale),
-                    Some(2.0 * scale),
-                    1024,
-                    256,
-                    512,
-                );
-            }
-            metrics.record_chunk_gaps(&labels, &[(0.02, 1), (0.04, 2)]);
-            metrics.record_osl_mismatch(&labels);
-            metrics.observe_schedule_lag(target, &labels.workload, 0.0002);
-            let q = Quantiles {
-                p50: 0.1,
-                p90: 0.2,
-                p99: 0.4,
-            };
-            metrics.set_step(
-                &labels,
-                &StepSummary {
-                    ttft: Some(q),
-                    itl: Some(q),
-                    request_duration: Some(q),
-                    output_tokens_per_second: 1000.0,
-                    requests_per_second: 2.0,
-                    error_ratio: 0.01,
-                    cache_hit_ratio: Some(0.3),
-                    cost_per_million_tokens_usd: Some(18.0),
-                    end_timestamp_seconds: 1.75e9,
-                    degraded: false,
-                },
-            );
-        }
-        metrics.set_target_up(target, true);
-        metrics.set_server(
-            target,
-            &ServerSnapshot {
-                prefix_cache_hit_ratio: Some(0.4),
-                kv_cache_usage_ratio: Some(0.6),
-                preemptions_total: Some(1.0),
-                evictions_total: Some(2.0),
-                ttft_mean_seconds: Some(0.2),
-            },
-        );
-    }
-    for slo in 0..8 {
-        metrics.set_slo(
-            &format!("slo-{slo}"),
-            &SloReading {
-                state: SloState::Pass,
-                value: Some(0.5),
-                threshold: Some(1.0),
-                value_lower: Some(0.4),
-                value_upper: Some(0.6),
-            },
-        );
-    }
 }
 
 fn record_request(c: &mut Criterion) {

@@ -16,122 +16,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use llm_canary::config::ServingMode;
-use llm_canary::export::metrics::{Quantiles, ServerSnapshot, SloReading, SloState, StepSummary};
 use llm_canary::export::{AppState, HttpServer, Metrics, RequestLabels};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+#[path = "../benches/support/series.rs"]
+mod series;
+
+use series::{fill, step_labels};
+
 const ITERATIONS: usize = 1000;
-const OUTCOMES: [&str; 9] = [
-    "ok",
-    "connect",
-    "timeout",
-    "http_4xx",
-    "http_429",
-    "http_5xx",
-    "stream_error",
-    "stream_truncated",
-    "bad_response",
-];
-
-/// The step label sets of the default plan (DESIGN §3/§5) for one target.
-fn step_labels(target: &str, mode: ServingMode) -> Vec<RequestLabels> {
-    let mut steps = Vec::new();
-    for level in [1, 2, 4, 8, 16, 32, 64] {
-        steps.push(RequestLabels::new(target, mode, "concurrency_sweep").with_concurrency(level));
-    }
-    for turn in 1..=5 {
-        steps.push(RequestLabels::new(target, mode, "multi_turn").with_turn(turn));
-    }
-    for distribution in ["uniform", "zipf", "lognormal"] {
-        for isl_bucket in [128, 256, 512, 1024, 2048, 4096] {
-            steps.push(
-                RequestLabels::new(target, mode, "sequence_distribution")
-                    .with_distribution(distribution, isl_bucket),
-            );
-        }
-    }
-    for ratio in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        steps.push(RequestLabels::new(target, mode, "prefix_cache").with_prefix_ratio(ratio));
-    }
-    steps
-}
-
-fn fill(metrics: &Metrics) -> usize {
-    let mut label_sets = 0;
-    for (target, mode) in [
-        ("agg", ServingMode::Aggregated),
-        ("disagg", ServingMode::Disaggregated),
-    ] {
-        for labels in step_labels(target, mode) {
-            label_sets += 1;
-            for (i, outcome) in OUTCOMES.iter().enumerate() {
-                let scale = 1.0 + i as f64;
-                metrics.record_request(
-                    &labels,
-                    outcome,
-                    Some(0.05 * scale),
-                    Some(0.01 * scale),
-                    Some(2.0 * scale),
-                    1024,
-                    256,
-                    512,
-                );
-            }
-            metrics.record_chunk_gaps(&labels, &[(0.02, 1), (0.04, 2)]);
-            metrics.record_osl_mismatch(&labels);
-            metrics.record_token_count_mismatch(&labels);
-            metrics.observe_schedule_lag(target, &labels.workload, 0.0002);
-            let q = Quantiles {
-                p50: 0.1,
-                p90: 0.2,
-                p99: 0.4,
-            };
-            metrics.set_step(
-                &labels,
-                &StepSummary {
-                    ttft: Some(q),
-                    itl: Some(q),
-                    request_duration: Some(q),
-                    output_tokens_per_second: 1000.0,
-                    requests_per_second: 2.0,
-                    error_ratio: 0.01,
-                    cache_hit_ratio: Some(0.3),
-                    cost_per_million_tokens_usd: Some(18.0),
-                    end_timestamp_seconds: 1.75e9,
-                    degraded: false,
-                },
-            );
-        }
-        metrics.set_target_up(target, true);
-        std::mem::forget(metrics.track_inflight(target));
-        metrics.set_server(
-            target,
-            &ServerSnapshot {
-                prefix_cache_hit_ratio: Some(0.4),
-                kv_cache_usage_ratio: Some(0.6),
-                preemptions_total: Some(1.0),
-                evictions_total: Some(2.0),
-                ttft_mean_seconds: Some(0.2),
-            },
-        );
-    }
-    for slo in 0..8 {
-        metrics.set_slo(
-            &format!("slo-{slo}"),
-            &SloReading {
-                state: SloState::Pass,
-                value: Some(0.5),
-                threshold: Some(1.0),
-                value_lower: Some(0.4),
-                value_upper: Some(0.6),
-            },
-        );
-    }
-    metrics.record_config_reload(true);
-    label_sets
-}
-
 struct Summary {
     p50: Duration,
     p99: Duration,
@@ -226,14 +120,18 @@ async fn main() -> anyhow::Result<()> {
         cold.as_secs_f64() * 1e3
     );
     let in_progress = [
-        RequestLabels::new("agg", ServingMode::Aggregated, "concurrency_sweep")
+        RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
             .with_concurrency(32),
-        RequestLabels::new("disagg", ServingMode::Disaggregated, "concurrency_sweep")
-            .with_concurrency(32),
+        RequestLabels::new(
+            "sim-disagg",
+            ServingMode::Disaggregated,
+            "concurrency_sweep",
+        )
+        .with_concurrency(32),
     ];
-    let everything: Vec<RequestLabels> = step_labels("agg", ServingMode::Aggregated)
+    let everything: Vec<RequestLabels> = step_labels("sim-agg", ServingMode::Aggregated)
         .into_iter()
-        .chain(step_labels("disagg", ServingMode::Disaggregated))
+        .chain(step_labels("sim-disagg", ServingMode::Disaggregated))
         .collect();
     for (what, changing) in [
         ("encode() steady", &in_progress[..]),
