@@ -315,6 +315,9 @@ fn quantile(values: &mut [Duration], q: f64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
     const STREAMS: usize = 64;
+    // Four rounds of 64, so that the p99 of TTFT errors is a quantile (the 3rd-largest of 256)
+    // rather than the maximum of 64, which a single scheduler hiccup on a shared CI core sets.
+    const ROUNDS: usize = 4;
     const OSL: u32 = 32;
     let (addr, log) = start_server().await;
     let client = StreamClient::new(ClientConfig::default()).unwrap();
@@ -324,33 +327,39 @@ async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
         .unwrap();
     let completions = endpoint(addr, Api::Completions, "stream");
 
-    let mut tasks = Vec::new();
-    for n in 0..STREAMS {
-        let client = client.clone();
-        // Every eighth stream uses the completions API.
-        let target = if n % 8 == 7 {
-            completions.clone()
-        } else {
-            chat.clone()
-        };
-        let req = request(&format!("req-{n}"), OSL);
-        tasks.push(tokio::spawn(async move {
-            let intended = Instant::now();
-            client.send(&target, &req, intended).await
-        }));
-    }
-    let mut records: Vec<RequestRecord> = Vec::new();
-    for task in tasks {
-        records.push(task.await.unwrap());
+    let mut records: Vec<(usize, RequestRecord)> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut tasks = Vec::new();
+        for n in 0..STREAMS {
+            let client = client.clone();
+            // Every eighth stream uses the completions API.
+            let target = if n % 8 == 7 {
+                completions.clone()
+            } else {
+                chat.clone()
+            };
+            let req = request(&format!("req-{round}-{n}"), OSL);
+            tasks.push(tokio::spawn(async move {
+                let intended = Instant::now();
+                client.send(&target, &req, intended).await
+            }));
+        }
+        for (n, task) in tasks.into_iter().enumerate() {
+            records.push((n, task.await.unwrap()));
+        }
     }
 
     let mut ttft_errors = Vec::new();
     let mut itl_errors = Vec::new();
     let mut chunk_delays = Vec::new();
-    for (n, rec) in records.iter().enumerate() {
-        let id = format!("req-{n}");
+    for (n, rec) in &records {
+        let n = *n;
+        let id = rec.request_id.clone();
+        assert!(
+            id.starts_with("req-") && id.ends_with(&format!("-{n}")),
+            "{id}"
+        );
         assert_eq!(rec.outcome, Outcome::Ok, "{id}: {:?}", rec.error);
-        assert_eq!(rec.request_id, id);
         assert_eq!(rec.http_status, Some(200));
         let sends = log.sends(&id);
         assert_eq!(sends.len(), OSL as usize, "{id}");
@@ -414,7 +423,7 @@ async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
     let chunk_p99 = quantile(&mut chunk_delays, 0.99);
     let chunk_max = *chunk_delays.last().unwrap();
     println!(
-        "{STREAMS} streams x {OSL} tokens: |TTFT error| p50 {ttft_p50:?} p99 {ttft_p99:?}; \
+        "{ROUNDS} rounds of {STREAMS} streams x {OSL} tokens: |TTFT error| p50 {ttft_p50:?} p99 {ttft_p99:?}; \
          |ITL error| p50 {itl_p50:?} p99 {itl_p99:?}; \
          server-send -> client-stamp per chunk p50 {chunk_p50:?} p99 {chunk_p99:?} max {chunk_max:?}"
     );
@@ -429,7 +438,7 @@ async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
 
     // The wire format the server received.
     let requests = log.requests.lock().unwrap();
-    let chat_request = requests.get("req-0").unwrap();
+    let chat_request = requests.get("req-0-0").unwrap();
     let body = &chat_request.body;
     assert_eq!(chat_request.path, "/v1/chat/completions");
     assert_eq!(
@@ -447,10 +456,10 @@ async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
         json!(["timing", "worker_id"])
     );
     assert!(body.get("stop").is_none());
-    let completion_request = requests.get("req-7").unwrap();
+    let completion_request = requests.get("req-0-7").unwrap();
     assert_eq!(completion_request.path, "/v1/completions");
     assert_eq!(completion_request.authorization, None);
-    assert_eq!(completion_request.body["prompt"], "req-7");
+    assert_eq!(completion_request.body["prompt"], "req-0-7");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
