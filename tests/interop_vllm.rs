@@ -540,8 +540,8 @@ async fn qwen3_moe_with_several_tokens_per_chunk() {
 /// `transformers serve`, a server with another dialect: it cannot list a model it serves by path
 /// (`/v1/models` fails), answers 422 to `min_tokens`/`ignore_eos`, silently ignores
 /// `max_completion_tokens` and `stream_options`, opens each stream with a role-only chunk and
-/// ends it without `[DONE]`. The canary names the setting to change, and with `length_control`
-/// set to what the server accepts the output length holds.
+/// ends it without `[DONE]`. The canary names the setting to change, and `dialect: transformers`
+/// measures it: the output length holds and its streams count as complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transformers_serve_gets_errors_that_name_the_setting() {
     let Some(venv) = interop::vllm_venv() else {
@@ -633,14 +633,13 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
     }
     assert_eq!(usage.cached_tokens, 0, "no prompt_tokens_details");
 
-    // `length_control` set to what the server accepts (`max_tokens`): the OSL holds as a cap (a
-    // random model may still draw its end-of-sequence token early, rarely); the role-only first
-    // chunk carries no token.
+    // `dialect: transformers`: only `max_tokens`, which the server honours, so the OSL holds as a
+    // cap (a random model may still draw its end-of-sequence token early, rarely); the role-only
+    // first chunk carries no token; and a stream that ends cleanly after its `finish_reason`
+    // chunk is complete. The same server under the openai preset with `max_tokens` alone keeps
+    // DESIGN §4's strict reading: no `[DONE]`, `stream_truncated`.
     let cfg = Config::parse(
-        &target(&format!(
-            "model: {model}, dialect: openai, length_control: {{ max_tokens: true, \
-             max_completion_tokens: false, min_tokens: false, ignore_eos: false }}"
-        )),
+        &target(&format!("model: {model}, dialect: transformers")),
         "t.yaml",
         Path::new("."),
     )
@@ -649,7 +648,9 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
     let mut exact = 0;
     for _ in 0..3 {
         let rec = send(d.targets[0].endpoint.clone(), 12, d.client.clone()).await;
-        assert_eq!(rec.outcome, Outcome::StreamTruncated, "{rec:?}");
+        assert_eq!(rec.outcome, Outcome::Ok, "{rec:?}");
+        assert_eq!(rec.done, None, "no [DONE] from this server");
+        assert!(rec.finish_reason.is_some(), "{rec:?}");
         let completion = rec.usage.map(|u| u.completion_tokens).unwrap();
         assert!(completion <= 12, "{rec:?}");
         assert!(rec.ttft().is_some() && rec.itl().is_some(), "{rec:?}");
@@ -662,6 +663,23 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
             exact += 1;
         }
     }
-    eprintln!("length_control {{max_tokens}}: {exact} of 3 requests at the OSL");
+    eprintln!("dialect transformers: {exact} of 3 requests at the OSL");
     assert!(exact >= 2, "{exact} of 3");
+
+    let cfg = Config::parse(
+        &target(&format!(
+            "model: {model}, dialect: openai, length_control: {{ max_tokens: true, \
+             max_completion_tokens: false, min_tokens: false, ignore_eos: false }}"
+        )),
+        "t.yaml",
+        Path::new("."),
+    )
+    .unwrap();
+    let d = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let rec = send(d.targets[0].endpoint.clone(), 12, d.client.clone()).await;
+    assert_eq!(rec.outcome, Outcome::StreamTruncated, "{rec:?}");
+    assert!(
+        rec.finish_reason.is_some() && rec.usage.is_some(),
+        "{rec:?}"
+    );
 }

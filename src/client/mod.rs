@@ -165,6 +165,8 @@ pub struct Endpoint {
     model: String,
     length_control: LengthControl,
     nvext: bool,
+    /// The dialect ends streams after `finish_reason` without `[DONE]`.
+    ends_at_finish_reason: bool,
     authorization: Option<HeaderValue>,
     /// This target's own HTTP client when it needs TLS settings of its own (a private CA, a
     /// client certificate); `None` uses the shared client.
@@ -228,6 +230,7 @@ impl Endpoint {
             model: model.into(),
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
+            ends_at_finish_reason: dialect.ends_at_finish_reason(),
             authorization: None,
             http: None,
             rejection_logged: Arc::new(AtomicBool::new(false)),
@@ -544,7 +547,8 @@ impl StreamClient {
             self.config.max_event_bytes,
             self.counter.as_deref(),
             self.config.max_error_bytes,
-        );
+        )
+        .ending_at_finish_reason(endpoint.ends_at_finish_reason);
         let body_limit = response_limit(&self.config, request.osl);
         let mut body_bytes = 0usize;
         loop {
@@ -680,7 +684,7 @@ fn rejected_fields_hint(status: u16, body: &str, endpoint: &Endpoint) -> Option<
             "the server rejects the length field(s) {}: set the target's `length_control` to the \
              fields it accepts, e.g. `length_control: {{ max_tokens: {}, max_completion_tokens: {}, \
              min_tokens: {}, ignore_eos: {} }}` (or pick the target's `dialect`: dynamo, vllm, \
-             sglang or openai); without `min_tokens`/`ignore_eos` the output length is not forced \
+             sglang, openai or transformers); without `min_tokens`/`ignore_eos` the output length is not forced \
              and `llm_canary_osl_mismatch_total` counts the requests that end early",
             rejected.join(", "),
             keep("max_tokens", lc.max_tokens),
@@ -692,7 +696,7 @@ fn rejected_fields_hint(status: u16, body: &str, endpoint: &Endpoint) -> Option<
     if endpoint.nvext && names("nvext") {
         fixes.push(
             "the server rejects `nvext`, which only Dynamo understands: set the target's \
-             `dialect` to vllm, sglang or openai"
+             `dialect` to vllm, sglang, openai or transformers"
                 .to_owned(),
         );
     }

@@ -85,6 +85,9 @@ pub(crate) struct StreamDecoder<'c> {
     parser: SseParser,
     counter: Option<&'c dyn TokenCounter>,
     message_limit: usize,
+    /// A clean end of the body after `finish_reason` completes the stream (see
+    /// [`crate::config::Dialect::ends_at_finish_reason`]).
+    ends_at_finish_reason: bool,
 }
 
 impl<'c> StreamDecoder<'c> {
@@ -97,7 +100,14 @@ impl<'c> StreamDecoder<'c> {
             parser: SseParser::new(max_event_bytes),
             counter,
             message_limit,
+            ends_at_finish_reason: false,
         }
+    }
+
+    /// Accepts a clean end of the body after the `finish_reason` chunk as the end of the stream.
+    pub(crate) fn ending_at_finish_reason(mut self, yes: bool) -> Self {
+        self.ends_at_finish_reason = yes;
+        self
     }
 
     /// One network read that arrived at `at` (stamped before this call). Every event in it shares
@@ -117,12 +127,16 @@ impl<'c> StreamDecoder<'c> {
         }
     }
 
-    /// The body ended at `at`. Without `[DONE]` the stream was cut off.
+    /// The body ended cleanly at `at`. Without `[DONE]` the stream was cut off, unless the dialect
+    /// ends its streams with the `finish_reason` chunk and that chunk came.
     pub(crate) fn on_eof(&mut self, rec: &mut RequestRecord, at: Instant) -> Flow {
         if let Some(event) = self.parser.finish() {
             if let Flow::Finished(outcome, message) = self.on_event(rec, &event, at) {
                 return Flow::Finished(outcome, message);
             }
+        }
+        if self.ends_at_finish_reason && rec.finish_reason.is_some() {
+            return Flow::Finished(Outcome::Ok, None);
         }
         Flow::Finished(
             Outcome::StreamTruncated,
@@ -280,9 +294,18 @@ mod tests {
     }
 
     fn decode(reads: &[(u32, &str)], counter: Option<&dyn TokenCounter>) -> RequestRecord {
+        decode_with(reads, counter, false)
+    }
+
+    fn decode_with(
+        reads: &[(u32, &str)],
+        counter: Option<&dyn TokenCounter>,
+        ends_at_finish_reason: bool,
+    ) -> RequestRecord {
         let t0 = Instant::now();
         let mut rec = RequestRecord::new("r", t0, t0);
-        let mut decoder = StreamDecoder::new(1 << 20, counter, 200);
+        let mut decoder = StreamDecoder::new(1 << 20, counter, 200)
+            .ending_at_finish_reason(ends_at_finish_reason);
         let mut last = t0;
         for &(ms, text) in reads {
             last = t0 + ms * MS;
@@ -455,6 +478,36 @@ mod tests {
             let last_ms = reads.last().unwrap().0;
             assert_eq!(rec.error_latency(), Some(last_ms * MS));
         }
+    }
+
+    #[test]
+    fn a_dialect_without_done_ends_at_the_finish_reason_chunk_and_nowhere_else() {
+        let finish = "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+        let (a, b) = (content("a"), content("b"));
+        let complete = [(1, ROLE), (10, a.as_str()), (20, b.as_str()), (21, finish)];
+        // transformers serve: EOF right after the finish_reason chunk is the end of the stream.
+        let rec = decode_with(&complete, None, true);
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert_eq!(rec.reply, "ab");
+        assert_eq!(rec.finish_reason.as_deref(), Some("length"));
+        assert_eq!(rec.usage.unwrap().completion_tokens, 2);
+        assert_eq!(rec.done, None);
+        // The same bytes in a dialect that ends with `[DONE]`: cut off.
+        assert_eq!(
+            decode_with(&complete, None, false).outcome,
+            Outcome::StreamTruncated
+        );
+        // No finish_reason yet: cut off in every dialect, half an event included.
+        let cut = [(1, ROLE), (10, a.as_str())];
+        assert_eq!(
+            decode_with(&cut, None, true).outcome,
+            Outcome::StreamTruncated
+        );
+        let half = [(1, ROLE), (10, a.as_str()), (20, &finish[..30])];
+        assert_eq!(
+            decode_with(&half, None, true).outcome,
+            Outcome::StreamTruncated
+        );
     }
 
     #[test]

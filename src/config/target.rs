@@ -42,6 +42,9 @@ pub enum Dialect {
     Vllm,
     Sglang,
     Openai,
+    /// Hugging Face `transformers serve`: only `max_tokens` bounds the output, and its streams end
+    /// after the `finish_reason` chunk without `data: [DONE]`.
+    Transformers,
 }
 
 /// Which output-length fields go into the body. Some servers answer 422 to fields they do not know,
@@ -72,11 +75,28 @@ impl Dialect {
                 min_tokens: false,
                 ignore_eos: false,
             },
+            // It answers 422 to `min_tokens`/`ignore_eos` and ignores `max_completion_tokens`.
+            Dialect::Transformers => LengthControl {
+                max_tokens: true,
+                max_completion_tokens: false,
+                min_tokens: false,
+                ignore_eos: false,
+            },
         }
     }
 
     /// Whether the server understands Dynamo's `nvext` extension.
     pub fn supports_nvext(self) -> bool {
         matches!(self, Dialect::Dynamo)
+    }
+
+    /// Whether a body that ends cleanly after the `finish_reason` chunk is a complete stream. The
+    /// OpenAI protocol ends every stream with `data: [DONE]`, and without it the canary cannot
+    /// tell a finished stream from one cut off after its last token, so only a dialect whose
+    /// server never sends `[DONE]` relaxes this (DESIGN §4: EOF without `[DONE]` is
+    /// `stream_truncated`). A body that breaks off (a reset, an unterminated chunked body) is
+    /// truncated in every dialect.
+    pub fn ends_at_finish_reason(self) -> bool {
+        matches!(self, Dialect::Transformers)
     }
 }
