@@ -1,5 +1,5 @@
 //! Scrape benchmark of the `/metrics` exposition: fills the metrics with the full series set of
-//! two targets running all four workloads of the default plan, then times `Metrics::encode()`
+//! two targets running all four workloads of the default plan, then times `Metrics::encode_chunks()`
 //! and HTTP scrapes, and the record path while scrapes run.
 //!
 //! The latency histograms re-render only the series that changed since the previous scrape
@@ -105,8 +105,10 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new(&[0.1, 0.5, 2.0]));
     let label_sets = fill(&metrics);
     let cold = Instant::now();
-    let exposition = metrics.encode()?;
+    let chunks = metrics.encode_chunks()?;
     let cold = cold.elapsed();
+    let exposition = metrics.encode()?;
+    anyhow::ensure!(chunks.iter().map(|c| c.len()).sum::<usize>() == exposition.len());
     let samples = exposition.lines().filter(|l| !l.starts_with('#')).count();
     println!(
         "{label_sets} request label sets, {} latency buckets, {samples} samples, {:.2} MiB per scrape",
@@ -116,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
 
     println!(
         "{:<28} {:>8.3} ms  (first scrape: every series rendered)",
-        "encode() cold",
+        "encode_chunks() cold",
         cold.as_secs_f64() * 1e3
     );
     let in_progress = [
@@ -134,8 +136,8 @@ async fn main() -> anyhow::Result<()> {
         .chain(step_labels("sim-disagg", ServingMode::Disaggregated))
         .collect();
     for (what, changing) in [
-        ("encode() steady", &in_progress[..]),
-        ("encode() all series changed", &everything[..]),
+        ("encode_chunks() steady", &in_progress[..]),
+        ("encode_chunks() all changed", &everything[..]),
     ] {
         let mut encode = Vec::with_capacity(ITERATIONS);
         for _ in 0..ITERATIONS {
@@ -143,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
                 metrics.record_request(l, "ok", Some(0.2), Some(0.02), Some(3.0), 1024, 0, 512);
             }
             let start = Instant::now();
-            let text = metrics.encode()?;
+            let text = metrics.encode_chunks()?;
             encode.push(start.elapsed());
             std::hint::black_box(text);
         }

@@ -123,6 +123,7 @@ fn fill(metrics: &Metrics) {
             cost_per_million_tokens_usd: Some(15.2),
             end_timestamp_seconds: 1.75e9,
             degraded: false,
+            faulted: false,
         },
     );
     metrics.set_slo(
@@ -150,7 +151,10 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .expect("scrape");
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], OPENMETRICS_CONTENT_TYPE);
+    // The exposition goes out in chunks (the kept latency series), still with an exact length.
+    let length = response.content_length().expect("a content-length");
     let text = response.text().await.expect("body");
+    assert_eq!(length, text.len() as u64);
     assert!(
         text.ends_with("# EOF\n"),
         "no EOF: {}",
@@ -178,6 +182,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
         ("llm_canary_step_end_timestamp_seconds", "gauge"),
         ("llm_canary_step_degraded", "gauge"),
+        ("llm_canary_step_faulted", "gauge"),
         ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
         ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
         ("llm_canary_server_preemptions", "counter"),

@@ -36,6 +36,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
     ("llm_canary_step_end_timestamp_seconds", "gauge"),
     ("llm_canary_step_degraded", "gauge"),
+    ("llm_canary_step_faulted", "gauge"),
     ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
     ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
     ("llm_canary_server_preemptions", "counter"),

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Body;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -83,6 +83,49 @@ where
 {
     fn reload(&self) -> ReloadFuture {
         self()
+    }
+}
+
+/// A response body written chunk by chunk with an exact length (so a `content-length`). `/metrics`
+/// hands over the exposition's chunks as they are kept (megabytes of latency series, shared, not
+/// joined), and hyper writes them with vectored writes; every other answer is one chunk.
+#[derive(Debug, Default)]
+pub struct ChunksBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl ChunksBody {
+    pub fn new(chunks: Vec<Bytes>) -> Self {
+        let chunks: std::collections::VecDeque<Bytes> =
+            chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
+        Self { chunks, remaining }
+    }
+}
+
+impl Body for ChunksBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let chunk = this.chunks.pop_front().map(|chunk| {
+            this.remaining -= chunk.len() as u64;
+            Ok(Frame::data(chunk))
+        });
+        std::task::Poll::Ready(chunk)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
     }
 }
 
@@ -263,7 +306,7 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
 }
 
 /// Answers one request. Generic over the body so unit tests can drive it without a socket.
-async fn route<B>(state: &AppState, request: Request<B>) -> Response<Full<Bytes>>
+async fn route<B>(state: &AppState, request: Request<B>) -> Response<ChunksBody>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -293,10 +336,10 @@ where
     }
 }
 
-async fn get_only<F, Fut>(method: &Method, handler: F) -> Response<Full<Bytes>>
+async fn get_only<F, Fut>(method: &Method, handler: F) -> Response<ChunksBody>
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = Response<Full<Bytes>>>,
+    Fut: Future<Output = Response<ChunksBody>>,
 {
     if method == Method::GET {
         handler().await
@@ -305,12 +348,19 @@ where
     }
 }
 
-async fn metrics(state: &AppState) -> Response<Full<Bytes>> {
+async fn metrics(state: &AppState) -> Response<ChunksBody> {
     let metrics = state.metrics.clone();
     // Encoding a full series set takes milliseconds of CPU; keep it off the async workers that
     // drive the traffic.
-    match tokio::task::spawn_blocking(move || metrics.encode()).await {
-        Ok(Ok(body)) => with_type(StatusCode::OK, OPENMETRICS_CONTENT_TYPE, body),
+    match tokio::task::spawn_blocking(move || metrics.encode_chunks()).await {
+        Ok(Ok(chunks)) => {
+            let mut response = Response::new(ChunksBody::new(chunks));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+            );
+            response
+        }
         Ok(Err(error)) => {
             tracing::error!(%error, "encoding /metrics failed");
             text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
@@ -322,14 +372,14 @@ async fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     }
 }
 
-fn status(state: &AppState) -> Response<Full<Bytes>> {
+fn status(state: &AppState) -> Response<ChunksBody> {
     match serde_json::to_vec(&state.status.status_json()) {
         Ok(body) => with_type(StatusCode::OK, JSON_CONTENT_TYPE, body),
         Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
     }
 }
 
-async fn reload<B>(state: &AppState, body: B) -> Response<Full<Bytes>>
+async fn reload<B>(state: &AppState, body: B) -> Response<ChunksBody>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -357,7 +407,7 @@ where
     }
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+fn method_not_allowed(allow: &'static str) -> Response<ChunksBody> {
     let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
     response
         .headers_mut()
@@ -365,7 +415,7 @@ fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
     response
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ChunksBody> {
     with_type(status, TEXT_CONTENT_TYPE, body)
 }
 
@@ -373,8 +423,8 @@ fn with_type(
     status: StatusCode,
     content_type: &'static str,
     body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body.into()));
+) -> Response<ChunksBody> {
+    let mut response = Response::new(ChunksBody::new(vec![body.into()]));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -385,6 +435,7 @@ fn with_type(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::Full;
 
     fn state() -> AppState {
         let status = Arc::new(|| serde_json::json!({"targets": []}));
@@ -398,7 +449,7 @@ mod tests {
         request
     }
 
-    async fn body_text(response: Response<Full<Bytes>>) -> String {
+    async fn body_text(response: Response<ChunksBody>) -> String {
         let bytes = response
             .into_body()
             .collect()

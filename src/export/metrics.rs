@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -312,7 +313,7 @@ struct LatencyFamily {
     name: String,
     bounds: Arc<[f64]>,
     /// `# HELP`, `# TYPE` and `# UNIT` lines.
-    header: String,
+    header: Bytes,
     /// The `le` value of each bound (`0.001`), `+Inf` last.
     les: Box<[Box<str>]>,
     series: RwLock<HashMap<RequestLabels, Arc<LatencySeries>>>,
@@ -329,7 +330,8 @@ struct LatencySeries {
 struct SeriesText {
     /// `None` until the first render.
     rendered_from: Option<(u64, u64)>,
-    text: String,
+    /// Shared with the scrapes that serve it: a scrape hands this buffer to the socket as it is.
+    text: Bytes,
 }
 
 impl LatencyFamily {
@@ -362,7 +364,7 @@ impl LatencyFamily {
         Self {
             name: format!("{name}_seconds"),
             bounds,
-            header,
+            header: Bytes::from(header),
             les: les.into(),
             series: RwLock::new(HashMap::new()),
         }
@@ -395,8 +397,9 @@ impl LatencyFamily {
         series.remove(labels);
     }
 
-    /// Appends the family to `out`; nothing when it has no series (like prometheus-client).
-    fn encode(&self, out: &mut String) {
+    /// Appends the family's text to `out`, a chunk per series, each shared with the series' kept
+    /// rendering (no copy); nothing when it has no series (like prometheus-client).
+    fn encode(&self, out: &mut Vec<Bytes>) {
         // The series list is copied out so recording a new label set never waits on the encoder.
         let series: Vec<(RequestLabels, Arc<LatencySeries>)> = {
             let map = self.series.read().unwrap_or_else(PoisonError::into_inner);
@@ -405,7 +408,7 @@ impl LatencyFamily {
         if series.is_empty() {
             return;
         }
-        out.push_str(&self.header);
+        out.push(self.header.clone());
         let mut counts = vec![0u64; self.les.len()];
         for (labels, s) in &series {
             let cells = &s.histogram.cells;
@@ -416,16 +419,18 @@ impl LatencyFamily {
             let sum_bits = cells.sum_bits.load(Ordering::Relaxed);
             let mut text = s.text.lock().unwrap_or_else(PoisonError::into_inner);
             if text.rendered_from != Some((count, sum_bits)) {
+                let mut rendered = String::with_capacity(text.text.len());
                 self.render(
                     labels,
                     &counts,
                     count,
                     f64::from_bits(sum_bits),
-                    &mut text.text,
+                    &mut rendered,
                 );
+                text.text = Bytes::from(rendered);
                 text.rendered_from = Some((count, sum_bits));
             }
-            out.push_str(&text.text);
+            out.push(text.text.clone());
         }
     }
 
@@ -585,6 +590,9 @@ pub struct StepSummary {
     pub end_timestamp_seconds: f64,
     /// Schedule lag p99 exceeded its limit: the step measured the canary, not the server.
     pub degraded: bool,
+    /// Too many requests failed for the step's latencies to describe the server
+    /// (`measure::step::FAULTED_ERROR_RATIO`).
+    pub faulted: bool,
 }
 
 /// What one scrape of a target's own `/metrics` yielded; `None` leaves a series untouched.
@@ -698,8 +706,8 @@ pub struct Metrics {
     registry: Registry,
     latency_bounds: Arc<[f64]>,
     tracked: Mutex<HashMap<String, TargetSeries>>,
-    /// Size of the previous exposition, to allocate the next one in one go.
-    last_encoded_len: AtomicUsize,
+    /// How many chunks the last scrape had, to size the next one's list.
+    last_chunk_count: AtomicUsize,
 
     ttft: LatencyFamily,
     itl: LatencyFamily,
@@ -724,6 +732,7 @@ pub struct Metrics {
     step_cost_per_million_tokens: Family<StepLabels, GaugeF64>,
     step_end_timestamp: Family<StepLabels, GaugeF64>,
     step_degraded: Family<StepLabels, Gauge>,
+    step_faulted: Family<StepLabels, Gauge>,
 
     server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
     server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
@@ -771,7 +780,7 @@ impl Metrics {
         let metrics = Self {
             registry: Registry::default(),
             tracked: Mutex::new(HashMap::new()),
-            last_encoded_len: AtomicUsize::new(0),
+            last_chunk_count: AtomicUsize::new(0),
             ttft: LatencyFamily::new(
                 "llm_canary_time_to_first_token",
                 "Time from the intended send to the first non-empty content chunk",
@@ -804,6 +813,7 @@ impl Metrics {
             step_cost_per_million_tokens: Family::default(),
             step_end_timestamp: Family::default(),
             step_degraded: Family::default(),
+            step_faulted: Family::default(),
             latency_bounds,
             server_prefix_cache_hit_ratio: Family::default(),
             server_kv_cache_usage_ratio: Family::default(),
@@ -924,6 +934,11 @@ impl Metrics {
             "llm_canary_step_degraded",
             "1 when the step's schedule lag p99 exceeded its limit; such steps are excluded from SLOs",
             self.step_degraded.clone(),
+        );
+        r.register(
+            "llm_canary_step_faulted",
+            "1 when more of the step's requests failed than its latencies can stand for; such steps are excluded from SLO latencies",
+            self.step_faulted.clone(),
         );
 
         r.register(
@@ -1203,6 +1218,8 @@ impl Metrics {
         }
         self.request_series(&self.step_degraded, labels)
             .set(i64::from(summary.degraded));
+        self.request_series(&self.step_faulted, labels)
+            .set(i64::from(summary.faulted));
     }
 
     /// Publishes what one scrape of the target's own metrics yielded. Server counters are mirrored
@@ -1353,6 +1370,7 @@ impl Metrics {
                 family.remove(labels);
             }
             self.step_degraded.remove(labels);
+            self.step_faulted.remove(labels);
             for quantile in STEP_QUANTILE_LABELS {
                 let quantile_labels = StepQuantileLabels {
                     step: labels.clone(),
@@ -1393,15 +1411,30 @@ impl Metrics {
         self.inflight.remove(&labels);
     }
 
-    /// The OpenMetrics text exposition of every family, ending with `# EOF`.
-    pub fn encode(&self) -> Result<String, MetricsError> {
-        let mut out = String::with_capacity(self.last_encoded_len.load(Ordering::Relaxed) + 4096);
+    /// The OpenMetrics text exposition of every family, ending with `# EOF`, as the chunks that
+    /// `/metrics` writes one after the other. The latency series (~95 % of the bytes) are their
+    /// kept renderings, shared rather than copied, so a scrape copies only the rest.
+    pub fn encode_chunks(&self) -> Result<Vec<Bytes>, MetricsError> {
+        let mut chunks = Vec::with_capacity(self.last_chunk_count.load(Ordering::Relaxed) + 1);
         for family in [&self.ttft, &self.itl, &self.request_duration] {
-            family.encode(&mut out);
+            family.encode(&mut chunks);
         }
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        self.last_encoded_len.store(out.len(), Ordering::Relaxed);
-        Ok(out)
+        let mut rest = String::new();
+        prometheus_client::encoding::text::encode(&mut rest, &self.registry)?;
+        chunks.push(Bytes::from(rest));
+        self.last_chunk_count.store(chunks.len(), Ordering::Relaxed);
+        Ok(chunks)
+    }
+
+    /// The exposition of [`Metrics::encode_chunks`] as one string.
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        let chunks = self.encode_chunks()?;
+        let mut bytes = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+        for chunk in &chunks {
+            bytes.extend_from_slice(chunk);
+        }
+        // Every chunk is UTF-8 text, and so is their concatenation.
+        Ok(String::from_utf8(bytes).expect("the exposition is UTF-8"))
     }
 
     /// The series of a request-labelled family, created (and tracked for `remove_target`) on first
@@ -1582,9 +1615,12 @@ mod tests {
             text.trim_end_matches("# EOF\n").to_owned()
         };
         let ours_text = |family: &LatencyFamily| {
-            let mut text = String::new();
-            family.encode(&mut text);
-            text
+            let mut chunks = Vec::new();
+            family.encode(&mut chunks);
+            chunks
+                .iter()
+                .map(|c| std::str::from_utf8(c).unwrap())
+                .collect::<String>()
         };
         assert_eq!(ours_text(&ours), "", "an empty family writes nothing");
         let observe = |labels: &RequestLabels, v: f64| {
@@ -1785,6 +1821,7 @@ mod tests {
             cost_per_million_tokens_usd: Some(20.2),
             end_timestamp_seconds: 1.7e9,
             degraded: true,
+            faulted: false,
         };
         metrics.set_step(&step, &summary);
         let text = metrics.encode().expect("encode");
@@ -1799,6 +1836,7 @@ mod tests {
         );
         assert_eq!(sample(&text, "llm_canary_step_itl_seconds", &c8), None);
         assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(1.0));
+        assert_eq!(sample(&text, "llm_canary_step_faulted", &c8), Some(0.0));
         assert_eq!(
             sample(&text, "llm_canary_step_cost_per_million_tokens_usd", &c8),
             Some(20.2)
@@ -1806,6 +1844,7 @@ mod tests {
         summary.ttft = None;
         summary.cost_per_million_tokens_usd = None;
         summary.degraded = false;
+        summary.faulted = true;
         metrics.set_step(&step, &summary);
         let text = metrics.encode().expect("encode");
         assert_eq!(sample(&text, "llm_canary_step_ttft_seconds", &c8), None);
@@ -1814,6 +1853,7 @@ mod tests {
             None
         );
         assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(0.0));
+        assert_eq!(sample(&text, "llm_canary_step_faulted", &c8), Some(1.0));
     }
 
     #[test]
@@ -1888,6 +1928,7 @@ mod tests {
                     cost_per_million_tokens_usd: Some(1.0),
                     end_timestamp_seconds: 1.0,
                     degraded: false,
+                    faulted: false,
                 },
             );
             drop(metrics.track_inflight(&labels.target));
