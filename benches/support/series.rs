@@ -78,6 +78,7 @@ pub fn fill(metrics: &Metrics) -> usize {
                     cost_per_million_tokens_usd: Some(18.0),
                     end_timestamp_seconds: 1.75e9,
                     degraded: false,
+                    faulted: false,
                 },
             );
         }

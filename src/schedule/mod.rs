@@ -187,6 +187,7 @@ impl Scheduler {
                     cost_per_million_tokens_usd: m.cost_per_million_tokens_usd,
                     end_timestamp_seconds: r.ended_unix,
                     degraded: m.degraded,
+                    faulted: m.faulted,
                 },
             );
             // One line per step and target: the total where a step has several label sets.
