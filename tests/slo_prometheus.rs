@@ -74,12 +74,21 @@ async fn run_case(handoff: &str, expect_state: &str) {
     let prom = Prometheus::start(dir.path(), &[("canary", addr)], &[rules]);
     let limit = Duration::from_secs(80);
 
-    let slo = eventually("the daemon's verdict", limit, || async {
-        daemon_slo(addr)
-            .await
-            .filter(|s| s["state"] == expect_state)
-    })
-    .await;
+    // Polled by hand rather than with `eventually`, so a timeout shows what the daemon said last.
+    let deadline = tokio::time::Instant::now() + limit;
+    let slo = loop {
+        let seen = daemon_slo(addr).await;
+        if let Some(slo) = seen.as_ref().filter(|s| s["state"] == expect_state) {
+            break slo.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for the daemon's verdict {expect_state}; last seen: \
+             {seen:?}\ndaemon log:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let value = slo["value"].as_f64().unwrap();
     let (lower, upper) = (
         slo["interval"][0].as_f64().unwrap(),
