@@ -2,15 +2,23 @@
 """Compares AIPerf's and llm-canary's per-request measurements of one side-by-side run.
 
     compare-side-by-side.py OUT_DIR LEVEL...
+    compare-side-by-side.py --aiperf-prompt-tokens OUT_DIR LEVEL
 
-Reads AIPerf's `aiperf-c<LEVEL>/**/profile_export.jsonl` (profiling phase only, not warmup) and
-the canary's `canary/requests.jsonl` (steady window, ok requests) and prints, per concurrency
-level, both tools' request count, prompt and output tokens (from usage), TTFT p50/p99 and ITL
-p50/mean in milliseconds as a Markdown table, then the canary/AIPerf ratios.
+Reads AIPerf's `aiperf-c<LEVEL>/**/profile_export.jsonl` (profiling phase only, not warmup), the
+canary's `canary-c<LEVEL>/requests.jsonl` (steady window, ok requests), and vLLM's `/metrics`
+snapshots taken before and after each tool's run (`metrics-<tool>-c<LEVEL>-{before,after}.txt`).
+Prints, per concurrency level, both tools' request count, prompt and output tokens (from usage),
+TTFT p50/p99/mean and ITL p50/mean in milliseconds, next to the server's own mean TTFT and ITL over
+the same run (increase of `vllm:time_to_first_token_seconds` and `vllm:inter_token_latency_seconds`
+sum / count), then the canary/AIPerf ratios and each tool's excess over the server's view.
+
+The second form prints the median server-counted prompt length of AIPerf's requests at LEVEL (the
+side-by-side script sets the canary's ISL to it).
 """
 
 import json
 import pathlib
+import re
 import statistics
 import sys
 
@@ -37,38 +45,90 @@ def aiperf(out, level):
 
 def canary(out, level):
     recs = []
-    for line in (out / "canary" / "requests.jsonl").read_text().splitlines():
+    path = out / f"canary-c{level}" / "requests.jsonl"
+    if not path.exists():
+        return recs
+    for line in path.read_text().splitlines():
         row = json.loads(line)
-        if row["concurrency"] == level and row["phase"] == "steady" and row["outcome"] == "ok":
+        if row["concurrency"] == str(level) and row["phase"] == "steady" and row["outcome"] == "ok":
             recs.append((row["ttft_ms"], row["itl_ms"], row["prompt_tokens"], row["completion_tokens"]))
     return recs
 
 
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def totals(path):
+    """Sum of each `_sum` / `_count` series of the two latency histograms in one scrape."""
+    sums = {}
+    if not path.exists():
+        return sums
+    for line in path.read_text().splitlines():
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        name = m.group(1)
+        for family in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+            if name in (family + "_sum", family + "_count"):
+                sums[name] = sums.get(name, 0.0) + float(m.group(3))
+    return sums
+
+
+def server_means(out, tool, level):
+    """The server's mean TTFT and ITL (ms) over one tool's run, or None where it has no data."""
+    before = totals(out / f"metrics-{tool}-c{level}-before.txt")
+    after = totals(out / f"metrics-{tool}-c{level}-after.txt")
+    means = []
+    for family in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+        count = after.get(family + "_count", 0.0) - before.get(family + "_count", 0.0)
+        total = after.get(family + "_sum", 0.0) - before.get(family + "_sum", 0.0)
+        means.append(1e3 * total / count if count > 0 else None)
+    return means
+
+
+def fmt(x, digits=1):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def main():
+    if sys.argv[1] == "--aiperf-prompt-tokens":
+        recs = aiperf(pathlib.Path(sys.argv[2]), sys.argv[3])
+        print(int(statistics.median(r[2] for r in recs if r[2] is not None)))
+        return
     out, levels = pathlib.Path(sys.argv[1]), sys.argv[2:]
     print("| concurrency | tool | requests | prompt tokens | output tokens | TTFT p50 (ms) | "
-          "TTFT p99 (ms) | ITL p50 (ms) | ITL mean (ms) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    ratios = []
+          "TTFT p99 (ms) | TTFT mean (ms) | server TTFT mean (ms) | ITL p50 (ms) | ITL mean (ms) | "
+          "server ITL mean (ms) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    notes = []
     for level in levels:
         stats = {}
-        for tool, recs in (("AIPerf", aiperf(out, level)), ("llm-canary", canary(out, level))):
+        for tool, key, recs in (("AIPerf", "aiperf", aiperf(out, level)),
+                                ("llm-canary", "canary", canary(out, level))):
+            server_ttft, server_itl = server_means(out, key, level)
             if not recs:
-                print(f"| {level} | {tool} | 0 | - | - | - | - | - | - |")
+                print(f"| {level} | {tool} | 0 | - | - | - | - | - | {fmt(server_ttft)} | - | - | "
+                      f"{fmt(server_itl, 2)} |")
                 continue
             ttft, itl, isl, osl = zip(*recs)
-            stats[tool] = (pct(ttft, 0.5), statistics.mean(itl))
+            stats[tool] = (pct(ttft, 0.5), statistics.mean(ttft), statistics.mean(itl),
+                           server_ttft, server_itl)
             kinds = lambda xs: ", ".join(str(x) for x in sorted(set(xs)))
             print(f"| {level} | {tool} | {len(recs)} | {kinds(isl)} | {kinds(osl)} | "
-                  f"{pct(ttft, 0.5):.1f} | {pct(ttft, 0.99):.1f} | {pct(itl, 0.5):.2f} | "
-                  f"{statistics.mean(itl):.2f} |")
+                  f"{pct(ttft, 0.5):.1f} | {pct(ttft, 0.99):.1f} | {statistics.mean(ttft):.1f} | "
+                  f"{fmt(server_ttft)} | {pct(itl, 0.5):.2f} | {statistics.mean(itl):.2f} | "
+                  f"{fmt(server_itl, 2)} |")
         if len(stats) == 2:
-            (ta, ia), (tc, ic) = stats["AIPerf"], stats["llm-canary"]
-            ratios.append(f"concurrency {level}: TTFT p50 canary/AIPerf {tc / ta:.2f}, "
-                          f"ITL mean canary/AIPerf {ic / ia:.2f}")
+            a, c = stats["AIPerf"], stats["llm-canary"]
+            notes.append(f"concurrency {level}: canary/AIPerf TTFT p50 {c[0] / a[0]:.2f}, "
+                         f"TTFT mean {c[1] / a[1]:.2f}, ITL mean {c[2] / a[2]:.2f}")
+        for tool, (_, ttft_mean, itl_mean, server_ttft, server_itl) in stats.items():
+            if server_ttft is not None and server_itl is not None:
+                notes.append(f"concurrency {level}, {tool}: TTFT mean {ttft_mean - server_ttft:+.1f} ms "
+                             f"over the server's, ITL mean {itl_mean - server_itl:+.2f} ms")
     print()
-    for r in ratios:
-        print(f"- {r}")
+    for n in notes:
+        print(f"- {n}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Side by side (documented, not part of CI): the same short concurrency sweep measured by AIPerf
 # and by llm-canary against one vLLM CPU server, then both tools' TTFT/ITL per step and their
-# agreement as a Markdown table (docs/INTEROP.md shows a run).
+# agreement as a Markdown table (docs/INTEROP.md shows a run). The tools alternate level by level,
+# and vLLM's own TTFT/ITL histograms, read before and after each tool's run, give the server's view
+# of the same requests as a reference for both.
 #
 #   scripts/interop/side-by-side.sh [OUT_DIR]        (default target/side-by-side)
 #
@@ -28,7 +30,7 @@ if ! "$AIPERF_VENV/bin/aiperf" --version >/dev/null 2>&1; then
   python3 -m venv "$AIPERF_VENV"
   "$AIPERF_VENV/bin/pip" install -q --disable-pip-version-check aiperf
 fi
-cargo build --quiet --locked --bin llm-canary
+cargo build --quiet --locked --release --bin llm-canary
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -45,8 +47,16 @@ done
 curl -sf "$URL/health" >/dev/null
 echo "vLLM healthy at $URL"
 
+# vLLM's own histograms before and after each run (the server's view of that run's requests).
+snap() { curl -sf "$URL/metrics" >"$OUT/metrics-$1.txt"; }
+
+# The canary's ISL is the prompt as the server counts it, chat template included; AIPerf's is the
+# synthetic content before the template. One AIPerf request tells the template's size, so both
+# tools send prompts of the same server-side length.
+canary_isl=$ISL
 for c in $LEVELS; do
   echo "AIPerf, concurrency $c"
+  snap "aiperf-c$c-before"
   "$AIPERF_VENV/bin/aiperf" profile \
     --model qwen3-tiny --tokenizer "$MODEL_DIR" --url "$URL" \
     --endpoint-type chat --streaming --concurrency "$c" \
@@ -56,19 +66,25 @@ for c in $LEVELS; do
     --use-server-token-count --benchmark-duration "$DURATION" --num-warmup-requests 2 \
     --random-seed 12 --ui-type none --export-level records \
     --artifact-dir "$OUT/aiperf-c$c" >"$OUT/aiperf-c$c.log" 2>&1
-done
+  snap "aiperf-c$c-after"
+  if [ "$canary_isl" = "$ISL" ]; then
+    canary_isl=$("$LLM_CANARY_VLLM_VENV/bin/python" scripts/interop/compare-side-by-side.py \
+      --aiperf-prompt-tokens "$OUT" "$c")
+  fi
 
-levels_yaml=$(echo "$LEVELS" | tr ' ' ',')
-cat >"$OUT/canary.yaml" <<YAML
+  cat >"$OUT/canary-c$c.yaml" <<YAML
 targets:
   - { name: vllm, serving_mode: aggregated, url: "$URL", model: auto, dialect: vllm, server_metrics: ["$URL/metrics"] }
 tokenizer: $MODEL_DIR/tokenizer.json
 workloads:
-  concurrency_sweep: { levels: [$levels_yaml], isl: $ISL, osl: $OSL, step: ${DURATION}s, warmup: 2s }
+  concurrency_sweep: { levels: [$c], isl: $canary_isl, osl: $OSL, step: ${DURATION}s, warmup: 2s }
 schedule: { cycle: [concurrency_sweep], drain_grace: 30s, max_lag_p99: 5s }
 YAML
-echo "llm-canary, concurrency $LEVELS"
-target/debug/llm-canary bench --config "$OUT/canary.yaml" --workload concurrency_sweep \
-  --format markdown --out "$OUT/canary" >"$OUT/canary.log" 2>&1
+  echo "llm-canary, concurrency $c (ISL $canary_isl)"
+  snap "canary-c$c-before"
+  target/release/llm-canary bench --config "$OUT/canary-c$c.yaml" --workload concurrency_sweep \
+    --format markdown --out "$OUT/canary-c$c" >"$OUT/canary-c$c.log" 2>&1
+  snap "canary-c$c-after"
+done
 
 "$LLM_CANARY_VLLM_VENV/bin/python" scripts/interop/compare-side-by-side.py "$OUT" $LEVELS | tee "$OUT/comparison.md"
