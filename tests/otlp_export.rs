@@ -2,7 +2,12 @@
 //! `opentelemetry-proto`'s `ExportMetricsServiceRequest` and `ExportTraceServiceRequest`): the
 //! GenAI histograms arrive with second-based explicit bounds, the canary's labels and the GenAI
 //! attributes, and one span per request carries TTFT as an event. Flushing at shutdown delivers
-//! everything without waiting for the export interval.
+//! everything without waiting for the export interval, and so does dropping the last handle, even
+//! on a runtime that is blocked meanwhile.
+//!
+//! Built with the `otlp-grpc` feature, the same cases run over gRPC against an in-test tonic
+//! receiver serving `opentelemetry-proto`'s generated `MetricsService` and `TraceService`
+//! (`cargo test --features otlp-grpc --test otlp_export`).
 
 mod support;
 
@@ -132,12 +137,12 @@ fn histogram_points(received: &Received, name: &str) -> Vec<HistogramDataPoint> 
     points
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
-    let (url, received) = receiver().await;
+/// Starts the exporter (spans on) for `protocol` at `url`, records [`record`] once as a steady
+/// and once as a warmup request, and shuts the exporter down.
+async fn export_one_request(url: &str, protocol: OtlpProtocol) {
     let cfg = Otlp {
-        endpoint: At::dflt(url.clone()),
-        protocol: OtlpProtocol::HttpProtobuf,
+        endpoint: At::dflt(url.to_owned()),
+        protocol,
         // Longer than the test: only the shutdown flush can deliver the data.
         interval: At::dflt(Dur::secs(3600)),
         spans: true,
@@ -156,10 +161,12 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
     // A warmup request only counts.
     exporter.record(&labels, false, &rec);
     Arc::clone(&exporter).shutdown().await;
+    // The last handle is dropped here, on a runtime worker thread.
+    drop(exporter);
+}
 
-    let r = received.lock().unwrap();
-    assert!(r.paths.iter().any(|p| p == "/v1/metrics"), "{:?}", r.paths);
-
+/// What a receiver must have got from [`export_one_request`], whatever the transport.
+fn assert_one_request_exported(r: &Received) {
     let seconds_bounds = latency_buckets(&[]);
     for (name, count, sum) in [
         ("gen_ai.client.operation.duration", 1, 0.28),
@@ -167,7 +174,7 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
         ("gen_ai.client.operation.time_per_output_chunk", 4, 0.08),
         ("llm_canary.inter_token_latency", 1, 0.02),
     ] {
-        let points = histogram_points(&r, name);
+        let points = histogram_points(r, name);
         assert_eq!(points.len(), 1, "{name}: {points:?}");
         let p = &points[0];
         assert_eq!(
@@ -208,7 +215,7 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
             assert_eq!(p.bucket_counts[i], 1);
         }
     }
-    let tokens = histogram_points(&r, "gen_ai.client.token.usage");
+    let tokens = histogram_points(r, "gen_ai.client.token.usage");
     let by_type = |t: &str| {
         tokens
             .iter()
@@ -250,6 +257,60 @@ async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_http_receiver_gets_second_based_genai_histograms_and_spans() {
+    let (url, received) = receiver().await;
+    export_one_request(&url, OtlpProtocol::HttpProtobuf).await;
+    let r = received.lock().unwrap();
+    assert!(r.paths.iter().any(|p| p == "/v1/metrics"), "{:?}", r.paths);
+    assert_one_request_exported(&r);
+}
+
+/// `receiver` on a runtime of its own thread (left running until the test process exits), for a
+/// test that blocks its own runtime.
+fn serve_elsewhere<F, Fut>(receiver: F) -> (String, Arc<Mutex<Received>>)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = (String, Arc<Mutex<Received>>)>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            tx.send(receiver().await).unwrap();
+            std::future::pending::<()>().await
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(30)).unwrap()
+}
+
+/// Drops the last handle without `shutdown` on the test's current-thread runtime: the SDK's drop
+/// exports synchronously, so the runtime's only thread is blocked meanwhile, and the export must
+/// not need it (the receiver runs elsewhere). With an interval longer than the test, that final
+/// export is the only one.
+async fn dropped_exporter_flushes(url: &str, protocol: OtlpProtocol, received: &Mutex<Received>) {
+    let cfg = Otlp {
+        endpoint: At::dflt(url.to_owned()),
+        protocol,
+        interval: At::dflt(Dur::secs(3600)),
+        spans: false,
+    };
+    let exporter = OtlpExporter::start(&cfg, vec![]).await.unwrap();
+    let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep");
+    exporter.record(&labels, true, &record());
+    drop(exporter);
+    let r = received.lock().unwrap();
+    let points = histogram_points(&r, "gen_ai.client.operation.duration");
+    assert_eq!(points.len(), 1, "{points:?}");
+    assert_eq!(points[0].count, 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_the_exporter_on_a_blocked_runtime_still_flushes_over_http() {
+    let (url, received) = serve_elsewhere(receiver);
+    dropped_exporter_flushes(&url, OtlpProtocol::HttpProtobuf, &received).await;
+}
+
 #[tokio::test]
 async fn grpc_without_the_feature_is_a_clear_error() {
     if cfg!(feature = "otlp-grpc") {
@@ -268,6 +329,12 @@ async fn grpc_without_the_feature_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_pushes_both_modes_and_flushes_at_shutdown() {
     let (url, received) = receiver().await;
+    daemon_pushes_and_flushes(&format!("endpoint: \"{url}\""), &received).await;
+}
+
+/// Runs the daemon on the fast demo with `export.otlp: { <otlp>, interval: 1s }`: both modes'
+/// TTFT arrive while it runs, and SIGTERM flushes once more before it exits.
+async fn daemon_pushes_and_flushes(otlp: &str, received: &Mutex<Received>) {
     let dir = tempfile::tempdir().unwrap();
     let demo = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/fast-demo.yaml"),
@@ -276,9 +343,7 @@ async fn daemon_pushes_both_modes_and_flushes_at_shutdown() {
     let config = dir.path().join("otlp.yaml");
     let with_otlp = demo.replace(
         "export: { listen: \"127.0.0.1:0\" }",
-        &format!(
-            "export: {{ listen: \"127.0.0.1:0\", otlp: {{ endpoint: \"{url}\", interval: 1s }} }}"
-        ),
+        &format!("export: {{ listen: \"127.0.0.1:0\", otlp: {{ {otlp}, interval: 1s }} }}"),
     );
     assert_ne!(with_otlp, demo, "fast-demo.yaml changed shape");
     std::fs::write(&config, with_otlp).unwrap();
@@ -321,4 +386,132 @@ async fn daemon_pushes_both_modes_and_flushes_at_shutdown() {
     assert!(status.0.success(), "{}", status.1);
     assert!(status.1.contains("OTLP export flushed"), "{}", status.1);
     assert!(received.lock().unwrap().metrics.len() > before);
+}
+
+/// The same cases over gRPC: a tonic server on loopback with `opentelemetry-proto`'s generated
+/// services, keeping every request in the same [`Received`] as the HTTP receiver.
+#[cfg(feature = "otlp-grpc")]
+mod grpc {
+    use std::sync::{Arc, Mutex};
+
+    use llm_canary::config::{At, Dur, Otlp, OtlpProtocol};
+    use llm_canary::export::otlp::OtlpExporter;
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+        MetricsService, MetricsServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::metrics::v1::{
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use tokio::net::TcpListener;
+    use tonic::server::NamedService;
+    use tonic::{Request, Response, Status};
+    use tower::ServiceExt as _;
+
+    use super::{
+        Received, daemon_pushes_and_flushes, dropped_exporter_flushes, export_one_request,
+        serve_elsewhere,
+    };
+
+    #[derive(Clone)]
+    struct Collector(Arc<Mutex<Received>>);
+
+    #[tonic::async_trait]
+    impl MetricsService for Collector {
+        async fn export(
+            &self,
+            request: Request<ExportMetricsServiceRequest>,
+        ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+            self.0.lock().unwrap().metrics.push(request.into_inner());
+            Ok(Response::new(ExportMetricsServiceResponse::default()))
+        }
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: Request<ExportTraceServiceRequest>,
+        ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+            self.0.lock().unwrap().traces.push(request.into_inner());
+            Ok(Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// An OTLP/gRPC receiver: both services behind one port (routed by the gRPC path, which is
+    /// kept in `paths`), as a collector's `otlp` receiver serves them.
+    async fn receiver() -> (String, Arc<Mutex<Received>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let received = Arc::new(Mutex::new(Received::default()));
+        let collector = Collector(Arc::clone(&received));
+        let metrics = MetricsServiceServer::new(collector.clone());
+        let traces = TraceServiceServer::new(collector);
+        let metrics_prefix = format!("/{}/", MetricsServiceServer::<Collector>::NAME);
+        let store = Arc::clone(&received);
+        let route = tower::service_fn(move |req: http::Request<tonic::body::Body>| {
+            let path = req.uri().path().to_owned();
+            let to_metrics = path.starts_with(&metrics_prefix);
+            store.lock().unwrap().paths.push(path);
+            let (metrics, traces) = (metrics.clone(), traces.clone());
+            async move {
+                if to_metrics {
+                    metrics.oneshot(req).await
+                } else {
+                    traces.oneshot(req).await
+                }
+            }
+        });
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .serve_with_incoming(route, incoming)
+                .await
+                .unwrap();
+        });
+        (url, received)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn otlp_grpc_receiver_gets_second_based_genai_histograms_and_spans() {
+        let (url, received) = receiver().await;
+        export_one_request(&url, OtlpProtocol::Grpc).await;
+        let r = received.lock().unwrap();
+        for path in [
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        ] {
+            assert!(r.paths.iter().any(|p| p == path), "{path}: {:?}", r.paths);
+        }
+        super::assert_one_request_exported(&r);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn dropping_the_exporter_on_a_blocked_runtime_still_flushes_over_grpc() {
+        let (url, received) = serve_elsewhere(receiver);
+        dropped_exporter_flushes(&url, OtlpProtocol::Grpc, &received).await;
+    }
+
+    #[tokio::test]
+    async fn grpc_over_tls_is_a_clear_error() {
+        let cfg = Otlp {
+            endpoint: At::dflt("https://127.0.0.1:4317".to_owned()),
+            protocol: OtlpProtocol::Grpc,
+            interval: At::dflt(Dur::secs(15)),
+            spans: false,
+        };
+        let err = OtlpExporter::start(&cfg, vec![]).await.unwrap_err();
+        assert!(err.to_string().contains("HTTPS"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn daemon_pushes_both_modes_over_grpc_and_flushes_at_shutdown() {
+        let (url, received) = receiver().await;
+        daemon_pushes_and_flushes(&format!("endpoint: \"{url}\", protocol: grpc"), &received).await;
+    }
 }

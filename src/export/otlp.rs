@@ -19,8 +19,10 @@
 //!
 //! Transport: HTTP/protobuf with reqwest's *blocking* client, driven by the SDK's periodic reader
 //! on its own thread (reqwest's async client needs a Tokio reactor that thread does not have);
-//! gRPC (tonic) when built with the `otlp-grpc` feature. The endpoint is the collector's base URL
-//! (as `OTEL_EXPORTER_OTLP_ENDPOINT`): `/v1/metrics` and `/v1/traces` are appended for HTTP.
+//! gRPC (tonic) when built with the `otlp-grpc` feature, on a small Tokio runtime of the
+//! exporters' own (see the `grpc` module). The endpoint is the collector's base URL (as
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`): `/v1/metrics` and `/v1/traces` are appended for HTTP; gRPC
+//! takes it as is (plaintext `http://` only: the build has no TLS for tonic).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -31,8 +33,9 @@ use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _};
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter};
 use tokio::time::Instant;
 
 use super::metrics::{RequestLabels, latency_buckets};
@@ -61,6 +64,8 @@ pub enum OtlpError {
         "export.otlp.protocol is grpc, but this binary was built without the `otlp-grpc` feature"
     )]
     GrpcNotBuilt,
+    #[error("starting the OTLP gRPC runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     #[error("the OTLP setup task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -116,7 +121,8 @@ struct Instruments {
 }
 
 /// The running OTLP pipeline. Recording is the SDK's in-memory aggregation; the network is only
-/// touched by the periodic reader's and the span processor's own threads.
+/// touched by the periodic reader's and the span processor's own threads (and, for gRPC, the
+/// exporters' runtime).
 pub struct OtlpExporter {
     meters: SdkMeterProvider,
     tracing: Option<(SdkTracerProvider, SdkTracer)>,
@@ -162,11 +168,77 @@ pub fn label_attributes(labels: &RequestLabels) -> Vec<KeyValue> {
     .collect()
 }
 
+/// The HTTP/protobuf exporters, each with its own blocking client.
+fn http_exporters(
+    cfg: &Otlp,
+) -> Result<
+    (
+        opentelemetry_otlp::MetricExporter,
+        Option<opentelemetry_otlp::SpanExporter>,
+    ),
+    OtlpError,
+> {
+    let client = || {
+        crate::client::blocking_http_client_builder()
+            .timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(OtlpError::Client)
+    };
+    let metrics = opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .with_http_client(client()?)
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(signal_url(&cfg.endpoint, "/v1/metrics")?)
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()?;
+    let spans = if cfg.spans {
+        Some(
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client()?)
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(signal_url(&cfg.endpoint, "/v1/traces")?)
+                .with_timeout(EXPORT_TIMEOUT)
+                .build()?,
+        )
+    } else {
+        None
+    };
+    Ok((metrics, spans))
+}
+
+/// The meter provider (the periodic reader on its own thread) and, with span export, the tracer
+/// provider (a batch processor on its own thread), whatever the transport.
+fn providers<M: PushMetricExporter, S: SpanExporter + 'static>(
+    cfg: &Otlp,
+    resource: Resource,
+    metrics: M,
+    spans: Option<S>,
+) -> (SdkMeterProvider, Option<(SdkTracerProvider, SdkTracer)>) {
+    let reader = PeriodicReader::builder(metrics)
+        .with_interval(cfg.interval.0)
+        .build();
+    let meters = SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource.clone())
+        .build();
+    let tracing = spans.map(|exporter| {
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("llm-canary");
+        (provider, tracer)
+    });
+    (meters, tracing)
+}
+
 impl OtlpExporter {
     /// Starts the pipeline for `cfg` with what it knows of the `targets`.
     ///
     /// Runs the SDK setup on a blocking thread: reqwest's blocking client owns a runtime of its
-    /// own that must not be created or dropped on an async worker thread.
+    /// own that must not be created or dropped on an async worker thread. (The gRPC exporters'
+    /// runtime is shut down in the background, so it may be dropped anywhere.)
     pub async fn start(cfg: &Otlp, targets: Vec<OtlpTarget>) -> Result<OtlpExporter, OtlpError> {
         let cfg = cfg.clone();
         tokio::task::spawn_blocking(move || Self::start_blocking(&cfg, targets)).await?
@@ -177,53 +249,16 @@ impl OtlpExporter {
             .with_service_name("llm-canary")
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let (metric_exporter, span_exporter) = match cfg.protocol {
+        let (meters, tracing) = match cfg.protocol {
             OtlpProtocol::HttpProtobuf => {
-                let client = || {
-                    crate::client::blocking_http_client_builder()
-                        .timeout(EXPORT_TIMEOUT)
-                        .build()
-                        .map_err(OtlpError::Client)
-                };
-                let metrics = opentelemetry_otlp::MetricExporter::builder()
-                    .with_http()
-                    .with_http_client(client()?)
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(signal_url(&cfg.endpoint, "/v1/metrics")?)
-                    .with_timeout(EXPORT_TIMEOUT)
-                    .build()?;
-                let spans = if cfg.spans {
-                    Some(
-                        opentelemetry_otlp::SpanExporter::builder()
-                            .with_http()
-                            .with_http_client(client()?)
-                            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                            .with_endpoint(signal_url(&cfg.endpoint, "/v1/traces")?)
-                            .with_timeout(EXPORT_TIMEOUT)
-                            .build()?,
-                    )
-                } else {
-                    None
-                };
-                (metrics, spans)
+                let (metrics, spans) = http_exporters(cfg)?;
+                providers(cfg, resource, metrics, spans)
             }
-            OtlpProtocol::Grpc => grpc_exporters(cfg)?,
+            OtlpProtocol::Grpc => {
+                let (metrics, spans) = grpc::exporters(cfg)?;
+                providers(cfg, resource, metrics, spans)
+            }
         };
-        let reader = PeriodicReader::builder(metric_exporter)
-            .with_interval(cfg.interval.0)
-            .build();
-        let meters = SdkMeterProvider::builder()
-            .with_reader(reader)
-            .with_resource(resource.clone())
-            .build();
-        let tracing = span_exporter.map(|exporter| {
-            let provider = SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(resource)
-                .build();
-            let tracer = provider.tracer("llm-canary");
-            (provider, tracer)
-        });
         let meter = meters.meter("llm-canary");
         let seconds = |name: &'static str, description: &'static str| {
             meter
@@ -410,46 +445,179 @@ impl OtlpExporter {
     }
 }
 
+/// OTLP over gRPC (tonic) with the SDK's thread-based periodic reader and batch span processor.
+///
+/// Those export from their own OS threads, which have no Tokio runtime, while tonic needs one: the
+/// channel spawns its worker onto the runtime it is built in and its connections, timeouts and
+/// retry back-off run on a reactor. Borrowing the caller's runtime ties every export to it: a
+/// runtime busy or blocked in the exporter's drop (which flushes synchronously) stalls the final
+/// export for the SDK's 5 s shutdown timeout and loses it. So the exporters own a one-worker
+/// runtime: they are built inside it (the channel's worker lives there) and [`OnRuntime`] polls
+/// every export in its context.
 #[cfg(feature = "otlp-grpc")]
-fn grpc_exporters(
-    cfg: &Otlp,
-) -> Result<
-    (
-        opentelemetry_otlp::MetricExporter,
-        Option<opentelemetry_otlp::SpanExporter>,
-    ),
-    OtlpError,
-> {
-    let metrics = opentelemetry_otlp::MetricExporter::builder()
-        .with_tonic()
-        .with_endpoint(cfg.endpoint.value.clone())
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()?;
-    let spans = if cfg.spans {
-        Some(
-            opentelemetry_otlp::SpanExporter::builder()
+mod grpc {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use opentelemetry_otlp::WithExportConfig as _;
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::metrics::Temporality;
+    use opentelemetry_sdk::metrics::data::ResourceMetrics;
+    use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+    use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+    use tokio_util::context::TokioContext;
+
+    use super::{EXPORT_TIMEOUT, OtlpError};
+    use crate::config::Otlp;
+
+    /// The exporters' runtime, shared by the metric and the span exporter and shut down when the
+    /// last of them is dropped. That may happen on an async worker thread (the daemon's last
+    /// handle), where a blocking runtime shutdown panics: it is shut down in the background.
+    #[derive(Debug)]
+    struct ExportRuntime(Option<tokio::runtime::Runtime>);
+
+    impl ExportRuntime {
+        fn handle(&self) -> &tokio::runtime::Handle {
+            self.0
+                .as_ref()
+                .expect("the runtime lives until drop")
+                .handle()
+        }
+    }
+
+    impl Drop for ExportRuntime {
+        fn drop(&mut self) {
+            if let Some(runtime) = self.0.take() {
+                runtime.shutdown_background();
+            }
+        }
+    }
+
+    /// A tonic exporter whose futures are polled in the context of the exporters' runtime (from
+    /// the SDK's threads, which block on them), and which keeps that runtime alive.
+    #[derive(Debug)]
+    pub(super) struct OnRuntime<E> {
+        inner: E,
+        runtime: Arc<ExportRuntime>,
+    }
+
+    impl<E> OnRuntime<E> {
+        fn in_context<F: Future>(&self, future: F) -> TokioContext<F> {
+            TokioContext::new(future, self.runtime.handle().clone())
+        }
+    }
+
+    impl<E: PushMetricExporter> PushMetricExporter for OnRuntime<E> {
+        fn export(&self, metrics: &ResourceMetrics) -> impl Future<Output = OTelSdkResult> + Send {
+            self.in_context(self.inner.export(metrics))
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            self.inner.force_flush()
+        }
+
+        fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+            self.inner.shutdown_with_timeout(timeout)
+        }
+
+        fn shutdown(&self) -> OTelSdkResult {
+            self.inner.shutdown()
+        }
+
+        fn temporality(&self) -> Temporality {
+            self.inner.temporality()
+        }
+    }
+
+    impl<E: SpanExporter> SpanExporter for OnRuntime<E> {
+        fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+            self.in_context(self.inner.export(batch))
+        }
+
+        fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+            self.inner.shutdown_with_timeout(timeout)
+        }
+
+        fn shutdown(&self) -> OTelSdkResult {
+            self.inner.shutdown()
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            self.inner.force_flush()
+        }
+
+        fn set_resource(&mut self, resource: &Resource) {
+            self.inner.set_resource(resource);
+        }
+    }
+
+    /// The gRPC exporters of `cfg`, built on (and owning) a runtime of their own.
+    pub(super) fn exporters(
+        cfg: &Otlp,
+    ) -> Result<
+        (
+            OnRuntime<opentelemetry_otlp::MetricExporter>,
+            Option<OnRuntime<opentelemetry_otlp::SpanExporter>>,
+        ),
+        OtlpError,
+    > {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("otlp-grpc")
+            .enable_all()
+            .build()
+            .map_err(OtlpError::Runtime)?;
+        let runtime = Arc::new(ExportRuntime(Some(runtime)));
+        // Built inside the runtime: tonic's channel spawns its worker onto the current one.
+        let (metrics, spans) = {
+            let _inside = runtime.handle().enter();
+            let metrics = opentelemetry_otlp::MetricExporter::builder()
                 .with_tonic()
                 .with_endpoint(cfg.endpoint.value.clone())
                 .with_timeout(EXPORT_TIMEOUT)
-                .build()?,
-        )
-    } else {
-        None
-    };
-    Ok((metrics, spans))
+                .build()?;
+            let spans = if cfg.spans {
+                Some(
+                    opentelemetry_otlp::SpanExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(cfg.endpoint.value.clone())
+                        .with_timeout(EXPORT_TIMEOUT)
+                        .build()?,
+                )
+            } else {
+                None
+            };
+            (metrics, spans)
+        };
+        Ok((
+            OnRuntime {
+                inner: metrics,
+                runtime: Arc::clone(&runtime),
+            },
+            spans.map(|inner| OnRuntime { inner, runtime }),
+        ))
+    }
 }
 
+/// Without the `otlp-grpc` feature, `protocol: grpc` is refused when the exporter starts.
 #[cfg(not(feature = "otlp-grpc"))]
-fn grpc_exporters(
-    _cfg: &Otlp,
-) -> Result<
-    (
-        opentelemetry_otlp::MetricExporter,
-        Option<opentelemetry_otlp::SpanExporter>,
-    ),
-    OtlpError,
-> {
-    Err(OtlpError::GrpcNotBuilt)
+mod grpc {
+    use super::OtlpError;
+    use crate::config::Otlp;
+
+    pub(super) fn exporters(
+        _cfg: &Otlp,
+    ) -> Result<
+        (
+            opentelemetry_otlp::MetricExporter,
+            Option<opentelemetry_otlp::SpanExporter>,
+        ),
+        OtlpError,
+    > {
+        Err(OtlpError::GrpcNotBuilt)
+    }
 }
 
 #[cfg(test)]
