@@ -31,6 +31,10 @@ fn good_configs_load() {
 #[test]
 fn bad_configs_report_every_error_with_position() {
     for path in fixtures("bad") {
+        // This one is only bad for a build without the feature.
+        if cfg!(feature = "otlp-grpc") && path.ends_with("otlp-grpc-without-feature.yaml") {
+            continue;
+        }
         let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
         let expected: Vec<&str> = expected.lines().filter(|l| !l.is_empty()).collect();
         let err = match Config::load(&path) {

@@ -142,7 +142,7 @@ fn histogram_points(received: &Received, name: &str) -> Vec<HistogramDataPoint> 
 async fn export_one_request(url: &str, protocol: OtlpProtocol) {
     let cfg = Otlp {
         endpoint: At::dflt(url.to_owned()),
-        protocol,
+        protocol: At::dflt(protocol),
         // Longer than the test: only the shutdown flush can deliver the data.
         interval: At::dflt(Dur::secs(3600)),
         spans: true,
@@ -291,7 +291,7 @@ where
 async fn dropped_exporter_flushes(url: &str, protocol: OtlpProtocol, received: &Mutex<Received>) {
     let cfg = Otlp {
         endpoint: At::dflt(url.to_owned()),
-        protocol,
+        protocol: At::dflt(protocol),
         interval: At::dflt(Dur::secs(3600)),
         spans: false,
     };
@@ -318,7 +318,7 @@ async fn grpc_without_the_feature_is_a_clear_error() {
     }
     let cfg = Otlp {
         endpoint: At::dflt("http://127.0.0.1:4317".to_owned()),
-        protocol: OtlpProtocol::Grpc,
+        protocol: At::dflt(OtlpProtocol::Grpc),
         interval: At::dflt(Dur::secs(15)),
         spans: false,
     };
@@ -501,7 +501,7 @@ mod grpc {
     async fn grpc_over_tls_is_a_clear_error() {
         let cfg = Otlp {
             endpoint: At::dflt("https://127.0.0.1:4317".to_owned()),
-            protocol: OtlpProtocol::Grpc,
+            protocol: At::dflt(OtlpProtocol::Grpc),
             interval: At::dflt(Dur::secs(15)),
             spans: false,
         };

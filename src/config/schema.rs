@@ -643,7 +643,7 @@ pub enum OtlpProtocol {
 pub struct Otlp {
     pub endpoint: At<String>,
     #[serde(default)]
-    pub protocol: OtlpProtocol,
+    pub protocol: At<OtlpProtocol>,
     #[serde(default = "s15")]
     pub interval: At<Dur>,
     /// One span per request, with TTFT as an event.

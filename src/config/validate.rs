@@ -270,6 +270,32 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     if let Some(o) = &ex.otlp {
         c.url(&o.endpoint, "export.otlp.endpoint");
         c.positive_dur(&o.interval, "export.otlp.interval");
+        if *o.protocol == OtlpProtocol::Grpc {
+            let pos = o.protocol.pos.or(o.endpoint.pos);
+            if !cfg!(feature = "otlp-grpc") {
+                c.err(
+                    pos,
+                    "`export.otlp.protocol` is grpc, but this binary was built without the \
+                     `otlp-grpc` feature",
+                    Some(
+                        "use `protocol: http/protobuf` (a collector's port 4318), or build with \
+                         `cargo build --release --features otlp-grpc`"
+                            .into(),
+                    ),
+                );
+            } else if o.endpoint.starts_with("https:") {
+                c.err(
+                    o.endpoint.pos,
+                    "`export.otlp.endpoint` is HTTPS, but OTLP over gRPC is plaintext only in this \
+                     build",
+                    Some(
+                        "use `protocol: http/protobuf`, which speaks HTTPS, or a plaintext \
+                         `http://` gRPC endpoint"
+                            .into(),
+                    ),
+                );
+            }
+        }
     }
     c.diags
 }

@@ -249,7 +249,7 @@ impl OtlpExporter {
             .with_service_name("llm-canary")
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let (meters, tracing) = match cfg.protocol {
+        let (meters, tracing) = match *cfg.protocol {
             OtlpProtocol::HttpProtobuf => {
                 let (metrics, spans) = http_exporters(cfg)?;
                 providers(cfg, resource, metrics, spans)
@@ -601,7 +601,8 @@ mod grpc {
     }
 }
 
-/// Without the `otlp-grpc` feature, `protocol: grpc` is refused when the exporter starts.
+/// Without the `otlp-grpc` feature, `protocol: grpc` is refused by config validation, and here
+/// again when an exporter is started from a config built in code.
 #[cfg(not(feature = "otlp-grpc"))]
 mod grpc {
     use super::OtlpError;
