@@ -40,7 +40,6 @@ const FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
     ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
     ("llm_canary_server_preemptions", "counter"),
-    ("llm_canary_server_evictions", "counter"),
     ("llm_canary_server_ttft_mean_seconds", "gauge"),
     ("llm_canary_target_up", "gauge"),
     ("llm_canary_inflight_requests", "gauge"),
@@ -53,11 +52,13 @@ const FAMILIES: &[(&str, &str)] = &[
 ];
 
 /// Families the encoder writes only once they have a series: counted events that the demo may not
-/// produce (mismatches, scrape errors), KVBM gauges (the simulator has no KVBM hit rates) and the
-/// SLO families (with the first evaluated SLO). Typed when present.
+/// produce (mismatches, scrape errors), the KVBM-fed series (the demo's simulators have no KVBM
+/// tiers, and the simulator no KVBM hit rates) and the SLO families (with the first evaluated
+/// SLO). Typed when present.
 const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_osl_mismatch", "counter"),
     ("llm_canary_client_token_count_mismatch", "counter"),
+    ("llm_canary_server_evictions", "counter"),
     ("llm_canary_server_kvbm_host_cache_hit_ratio", "gauge"),
     ("llm_canary_server_kvbm_disk_cache_hit_ratio", "gauge"),
     ("llm_canary_server_scrape_errors", "counter"),

@@ -1,7 +1,8 @@
 //! The server-metrics scrape against the simulator's own `/metrics`: the step's prefix-cache hit
 //! ratio equals what the simulator's counters say (read here from its raw text, independently of
 //! the scraper's parser), the step carries the server's TTFT and KV usage, the
-//! `llm_canary_server_*` series are published, and the periodic loop keeps them fresh.
+//! `llm_canary_server_*` series are published, the step's evictions are KVBM's GPU→host offloads
+//! (`kvbm_offload_blocks_d2h`, absent without KV tiers), and the periodic loop keeps them fresh.
 
 mod support;
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use llm_canary::config::ServingMode;
 use llm_canary::export::Metrics;
 use llm_canary::export::scrape::{ScrapeTarget, ServerScraper};
-use llm_canary::sim::{SimSpec, start};
+use llm_canary::sim::{PoolSpec, SimSpec, TierSpec, start};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -126,6 +127,9 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
         assert!((0.0..=1.0).contains(&usage));
         assert!(step.kv_cache_usage_max.unwrap() >= usage);
         assert_eq!(step.preemptions, Some(0.0));
+        // No KVBM tiers: the simulator, like vLLM, exports no eviction count, and that is fine.
+        assert_eq!(step.evictions, None);
+        assert_eq!(step.evictions_per_second, None);
 
         let text = metrics.encode().unwrap();
         for family in [
@@ -137,8 +141,76 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
             assert!(text.contains(family), "{family} missing:\n{text}");
         }
         assert!(!text.contains("llm_canary_server_scrape_errors_total{"));
+        assert!(
+            !text.contains("llm_canary_server_evictions_total{"),
+            "no eviction source, no series:\n{text}"
+        );
         sim.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_evictions_are_kvbms_gpu_to_host_offloads() {
+    // 16 blocks of 64 tokens and a CPU tier: each 400-word prompt fills 7 blocks, so from the
+    // third unique prompt on cached blocks are evicted, and offloaded to host memory as in KVBM.
+    let spec = SimSpec {
+        profile: "fast".into(),
+        aggregated: PoolSpec {
+            kv_blocks: Some(16),
+            ..PoolSpec::default()
+        },
+        cpu_tier: Some(TierSpec {
+            capacity_gb: 1.0,
+            bandwidth_gbps: 20.0,
+        }),
+        ..SimSpec::default()
+    };
+    let sim = start(
+        spec,
+        ServingMode::Aggregated,
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let base = sim.base_url();
+    let metrics = Arc::new(Metrics::new(&[]));
+    let scraper = ServerScraper::new(
+        vec![ScrapeTarget {
+            name: "sim".into(),
+            urls: vec![format!("{base}/metrics")],
+        }],
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+
+    chat(&base, &sentence(400, "before")).await;
+    let raw_before = raw_metrics(&base).await;
+    let mark = scraper.begin_step().await;
+    for salt in ["a", "b", "c", "d"] {
+        chat(&base, &sentence(400, salt)).await;
+    }
+    let raw_after = raw_metrics(&base).await;
+    let steps = scraper.end_step(mark).await;
+    let step = steps["sim"];
+
+    assert!(
+        raw_after.contains("# TYPE kvbm_offload_blocks_d2h counter"),
+        "{raw_after}"
+    );
+    let offloads = raw_sum(&raw_after, "kvbm_offload_blocks_d2h")
+        - raw_sum(&raw_before, "kvbm_offload_blocks_d2h");
+    assert!(offloads > 0.0, "the small pool must evict:\n{raw_after}");
+    assert_eq!(step.evictions, Some(offloads));
+    assert!(step.evictions_per_second.unwrap() > 0.0);
+
+    let text = metrics.encode().unwrap();
+    let published = text
+        .lines()
+        .find_map(|l| l.strip_prefix("llm_canary_server_evictions_total{target=\"sim\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("llm_canary_server_evictions_total missing:\n{text}"));
+    assert_eq!(published, raw_sum(&raw_after, "kvbm_offload_blocks_d2h"));
+    sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

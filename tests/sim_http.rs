@@ -279,6 +279,10 @@ async fn non_streaming_completions_and_the_read_endpoints() {
         metrics.contains("dynamo_frontend_inflight_requests{model=\"Qwen/Qwen3-30B-A3B-FP8\"} 0")
     );
     assert!(!metrics.contains("kvbm_"), "KVBM counters only with tiers");
+    assert!(
+        !metrics.contains("evictions"),
+        "vLLM has no eviction counter, and neither has the simulator"
+    );
     sim.shutdown().await;
 }
 
@@ -300,8 +304,36 @@ async fn kvbm_counters_appear_with_offload_tiers() {
         .text()
         .await
         .unwrap();
-    assert!(text.contains("kvbm_offload_blocks_d2h_total"));
-    assert!(text.contains("kvbm_onboard_blocks_h2d_total"));
+    // Dynamo's KVBM names: counters of the Rust `prometheus` crate, which adds no `_total`.
+    for name in [
+        "kvbm_offload_blocks_d2h",
+        "kvbm_offload_blocks_h2d",
+        "kvbm_offload_blocks_d2d",
+        "kvbm_onboard_blocks_h2d",
+        "kvbm_onboard_blocks_d2d",
+        "kvbm_matched_tokens",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} counter\n")),
+            "{name} missing:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("\n{name}{{")),
+            "{name} has no sample"
+        );
+    }
+    let kvbm: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kvbm_") || l.starts_with("# TYPE kvbm_"))
+        .collect();
+    assert!(
+        kvbm.iter().all(|l| !l.contains("_total")),
+        "no `_total` on KVBM names: {kvbm:?}"
+    );
+    assert!(
+        !text.contains("cache_blocks"),
+        "Dynamo has no tier occupancy gauge"
+    );
     sim.shutdown().await;
 }
 

@@ -602,6 +602,7 @@ pub struct ServerSnapshot {
     pub prefix_cache_hit_ratio: Option<f64>,
     pub kv_cache_usage_ratio: Option<f64>,
     pub preemptions_total: Option<f64>,
+    /// KVBM's `kvbm_offload_blocks_d2h` (see [`super::scrape::ServerTotals::evictions`]).
     pub evictions_total: Option<f64>,
     pub ttft_mean_seconds: Option<f64>,
 }
@@ -958,7 +959,7 @@ impl Metrics {
         );
         r.register(
             "llm_canary_server_evictions",
-            "KV block evictions reported by the server's own metrics",
+            "GPU-to-host KV block offloads reported by the server's own metrics (Dynamo KVBM)",
             self.server_evictions.clone(),
         );
         r.register_with_unit(
@@ -1245,15 +1246,25 @@ impl Metrics {
                 family.get_or_create_owned(&labels).set(v);
             }
         }
-        let preemptions = self.server_preemptions.get_or_create_owned(&labels);
-        let evictions = self.server_evictions.get_or_create_owned(&labels);
+        // A counter the server does not export gets no series rather than a zero: vLLM without
+        // KVBM has no eviction count, and "0 evictions" would claim one.
+        let counter = |family: &Family<TargetLabels, CounterF64>, total: Option<f64>| {
+            total
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .map(|t| (family.get_or_create_owned(&labels), t))
+        };
+        let preemptions = counter(&self.server_preemptions, snapshot.preemptions_total);
+        let evictions = counter(&self.server_evictions, snapshot.evictions_total);
+        if preemptions.is_none() && evictions.is_none() {
+            return;
+        }
         self.track(target, |s| {
-            mirror_counter(
-                &preemptions,
-                &mut s.last_preemptions,
-                snapshot.preemptions_total,
-            );
-            mirror_counter(&evictions, &mut s.last_evictions, snapshot.evictions_total);
+            if let Some((c, total)) = &preemptions {
+                mirror_counter(c, &mut s.last_preemptions, *total);
+            }
+            if let Some((c, total)) = &evictions {
+                mirror_counter(c, &mut s.last_evictions, *total);
+            }
         });
     }
 
@@ -1509,10 +1520,8 @@ impl Metrics {
     }
 }
 
-fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: Option<f64>) {
-    let Some(total) = total.filter(|t| t.is_finite() && *t >= 0.0) else {
-        return;
-    };
+/// Adds to `counter` the increase of a server's cumulative `total` since `last`.
+fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: f64) {
     let increase = match *last {
         Some(previous) if total >= previous => total - previous,
         _ => total,
@@ -1877,9 +1886,24 @@ mod tests {
             sample(&text, "llm_canary_server_kv_cache_usage_ratio", &t),
             Some(0.3)
         );
+        // The snapshots carried no eviction count (vLLM has none): no series, not a zero.
+        assert_eq!(sample(&text, "llm_canary_server_evictions_total", &t), None);
+        metrics.set_server(
+            "agg",
+            &ServerSnapshot {
+                evictions_total: Some(4.0),
+                ..ServerSnapshot::default()
+            },
+        );
+        let text = metrics.encode().expect("encode");
         assert_eq!(
             sample(&text, "llm_canary_server_evictions_total", &t),
-            Some(0.0)
+            Some(4.0)
+        );
+        assert_eq!(
+            sample(&text, "llm_canary_server_preemptions_total", &t),
+            Some(17.0),
+            "a snapshot without preemptions leaves them as they were"
         );
     }
 

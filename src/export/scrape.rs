@@ -1,6 +1,12 @@
 //! Scraping the serving engines' own `/metrics` (vLLM `vllm:*`, Dynamo `dynamo_frontend_*` and
-//! KVBM `kvbm_*`): what the server says about its prefix cache, KV usage, preemptions, evictions
-//! and TTFT, next to what the canary measured.
+//! KVBM `kvbm_*`): what the server says about its prefix cache, KV usage, preemptions, GPU→host
+//! offloads and TTFT, next to what the canary measured.
+//!
+//! vLLM has no eviction counter (only sampled block-lifetime histograms behind
+//! `--kv-cache-metrics`, not read here). What [`ServerTotals::evictions`] holds instead is Dynamo
+//! KVBM's `kvbm_offload_blocks_d2h`, the KV blocks offloaded from GPU to host memory (a Rust
+//! `prometheus` crate counter, so without `_total`); a target without KVBM has none, and its
+//! evictions stay `None`.
 //!
 //! Every `export.server_metrics_interval` each target's endpoints are fetched (response size and
 //! time bounded), parsed with [`super::promtext`] and summed over their series into
@@ -94,7 +100,9 @@ pub struct ServerTotals {
     pub kv_cache_usage_ratio: Option<f64>,
     /// `vllm:num_preemptions_total`.
     pub preemptions: Option<f64>,
-    /// `vllm:kv_cache_evictions_total`.
+    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory. The
+    /// simulator offloads a block when it evicts it from the GPU; Dynamo's KVBM offloads blocks
+    /// as they are computed, so there it counts copies, evicted or not. `None` without KVBM.
     pub evictions: Option<f64>,
     /// `dynamo_frontend_time_to_first_token_seconds_sum` and `_count`.
     pub ttft_sum_seconds: Option<f64>,
@@ -147,7 +155,7 @@ impl TotalsBuilder {
                 "vllm:prefix_cache_hits_total" => &mut self.hits,
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => &mut self.kv_usage,
                 "vllm:num_preemptions_total" => &mut self.preemptions,
-                "vllm:kv_cache_evictions_total" => &mut self.evictions,
+                "kvbm_offload_blocks_d2h" => &mut self.evictions,
                 "dynamo_frontend_time_to_first_token_seconds_sum" => &mut self.ttft_sum,
                 "dynamo_frontend_time_to_first_token_seconds_count" => &mut self.ttft_count,
                 "kvbm_host_cache_hit_rate" => &mut self.kvbm_host,
@@ -245,9 +253,11 @@ pub struct ServerStep {
     /// Mean and peak of the KV cache usage (0..1) over the step's scrapes.
     pub kv_cache_usage_mean: Option<f64>,
     pub kv_cache_usage_max: Option<f64>,
-    /// Preemptions and KV block evictions during the step, and per second.
+    /// Δ`vllm:num_preemptions_total` during the step, and per second.
     pub preemptions: Option<f64>,
     pub preemptions_per_second: Option<f64>,
+    /// Δ`kvbm_offload_blocks_d2h` during the step, and per second: KV blocks offloaded from GPU
+    /// to host memory ([`ServerTotals::evictions`]); `None` for a server without KVBM.
     pub evictions: Option<f64>,
     pub evictions_per_second: Option<f64>,
     /// Δ`dynamo_frontend_time_to_first_token_seconds_sum` / Δ`_count`: the server's own TTFT.
@@ -505,8 +515,14 @@ vllm:prefix_cache_hits_total{engine=\"1\"} 1500
 vllm:kv_cache_usage_perc{engine=\"0\"} 0.2
 vllm:kv_cache_usage_perc{engine=\"1\"} 0.4
 vllm:num_preemptions_total{engine=\"0\"} 3
-vllm:kv_cache_evictions_total{engine=\"1\"} 7
 unrelated_total{engine=\"1\"} 99
+";
+    /// KVBM's own endpoint: counters without `_total`, one series per worker.
+    const KVBM: &str = "\
+# TYPE kvbm_offload_blocks_d2h counter
+kvbm_offload_blocks_d2h{engine=\"0\"} 5
+kvbm_offload_blocks_d2h{engine=\"1\"} 2
+kvbm_offload_blocks_h2d{engine=\"0\"} 40
 ";
     const FRONTEND: &str = "\
 dynamo_frontend_time_to_first_token_seconds_bucket{le=\"+Inf\"} 10
@@ -517,12 +533,16 @@ kvbm_host_cache_hit_rate 0.75
 
     #[test]
     fn totals_sum_counters_and_average_gauges_over_endpoints() {
-        let t = ServerTotals::from_texts([WORKERS, FRONTEND]);
+        let t = ServerTotals::from_texts([WORKERS, FRONTEND, KVBM]);
         assert_eq!(t.prefix_cache_queries, Some(4000.0));
         assert_eq!(t.prefix_cache_hits, Some(2000.0));
         assert!((t.kv_cache_usage_ratio.unwrap() - 0.3).abs() < 1e-12);
         assert_eq!(t.preemptions, Some(3.0));
-        assert_eq!(t.evictions, Some(7.0));
+        assert_eq!(
+            t.evictions,
+            Some(7.0),
+            "Σ kvbm_offload_blocks_d2h over workers"
+        );
         assert_eq!(t.ttft_sum_seconds, Some(2.5));
         assert_eq!(t.ttft_count, Some(10.0));
         assert_eq!(t.kvbm_host_cache_hit_ratio, Some(0.75));
@@ -531,6 +551,10 @@ kvbm_host_cache_hit_rate 0.75
             ServerTotals::from_texts(["garbage\n"]),
             ServerTotals::default()
         );
+        // vLLM without KVBM: no eviction count at all, rather than zero.
+        let vllm = ServerTotals::from_texts([WORKERS]);
+        assert_eq!(vllm.evictions, None);
+        assert_eq!(vllm.preemptions, Some(3.0));
     }
 
     #[test]

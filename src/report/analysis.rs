@@ -740,11 +740,14 @@ impl<'a> Index<'a> {
                     && let Some(u) = sv.kv_cache_usage_max
                 {
                     evidence.push_str(&format!(
-                        "; {} KV usage peak {:.1} % at c={level}, {} evictions",
+                        "; {} KV usage peak {:.1} % at c={level}",
                         s.info.serving_mode,
                         u * 100.0,
-                        sv.evictions.unwrap_or(0.0)
                     ));
+                    // Only a server with KVBM counts them; vLLM alone has no eviction counter.
+                    if let Some(e) = sv.evictions {
+                        evidence.push_str(&format!(", {e} evictions"));
+                    }
                 }
             }
         }

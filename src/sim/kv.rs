@@ -114,19 +114,31 @@ impl LruTier {
     }
 }
 
-/// Counters a worker exports on `/metrics`.
+/// A worker's KV counters; `/metrics` exports all but `evicted_blocks`, under vLLM's and Dynamo
+/// KVBM's names.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct KvCounters {
     /// Prompt tokens looked up in the prefix cache (vLLM's `prefix_cache_queries`).
     pub prefix_queries_tokens: u64,
     /// Prompt tokens found in the cache (GPU or a lower tier).
     pub prefix_hit_tokens: u64,
-    /// Cached GPU blocks whose contents were dropped to make room.
+    /// Cached GPU blocks whose contents were dropped to make room. Not exported: vLLM has no
+    /// eviction counter.
     pub evicted_blocks: u64,
+    /// Evicted GPU blocks offloaded to the CPU tier (KVBM's `offload_blocks_d2h`).
     pub offload_d2h_blocks: u64,
+    /// Blocks the CPU tier spilled to disk (KVBM's `offload_blocks_h2d`).
     pub offload_h2d_blocks: u64,
+    /// Evicted GPU blocks offloaded straight to disk, without a CPU tier (KVBM's
+    /// `offload_blocks_d2d`).
+    pub offload_d2d_blocks: u64,
+    /// Blocks brought back to the GPU from the CPU tier (KVBM's `onboard_blocks_h2d`).
     pub onboard_h2d_blocks: u64,
+    /// Blocks brought back to the GPU from disk (KVBM's `onboard_blocks_d2d`).
     pub onboard_d2d_blocks: u64,
+    /// Prompt tokens found in the CPU and disk tiers and onboarded instead of recomputed (KVBM's
+    /// `matched_tokens`: the external tokens it stages for onboarding).
+    pub matched_tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -331,6 +343,7 @@ impl KvCache {
         }
         self.counters.onboard_h2d_blocks += m.cpu as u64;
         self.counters.onboard_d2d_blocks += m.disk as u64;
+        self.counters.matched_tokens += ((m.cpu + m.disk) * self.block_size) as u64;
         let onboard_seconds = self.cpu.seconds_for(m.cpu as u64, self.bytes_per_block)
             + self.disk.seconds_for(m.disk as u64, self.bytes_per_block);
         Some(Acquired {
@@ -423,7 +436,7 @@ impl KvCache {
         } else if self.disk.enabled() {
             // Without a CPU tier, evicted blocks go straight to disk.
             if !self.disk.contains(hash) {
-                self.counters.offload_h2d_blocks += 1;
+                self.counters.offload_d2d_blocks += 1;
             }
             self.disk.insert(hash);
         }
@@ -561,5 +574,35 @@ mod tests {
         );
         let c = kv.counters();
         assert_eq!(c.onboard_h2d_blocks + c.onboard_d2d_blocks, 2);
+        assert_eq!(c.matched_tokens, 2 * 4, "two onboarded blocks of 4 tokens");
+        assert_eq!(
+            c.offload_d2d_blocks, 0,
+            "the CPU tier takes every GPU eviction"
+        );
+    }
+
+    #[test]
+    fn without_a_cpu_tier_evicted_blocks_go_from_gpu_straight_to_disk() {
+        let disk = Some(TierConfig {
+            capacity_blocks: 8,
+            bytes_per_second: 0.0,
+        });
+        let mut kv = KvCache::new(2, 4, 1024.0, None, disk);
+        let hashes = block_hashes(&(0..8).collect::<Vec<_>>(), 4);
+        let blocks = kv.allocate(2).unwrap();
+        kv.commit_hash(blocks[0], hashes[0]);
+        kv.commit_hash(blocks[1], hashes[1]);
+        kv.release(&blocks);
+        kv.allocate(2).unwrap();
+        let c = kv.counters();
+        assert_eq!(
+            (
+                c.offload_d2h_blocks,
+                c.offload_h2d_blocks,
+                c.offload_d2d_blocks
+            ),
+            (0, 0, 2)
+        );
+        assert_eq!(kv.disk_blocks(), 2);
     }
 }

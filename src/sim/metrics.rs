@@ -1,6 +1,6 @@
 //! The simulator's `/metrics`: Dynamo frontend names (`dynamo_frontend_*`), vLLM engine names
-//! (`vllm:*`) per worker, and KVBM-style offload/onboard counters when tiers are on, in the
-//! Prometheus text format.
+//! (`vllm:*`) per worker, and Dynamo KVBM's offload/onboard counters (`kvbm_*`, without `_total`)
+//! when tiers are on, in the Prometheus text format.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -295,48 +295,46 @@ pub fn render(state: &ServerState, cluster: &Cluster) -> String {
         "Tokens generated.",
         &|w| w.engine.generation_tokens.to_string(),
     );
-    family(
-        "vllm:kv_cache_evictions_total",
-        "counter",
-        "Cached KV blocks evicted from GPU memory.",
-        &|w| w.kv.evicted_blocks.to_string(),
-    );
+    // vLLM exports no eviction counter (only sampled block-lifetime histograms behind
+    // `--kv-cache-metrics`), so the simulator's GPU evictions show only as KVBM offloads. KVBM's
+    // counters are registered with the Rust `prometheus` crate, which adds no `_total`; like
+    // Dynamo, there is no tier occupancy gauge.
     if workers.iter().any(|w| w.tiers_enabled) {
         family(
-            "kvbm_offload_blocks_d2h_total",
+            "kvbm_offload_blocks_d2h",
             "counter",
-            "Blocks offloaded from GPU to CPU memory.",
+            "The number of offload blocks from device to host.",
             &|w| w.kv.offload_d2h_blocks.to_string(),
         );
         family(
-            "kvbm_offload_blocks_h2d_total",
+            "kvbm_offload_blocks_h2d",
             "counter",
-            "Blocks offloaded from CPU memory to disk.",
+            "The number of offload blocks from host to disk.",
             &|w| w.kv.offload_h2d_blocks.to_string(),
         );
         family(
-            "kvbm_onboard_blocks_h2d_total",
+            "kvbm_offload_blocks_d2d",
             "counter",
-            "Blocks onboarded from CPU memory to GPU.",
+            "The number of offload blocks from device to disk (bypassing host memory).",
+            &|w| w.kv.offload_d2d_blocks.to_string(),
+        );
+        family(
+            "kvbm_onboard_blocks_h2d",
+            "counter",
+            "The number of onboard blocks from host to device.",
             &|w| w.kv.onboard_h2d_blocks.to_string(),
         );
         family(
-            "kvbm_onboard_blocks_d2d_total",
+            "kvbm_onboard_blocks_d2d",
             "counter",
-            "Blocks onboarded from disk to GPU.",
+            "The number of onboard blocks from disk to device.",
             &|w| w.kv.onboard_d2d_blocks.to_string(),
         );
         family(
-            "kvbm_host_cache_blocks",
-            "gauge",
-            "Blocks held in the CPU tier.",
-            &|w| w.cpu_blocks.to_string(),
-        );
-        family(
-            "kvbm_disk_cache_blocks",
-            "gauge",
-            "Blocks held in the disk tier.",
-            &|w| w.disk_blocks.to_string(),
+            "kvbm_matched_tokens",
+            "counter",
+            "The number of matched tokens.",
+            &|w| w.kv.matched_tokens.to_string(),
         );
     }
     out
