@@ -269,9 +269,12 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
         // The simulators' own /metrics were scraped during the steps.
         assert!(num(full, pc, "server KV usage peak") > 0.0, "{full:?}");
         assert!(num(full, pc, "server prefix hit") > 80.0, "{full:?}");
-        // The default simulators have no KVBM tiers, and vLLM exports no eviction counter: the
-        // cell is empty, not a zero.
-        assert!(full[col(pc, "server KV evictions")].is_null(), "{full:?}");
+        // The default simulators have no KVBM tiers, so no `kvbm_offload_blocks_d2h` (vLLM has no
+        // such counter either): the cell is empty, not a zero.
+        assert!(
+            full[col(pc, "server KV blocks offloaded")].is_null(),
+            "{full:?}"
+        );
     }
     let fits = s["prefix_fits"].as_array().unwrap();
     assert_eq!(fits.len(), 2);

@@ -101,7 +101,7 @@ fn fill(metrics: &Metrics) {
             prefix_cache_hit_ratio: Some(0.4),
             kv_cache_usage_ratio: Some(0.7),
             preemptions_total: Some(3.0),
-            evictions_total: Some(9.0),
+            kv_offload_blocks_total: Some(9.0),
             ttft_mean_seconds: Some(0.3),
         },
     );
@@ -186,7 +186,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
         ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
         ("llm_canary_server_preemptions", "counter"),
-        ("llm_canary_server_evictions", "counter"),
+        ("llm_canary_server_kv_offload_blocks", "counter"),
         ("llm_canary_server_ttft_mean_seconds", "gauge"),
         ("llm_canary_slo_state", "gauge"),
         ("llm_canary_slo_value", "gauge"),

@@ -58,7 +58,7 @@ const FAMILIES: &[(&str, &str)] = &[
 const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_osl_mismatch", "counter"),
     ("llm_canary_client_token_count_mismatch", "counter"),
-    ("llm_canary_server_evictions", "counter"),
+    ("llm_canary_server_kv_offload_blocks", "counter"),
     ("llm_canary_server_kvbm_host_cache_hit_ratio", "gauge"),
     ("llm_canary_server_kvbm_disk_cache_hit_ratio", "gauge"),
     ("llm_canary_server_scrape_errors", "counter"),

@@ -1,8 +1,9 @@
 //! The server-metrics scrape against the simulator's own `/metrics`: the step's prefix-cache hit
 //! ratio equals what the simulator's counters say (read here from its raw text, independently of
 //! the scraper's parser), the step carries the server's TTFT and KV usage, the
-//! `llm_canary_server_*` series are published, the step's evictions are KVBM's GPU→host offloads
-//! (`kvbm_offload_blocks_d2h`, absent without KV tiers), and the periodic loop keeps them fresh.
+//! `llm_canary_server_*` series are published, the step's KV offloads are KVBM's GPU→host block
+//! copies (`kvbm_offload_blocks_d2h`, absent without KV tiers), and the periodic loop keeps them
+//! fresh.
 
 mod support;
 
@@ -127,9 +128,9 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
         assert!((0.0..=1.0).contains(&usage));
         assert!(step.kv_cache_usage_max.unwrap() >= usage);
         assert_eq!(step.preemptions, Some(0.0));
-        // No KVBM tiers: the simulator, like vLLM, exports no eviction count, and that is fine.
-        assert_eq!(step.evictions, None);
-        assert_eq!(step.evictions_per_second, None);
+        // No KVBM tiers: the simulator, like vLLM, exports no offload count, and that is fine.
+        assert_eq!(step.kv_offload_blocks, None);
+        assert_eq!(step.kv_offload_blocks_per_second, None);
 
         let text = metrics.encode().unwrap();
         for family in [
@@ -142,17 +143,18 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
         }
         assert!(!text.contains("llm_canary_server_scrape_errors_total{"));
         assert!(
-            !text.contains("llm_canary_server_evictions_total{"),
-            "no eviction source, no series:\n{text}"
+            !text.contains("llm_canary_server_kv_offload_blocks_total{"),
+            "no offload source, no series:\n{text}"
         );
         sim.shutdown().await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn step_evictions_are_kvbms_gpu_to_host_offloads() {
+async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
     // 16 blocks of 64 tokens and a CPU tier: each 400-word prompt fills 7 blocks, so from the
-    // third unique prompt on cached blocks are evicted, and offloaded to host memory as in KVBM.
+    // third unique prompt on cached blocks are evicted. The simulator offloads a block to host
+    // memory only then (real KVBM copies every computed block), so offloads need the eviction.
     let spec = SimSpec {
         profile: "fast".into(),
         aggregated: PoolSpec {
@@ -199,16 +201,20 @@ async fn step_evictions_are_kvbms_gpu_to_host_offloads() {
     );
     let offloads = raw_sum(&raw_after, "kvbm_offload_blocks_d2h")
         - raw_sum(&raw_before, "kvbm_offload_blocks_d2h");
-    assert!(offloads > 0.0, "the small pool must evict:\n{raw_after}");
-    assert_eq!(step.evictions, Some(offloads));
-    assert!(step.evictions_per_second.unwrap() > 0.0);
+    assert!(
+        offloads > 0.0,
+        "the small pool must evict, and offload:\n{raw_after}"
+    );
+    assert_eq!(step.kv_offload_blocks, Some(offloads));
+    assert!(step.kv_offload_blocks_per_second.unwrap() > 0.0);
 
     let text = metrics.encode().unwrap();
+    let series = "llm_canary_server_kv_offload_blocks_total{target=\"sim\"} ";
     let published = text
         .lines()
-        .find_map(|l| l.strip_prefix("llm_canary_server_evictions_total{target=\"sim\"} "))
+        .find_map(|l| l.strip_prefix(series))
         .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("llm_canary_server_evictions_total missing:\n{text}"));
+        .unwrap_or_else(|| panic!("{series}missing:\n{text}"));
     assert_eq!(published, raw_sum(&raw_after, "kvbm_offload_blocks_d2h"));
     sim.shutdown().await;
 }

@@ -602,8 +602,9 @@ pub struct ServerSnapshot {
     pub prefix_cache_hit_ratio: Option<f64>,
     pub kv_cache_usage_ratio: Option<f64>,
     pub preemptions_total: Option<f64>,
-    /// KVBM's `kvbm_offload_blocks_d2h` (see [`super::scrape::ServerTotals::evictions`]).
-    pub evictions_total: Option<f64>,
+    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory (see
+    /// [`super::scrape::ServerTotals::kv_offload_blocks`]).
+    pub kv_offload_blocks_total: Option<f64>,
     pub ttft_mean_seconds: Option<f64>,
 }
 
@@ -698,7 +699,7 @@ struct TargetSeries {
     lags: HashSet<TargetWorkloadLabels>,
     /// Last cumulative server counter values seen, to mirror their increase.
     last_preemptions: Option<f64>,
-    last_evictions: Option<f64>,
+    last_kv_offload_blocks: Option<f64>,
 }
 
 /// Every metric family of the daemon, registered once in [`Metrics::new`].
@@ -738,7 +739,7 @@ pub struct Metrics {
     server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
     server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
     server_preemptions: Family<TargetLabels, CounterF64>,
-    server_evictions: Family<TargetLabels, CounterF64>,
+    server_kv_offload_blocks: Family<TargetLabels, CounterF64>,
     server_ttft_mean: Family<TargetLabels, GaugeF64>,
     server_kvbm_host_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
     server_kvbm_disk_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
@@ -819,7 +820,7 @@ impl Metrics {
             server_prefix_cache_hit_ratio: Family::default(),
             server_kv_cache_usage_ratio: Family::default(),
             server_preemptions: Family::default(),
-            server_evictions: Family::default(),
+            server_kv_offload_blocks: Family::default(),
             server_ttft_mean: Family::default(),
             server_kvbm_host_cache_hit_ratio: Family::default(),
             server_kvbm_disk_cache_hit_ratio: Family::default(),
@@ -957,10 +958,12 @@ impl Metrics {
             "Preemptions reported by the server's own metrics",
             self.server_preemptions.clone(),
         );
-        r.register(
-            "llm_canary_server_evictions",
-            "GPU-to-host KV block offloads reported by the server's own metrics (Dynamo KVBM)",
-            self.server_evictions.clone(),
+        // `Unit::Other("blocks")` appends `_blocks`: `llm_canary_server_kv_offload_blocks_total`.
+        r.register_with_unit(
+            "llm_canary_server_kv_offload",
+            "KV blocks the server's KV block manager offloaded from GPU to host memory (increase of kvbm_offload_blocks_d2h)",
+            Unit::Other("blocks".into()),
+            self.server_kv_offload_blocks.clone(),
         );
         r.register_with_unit(
             "llm_canary_server_ttft_mean",
@@ -1247,23 +1250,26 @@ impl Metrics {
             }
         }
         // A counter the server does not export gets no series rather than a zero: vLLM without
-        // KVBM has no eviction count, and "0 evictions" would claim one.
+        // KVBM has no offload count, and "0 blocks offloaded" would claim one.
         let counter = |family: &Family<TargetLabels, CounterF64>, total: Option<f64>| {
             total
                 .filter(|t| t.is_finite() && *t >= 0.0)
                 .map(|t| (family.get_or_create_owned(&labels), t))
         };
         let preemptions = counter(&self.server_preemptions, snapshot.preemptions_total);
-        let evictions = counter(&self.server_evictions, snapshot.evictions_total);
-        if preemptions.is_none() && evictions.is_none() {
+        let kv_offload_blocks = counter(
+            &self.server_kv_offload_blocks,
+            snapshot.kv_offload_blocks_total,
+        );
+        if preemptions.is_none() && kv_offload_blocks.is_none() {
             return;
         }
         self.track(target, |s| {
             if let Some((c, total)) = &preemptions {
                 mirror_counter(c, &mut s.last_preemptions, *total);
             }
-            if let Some((c, total)) = &evictions {
-                mirror_counter(c, &mut s.last_evictions, *total);
+            if let Some((c, total)) = &kv_offload_blocks {
+                mirror_counter(c, &mut s.last_kv_offload_blocks, *total);
             }
         });
     }
@@ -1417,7 +1423,7 @@ impl Metrics {
         }
         self.server_scrape_errors.remove(&labels);
         self.server_preemptions.remove(&labels);
-        self.server_evictions.remove(&labels);
+        self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
         self.inflight.remove(&labels);
     }
@@ -1886,19 +1892,27 @@ mod tests {
             sample(&text, "llm_canary_server_kv_cache_usage_ratio", &t),
             Some(0.3)
         );
-        // The snapshots carried no eviction count (vLLM has none): no series, not a zero.
-        assert_eq!(sample(&text, "llm_canary_server_evictions_total", &t), None);
+        // The snapshots carried no offload count (vLLM without KVBM has none): no series, not a
+        // zero.
+        assert_eq!(
+            sample(&text, "llm_canary_server_kv_offload_blocks_total", &t),
+            None
+        );
         metrics.set_server(
             "agg",
             &ServerSnapshot {
-                evictions_total: Some(4.0),
+                kv_offload_blocks_total: Some(4.0),
                 ..ServerSnapshot::default()
             },
         );
         let text = metrics.encode().expect("encode");
         assert_eq!(
-            sample(&text, "llm_canary_server_evictions_total", &t),
+            sample(&text, "llm_canary_server_kv_offload_blocks_total", &t),
             Some(4.0)
+        );
+        assert!(
+            text.contains("# UNIT llm_canary_server_kv_offload_blocks blocks\n"),
+            "{text}"
         );
         assert_eq!(
             sample(&text, "llm_canary_server_preemptions_total", &t),
@@ -1923,7 +1937,7 @@ mod tests {
             metrics.set_server(
                 &labels.target,
                 &ServerSnapshot {
-                    evictions_total: Some(3.0),
+                    kv_offload_blocks_total: Some(3.0),
                     ..ServerSnapshot::default()
                 },
             );

@@ -2,11 +2,12 @@
 //! KVBM `kvbm_*`): what the server says about its prefix cache, KV usage, preemptions, GPU→host
 //! offloads and TTFT, next to what the canary measured.
 //!
-//! vLLM has no eviction counter (only sampled block-lifetime histograms behind
-//! `--kv-cache-metrics`, not read here). What [`ServerTotals::evictions`] holds instead is Dynamo
-//! KVBM's `kvbm_offload_blocks_d2h`, the KV blocks offloaded from GPU to host memory (a Rust
-//! `prometheus` crate counter, so without `_total`); a target without KVBM has none, and its
-//! evictions stay `None`.
+//! [`ServerTotals::kv_offload_blocks`] is Dynamo KVBM's `kvbm_offload_blocks_d2h` (a Rust
+//! `prometheus` crate counter, so without `_total`): the KV blocks copied from GPU to host memory.
+//! It is not an eviction count: real KVBM offloads every newly computed block, evicted later or
+//! not (the simulator offloads only on eviction), and vLLM has no eviction counter at all (only
+//! sampled block-lifetime histograms behind `--kv-cache-metrics`, not read here). A target without
+//! KVBM has none, and its offloads stay `None`.
 //!
 //! Every `export.server_metrics_interval` each target's endpoints are fetched (response size and
 //! time bounded), parsed with [`super::promtext`] and summed over their series into
@@ -100,10 +101,11 @@ pub struct ServerTotals {
     pub kv_cache_usage_ratio: Option<f64>,
     /// `vllm:num_preemptions_total`.
     pub preemptions: Option<f64>,
-    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory. The
-    /// simulator offloads a block when it evicts it from the GPU; Dynamo's KVBM offloads blocks
-    /// as they are computed, so there it counts copies, evicted or not. `None` without KVBM.
-    pub evictions: Option<f64>,
+    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded (copied) from GPU to host memory.
+    /// Dynamo's KVBM offloads every block as it is computed, so this counts copies, evicted later
+    /// or not; the simulator offloads a block only when it evicts it from the GPU. `None` without
+    /// KVBM.
+    pub kv_offload_blocks: Option<f64>,
     /// `dynamo_frontend_time_to_first_token_seconds_sum` and `_count`.
     pub ttft_sum_seconds: Option<f64>,
     pub ttft_count: Option<f64>,
@@ -140,7 +142,7 @@ struct TotalsBuilder {
     hits: Acc,
     kv_usage: Acc,
     preemptions: Acc,
-    evictions: Acc,
+    kv_offload_blocks: Acc,
     ttft_sum: Acc,
     ttft_count: Acc,
     kvbm_host: Acc,
@@ -155,7 +157,7 @@ impl TotalsBuilder {
                 "vllm:prefix_cache_hits_total" => &mut self.hits,
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => &mut self.kv_usage,
                 "vllm:num_preemptions_total" => &mut self.preemptions,
-                "kvbm_offload_blocks_d2h" => &mut self.evictions,
+                "kvbm_offload_blocks_d2h" => &mut self.kv_offload_blocks,
                 "dynamo_frontend_time_to_first_token_seconds_sum" => &mut self.ttft_sum,
                 "dynamo_frontend_time_to_first_token_seconds_count" => &mut self.ttft_count,
                 "kvbm_host_cache_hit_rate" => &mut self.kvbm_host,
@@ -172,7 +174,7 @@ impl TotalsBuilder {
             prefix_cache_hits: self.hits.sum(),
             kv_cache_usage_ratio: self.kv_usage.mean(),
             preemptions: self.preemptions.sum(),
-            evictions: self.evictions.sum(),
+            kv_offload_blocks: self.kv_offload_blocks.sum(),
             ttft_sum_seconds: self.ttft_sum.sum(),
             ttft_count: self.ttft_count.sum(),
             kvbm_host_cache_hit_ratio: self.kvbm_host.mean(),
@@ -215,7 +217,7 @@ struct Interval {
     prefix_cache_hit_ratio: Option<f64>,
     ttft_mean_seconds: Option<f64>,
     preemptions: Option<f64>,
-    evictions: Option<f64>,
+    kv_offload_blocks: Option<f64>,
 }
 
 fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
@@ -239,7 +241,10 @@ fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
             _ => None,
         },
         preemptions: increase(before.and_then(|b| b.preemptions), after.preemptions),
-        evictions: increase(before.and_then(|b| b.evictions), after.evictions),
+        kv_offload_blocks: increase(
+            before.and_then(|b| b.kv_offload_blocks),
+            after.kv_offload_blocks,
+        ),
     }
 }
 
@@ -257,9 +262,10 @@ pub struct ServerStep {
     pub preemptions: Option<f64>,
     pub preemptions_per_second: Option<f64>,
     /// Δ`kvbm_offload_blocks_d2h` during the step, and per second: KV blocks offloaded from GPU
-    /// to host memory ([`ServerTotals::evictions`]); `None` for a server without KVBM.
-    pub evictions: Option<f64>,
-    pub evictions_per_second: Option<f64>,
+    /// to host memory ([`ServerTotals::kv_offload_blocks`]; not evictions); `None` for a server
+    /// without KVBM.
+    pub kv_offload_blocks: Option<f64>,
+    pub kv_offload_blocks_per_second: Option<f64>,
     /// Δ`dynamo_frontend_time_to_first_token_seconds_sum` / Δ`_count`: the server's own TTFT.
     pub ttft_mean_seconds: Option<f64>,
     /// KVBM tier hit rates at the step's end (KVBM computes them over its own sliding window).
@@ -403,7 +409,7 @@ impl ServerScraper {
                     prefix_cache_hit_ratio: iv.prefix_cache_hit_ratio,
                     kv_cache_usage_ratio: totals.kv_cache_usage_ratio,
                     preemptions_total: totals.preemptions,
-                    evictions_total: totals.evictions,
+                    kv_offload_blocks_total: totals.kv_offload_blocks,
                     ttft_mean_seconds: iv.ttft_mean_seconds,
                 },
             );
@@ -489,8 +495,8 @@ impl ServerScraper {
                     kv_cache_usage_max: (window.n > 0).then_some(window.max),
                     preemptions: iv.preemptions,
                     preemptions_per_second: per_second(iv.preemptions),
-                    evictions: iv.evictions,
-                    evictions_per_second: per_second(iv.evictions),
+                    kv_offload_blocks: iv.kv_offload_blocks,
+                    kv_offload_blocks_per_second: per_second(iv.kv_offload_blocks),
                     ttft_mean_seconds: iv.ttft_mean_seconds,
                     kvbm_host_cache_hit_ratio: last.and_then(|l| l.kvbm_host_cache_hit_ratio),
                     kvbm_disk_cache_hit_ratio: last.and_then(|l| l.kvbm_disk_cache_hit_ratio),
@@ -539,7 +545,7 @@ kvbm_host_cache_hit_rate 0.75
         assert!((t.kv_cache_usage_ratio.unwrap() - 0.3).abs() < 1e-12);
         assert_eq!(t.preemptions, Some(3.0));
         assert_eq!(
-            t.evictions,
+            t.kv_offload_blocks,
             Some(7.0),
             "Σ kvbm_offload_blocks_d2h over workers"
         );
@@ -551,9 +557,9 @@ kvbm_host_cache_hit_rate 0.75
             ServerTotals::from_texts(["garbage\n"]),
             ServerTotals::default()
         );
-        // vLLM without KVBM: no eviction count at all, rather than zero.
+        // vLLM without KVBM: no offload count at all, rather than zero.
         let vllm = ServerTotals::from_texts([WORKERS]);
-        assert_eq!(vllm.evictions, None);
+        assert_eq!(vllm.kv_offload_blocks, None);
         assert_eq!(vllm.preemptions, Some(3.0));
     }
 
@@ -579,7 +585,16 @@ kvbm_host_cache_hit_rate 0.75
         assert_eq!(iv.prefix_cache_hit_ratio, Some(0.75));
         assert!((iv.ttft_mean_seconds.unwrap() - 0.6).abs() < 1e-12);
         assert_eq!(iv.preemptions, Some(4.0));
-        assert_eq!(iv.evictions, None);
+        // Neither scrape had KVBM: no offload delta rather than 0.
+        assert_eq!(iv.kv_offload_blocks, None);
+        let with_kvbm = |t: &ServerTotals, blocks: f64| ServerTotals {
+            kv_offload_blocks: Some(blocks),
+            ..*t
+        };
+        assert_eq!(
+            interval(Some(&with_kvbm(&before, 5.0)), &with_kvbm(&after, 12.0)).kv_offload_blocks,
+            Some(7.0)
+        );
         // Restarted: the new totals are all increase.
         let restarted = ServerTotals {
             prefix_cache_queries: Some(200.0),

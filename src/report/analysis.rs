@@ -498,7 +498,7 @@ impl<'a> Index<'a> {
                 Column::num("observed hit", "%", 1),
                 Column::num("expected hit", "%", 1),
                 Column::num("server KV usage peak", "%", 1),
-                Column::count("server KV evictions"),
+                Column::count("server KV blocks offloaded"),
                 Column::num("server prefix hit", "%", 1),
             ],
         );
@@ -526,7 +526,7 @@ impl<'a> Index<'a> {
                     Cell::num(pct(m.cache_hit_ratio)),
                     Cell::num(pct(m.expected_cache_hit_ratio)),
                     Cell::num(pct(server.and_then(|s| s.kv_cache_usage_max))),
-                    Cell::num(server.and_then(|s| s.evictions)),
+                    Cell::num(server.and_then(|s| s.kv_offload_blocks)),
                     Cell::num(pct(server.and_then(|s| s.prefix_cache_hit_ratio))),
                 ]);
             }
@@ -538,6 +538,7 @@ impl<'a> Index<'a> {
             ));
         }
         t.notes.push("server columns come from the servers' own /metrics (vLLM names), scraped through the step where available; KV usage is the mean over workers".into());
+        t.notes.push("KV blocks offloaded is the increase of Dynamo KVBM's kvbm_offload_blocks_d2h, the blocks copied from GPU to host memory: real KVBM copies every computed block, so it is not an eviction count (the simulator copies only on eviction); empty without KVBM, as vLLM has no such counter".into());
         t
     }
 
@@ -744,9 +745,10 @@ impl<'a> Index<'a> {
                         s.info.serving_mode,
                         u * 100.0,
                     ));
-                    // Only a server with KVBM counts them; vLLM alone has no eviction counter.
-                    if let Some(e) = sv.evictions {
-                        evidence.push_str(&format!(", {e} evictions"));
+                    // Only a server with KVBM counts them (`kvbm_offload_blocks_d2h`); vLLM alone
+                    // has no such counter.
+                    if let Some(b) = sv.kv_offload_blocks {
+                        evidence.push_str(&format!(", {b} KV blocks offloaded to host"));
                     }
                 }
             }

@@ -1,6 +1,10 @@
 //! The simulated KV cache of one worker: fixed-size blocks, chained block hashes over full blocks,
 //! refcounted active blocks, inactive blocks kept as a prefix cache with LRU eviction, and optional
 //! CPU and disk tiers that receive evicted blocks (offload) and give them back on a hit (onboard).
+//!
+//! Unlike Dynamo's KVBM, which copies every newly computed block from GPU to host memory whether
+//! or not it is ever evicted, the simulator offloads a block only when it evicts it: its
+//! `kvbm_offload_blocks_d2h` counts evictions into the CPU tier, real KVBM's counts copies.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -123,9 +127,12 @@ pub struct KvCounters {
     /// Prompt tokens found in the cache (GPU or a lower tier).
     pub prefix_hit_tokens: u64,
     /// Cached GPU blocks whose contents were dropped to make room. Not exported: vLLM has no
-    /// eviction counter.
+    /// eviction counter, and KVBM's offload counters count copies, not evictions.
     pub evicted_blocks: u64,
-    /// Evicted GPU blocks offloaded to the CPU tier (KVBM's `offload_blocks_d2h`).
+    /// Evicted GPU blocks offloaded to the CPU tier (KVBM's `offload_blocks_d2h`; a block the
+    /// tier already holds is not copied again). The simulator offloads on eviction only, so here
+    /// these are evictions into the CPU tier; real KVBM counts every block it copies from GPU to
+    /// host, evicted later or not.
     pub offload_d2h_blocks: u64,
     /// Blocks the CPU tier spilled to disk (KVBM's `offload_blocks_h2d`).
     pub offload_h2d_blocks: u64,

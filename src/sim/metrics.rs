@@ -296,9 +296,11 @@ pub fn render(state: &ServerState, cluster: &Cluster) -> String {
         &|w| w.engine.generation_tokens.to_string(),
     );
     // vLLM exports no eviction counter (only sampled block-lifetime histograms behind
-    // `--kv-cache-metrics`), so the simulator's GPU evictions show only as KVBM offloads. KVBM's
-    // counters are registered with the Rust `prometheus` crate, which adds no `_total`; like
-    // Dynamo, there is no tier occupancy gauge.
+    // `--kv-cache-metrics`). The simulator offloads a GPU block to a lower tier only when it evicts
+    // it, so its `kvbm_offload_blocks_d2h` counts evictions into the CPU tier; real KVBM copies
+    // every newly computed block to host memory, evicted later or not, so there it counts copies.
+    // KVBM's counters are registered with the Rust `prometheus` crate, which adds no `_total`;
+    // like Dynamo, there is no tier occupancy gauge.
     if workers.iter().any(|w| w.tiers_enabled) {
         family(
             "kvbm_offload_blocks_d2h",
