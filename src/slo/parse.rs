@@ -239,9 +239,16 @@ enum Node {
     C(Cond),
 }
 
+/// How deep parentheses, unary minus and function arguments may nest. Far above any real SLO,
+/// and low enough that parsing, evaluating and dropping the tree cannot exhaust the stack (a
+/// fuzzed expression of a thousand `(` and `-` did before this limit).
+const MAX_NESTING: usize = 64;
+
 struct Parser {
     toks: Vec<(Tok, usize)>,
     i: usize,
+    /// Current nesting depth (see [`MAX_NESTING`]).
+    depth: usize,
 }
 
 /// Parses an SLO expression: a condition such as `p50(ttft{...}) <= 0.8 * p50(ttft{...})`.
@@ -249,6 +256,7 @@ pub fn parse_condition(text: &str) -> Result<Cond, ParseError> {
     let mut p = Parser {
         toks: lex(text)?,
         i: 0,
+        depth: 0,
     };
     if p.peek() == &Tok::Eof {
         return err(0, "the expression is empty");
@@ -284,6 +292,7 @@ pub fn parse_sli(text: &str) -> Result<(Selector, f64), ParseError> {
     let mut p = Parser {
         toks: lex(text)?,
         i: 0,
+        depth: 0,
     };
     if p.peek() == &Tok::Eof {
         return err(0, "the SLI is empty");
@@ -350,6 +359,23 @@ fn check_bucket_threshold(seconds: f64, at: usize) -> Result<(), ParseError> {
 }
 
 impl Parser {
+    /// Runs `f` one nesting level deeper, or fails past [`MAX_NESTING`].
+    fn nested<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, ParseError>,
+    ) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return err(
+                self.offset(),
+                format!("the expression nests deeper than {MAX_NESTING} levels"),
+            );
+        }
+        self.depth += 1;
+        let result = f(self);
+        self.depth -= 1;
+        result
+    }
+
     fn peek(&self) -> &Tok {
         &self.toks[self.i].0
     }
@@ -525,7 +551,7 @@ impl Parser {
         if self.peek() == &Tok::Minus {
             self.next();
             let at = self.offset();
-            let inner = self.unary()?;
+            let inner = self.nested(Self::unary)?;
             let v = self.value(inner, at, "`-`")?;
             return Ok(Node::V(Value::Neg(Box::new(v))));
         }
@@ -538,7 +564,7 @@ impl Parser {
             Tok::Number(n) => Ok(Node::V(Value::Number(n))),
             Tok::Duration(d) => Ok(Node::V(Value::Duration(d))),
             Tok::LParen => {
-                let inner = self.or()?;
+                let inner = self.nested(Self::or)?;
                 self.expect(Tok::RParen, "to close the parenthesis")?;
                 Ok(inner)
             }
@@ -599,7 +625,7 @@ impl Parser {
             "r2" | "slope" => {
                 let fit = if name == "r2" { Fit::R2 } else { Fit::Slope };
                 let inner_at = self.offset();
-                let inner = self.or()?;
+                let inner = self.nested(Self::or)?;
                 let inner = self.value(inner, inner_at, &format!("`{name}(...)`"))?;
                 if !inner.reads_data() {
                     return err(
@@ -656,7 +682,7 @@ impl Parser {
             }
             "baseline" => {
                 let inner_at = self.offset();
-                let inner = self.or()?;
+                let inner = self.nested(Self::or)?;
                 let inner = self.value(inner, inner_at, "`baseline(...)`")?;
                 if !inner.reads_data() {
                     return err(inner_at, "`baseline(...)` needs a measurement");
@@ -1037,6 +1063,30 @@ mod tests {
         }
         let e = parse_condition("p50(ttft{target=\"é\"}) < 1x").unwrap_err();
         assert_eq!(e.offset + 1, 26, "columns count characters, not bytes");
+    }
+
+    #[test]
+    fn nesting_is_bounded_with_an_error_not_a_stack_overflow() {
+        let wrap = |depth: usize, open: &str, close: &str| {
+            format!(
+                "{}p50(ttft{{}}){} < 2s",
+                open.repeat(depth),
+                close.repeat(depth)
+            )
+        };
+        assert!(parse_condition(&wrap(MAX_NESTING, "(", ")")).is_ok());
+        assert!(parse_condition(&wrap(MAX_NESTING, "-", "")).is_ok());
+        for (open, close) in [("(", ")"), ("-", ""), ("-(", ")"), ("baseline(", ")")] {
+            let (_, message) = col(&wrap(10_000, open, close));
+            assert!(
+                message.contains("nests deeper than 64"),
+                "{open}: {message}"
+            );
+        }
+        // The fuzzer's find (`fuzz/`, target slo_expr): a thousand `-` and `(`.
+        let fuzzed = format!("8{}{}", "-".repeat(9), "(".repeat(1000) + &"-(".repeat(500));
+        assert!(parse_condition(&fuzzed).is_err());
+        assert!(parse_sli(&fuzzed).is_err());
     }
 
     #[test]
