@@ -13,7 +13,7 @@ use std::time::Duration;
 use llm_canary::config::ServingMode;
 use llm_canary::export::Metrics;
 use llm_canary::export::scrape::{ScrapeTarget, ServerScraper};
-use llm_canary::sim::{PoolSpec, SimSpec, TierSpec, start};
+use llm_canary::sim::{PoolSpec, SimHandle, SimSpec, TierSpec, start};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +69,28 @@ fn sentence(n: usize, salt: &str) -> String {
         .join(" ")
 }
 
+/// A simulator on loopback, its base URL, and a scraper of its `/metrics` as target `sim`
+/// publishing into fresh metrics.
+async fn scraped_sim(
+    spec: SimSpec,
+    mode: ServingMode,
+) -> (SimHandle, String, Arc<Metrics>, ServerScraper) {
+    let sim = start(spec, mode, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = sim.base_url();
+    let metrics = Arc::new(Metrics::new(&[]));
+    let scraper = ServerScraper::new(
+        vec![ScrapeTarget {
+            name: "sim".into(),
+            urls: vec![format!("{base}/metrics")],
+        }],
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+    (sim, base, metrics, scraper)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_hit_ratio_matches_the_simulators_counters() {
     for mode in [ServingMode::Aggregated, ServingMode::Disaggregated] {
@@ -76,19 +98,7 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
             profile: "fast".into(),
             ..SimSpec::default()
         };
-        let sim = start(spec, mode, "127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let base = sim.base_url();
-        let metrics = Arc::new(Metrics::new(&[]));
-        let scraper = ServerScraper::new(
-            vec![ScrapeTarget {
-                name: "sim".into(),
-                urls: vec![format!("{base}/metrics")],
-            }],
-            Arc::clone(&metrics),
-        )
-        .unwrap();
+        let (sim, base, metrics, scraper) = scraped_sim(spec, mode).await;
 
         // Traffic before the step must not count in it.
         chat(&base, &sentence(300, "before")).await;
@@ -167,23 +177,7 @@ async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
         }),
         ..SimSpec::default()
     };
-    let sim = start(
-        spec,
-        ServingMode::Aggregated,
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
-    let base = sim.base_url();
-    let metrics = Arc::new(Metrics::new(&[]));
-    let scraper = ServerScraper::new(
-        vec![ScrapeTarget {
-            name: "sim".into(),
-            urls: vec![format!("{base}/metrics")],
-        }],
-        Arc::clone(&metrics),
-    )
-    .unwrap();
+    let (sim, base, metrics, scraper) = scraped_sim(spec, ServingMode::Aggregated).await;
 
     chat(&base, &sentence(400, "before")).await;
     let raw_before = raw_metrics(&base).await;
