@@ -512,39 +512,44 @@ impl Parser {
     }
 
     fn add(&mut self) -> Result<Node, ParseError> {
-        let at = self.offset();
-        let mut left = self.mul()?;
-        loop {
-            let op = match self.peek() {
-                Tok::Plus => BinOp::Add,
-                Tok::Minus => BinOp::Sub,
-                _ => return Ok(left),
-            };
-            self.next();
-            let rat = self.offset();
-            let right = self.mul()?;
-            let l = self.value(left, at, &format!("`{}`", op.as_str()))?;
-            let r = self.value(right, rat, &format!("`{}`", op.as_str()))?;
-            left = Node::V(Value::Binary(op, Box::new(l), Box::new(r)));
-        }
+        self.binary_level(
+            |t| match t {
+                Tok::Plus => Some(BinOp::Add),
+                Tok::Minus => Some(BinOp::Sub),
+                _ => None,
+            },
+            Self::mul,
+        )
     }
 
     fn mul(&mut self) -> Result<Node, ParseError> {
+        self.binary_level(
+            |t| match t {
+                Tok::Star => Some(BinOp::Mul),
+                Tok::Slash => Some(BinOp::Div),
+                _ => None,
+            },
+            Self::unary,
+        )
+    }
+
+    /// One left-associative level of arithmetic: `next (op next)*`, both sides values.
+    fn binary_level(
+        &mut self,
+        op_of: fn(&Tok) -> Option<BinOp>,
+        next: fn(&mut Self) -> Result<Node, ParseError>,
+    ) -> Result<Node, ParseError> {
         let at = self.offset();
-        let mut left = self.unary()?;
-        loop {
-            let op = match self.peek() {
-                Tok::Star => BinOp::Mul,
-                Tok::Slash => BinOp::Div,
-                _ => return Ok(left),
-            };
+        let mut left = next(self)?;
+        while let Some(op) = op_of(self.peek()) {
             self.next();
             let rat = self.offset();
-            let right = self.unary()?;
+            let right = next(self)?;
             let l = self.value(left, at, &format!("`{}`", op.as_str()))?;
             let r = self.value(right, rat, &format!("`{}`", op.as_str()))?;
             left = Node::V(Value::Binary(op, Box::new(l), Box::new(r)));
         }
+        Ok(left)
     }
 
     fn unary(&mut self) -> Result<Node, ParseError> {
