@@ -66,16 +66,7 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
     };
-    let scrape = || async {
-        client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || scrape(&client, addr);
     assert_eq!(
         metric(&scrape().await, "llm_canary_config_last_reload_successful"),
         Some(1.0)
