@@ -763,6 +763,16 @@ mod tests {
     }
 
     /// One step of `n` requests per mode with TTFTs uniform in ±10 % around the given centres.
+    /// An engine over `defs` with an in-memory baseline store and no metrics.
+    fn in_memory_engine(defs: Vec<SloDef>) -> SloEngine {
+        SloEngine::new(
+            defs,
+            LabelDomain::default(),
+            BaselineStore::in_memory(),
+            None,
+        )
+    }
+
     fn step(engine: &SloEngine, rng: &mut StdRng, n: u64, agg: f64, disagg: f64, degraded: bool) {
         for (mode, centre) in [
             (ServingMode::Aggregated, agg),
@@ -872,12 +882,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn too_few_samples_and_degraded_steps_give_insufficient_data() {
-        let engine = SloEngine::new(
-            vec![def(GAIN, 0)],
-            LabelDomain::default(),
-            BaselineStore::in_memory(),
-            None,
-        );
+        let engine = in_memory_engine(vec![def(GAIN, 0)]);
         let mut rng = StdRng::seed_from_u64(8);
         // 40 samples per side, 50 needed.
         step(&engine, &mut rng, 40, 1.0, 0.3, false);
@@ -912,12 +917,7 @@ mod tests {
             severity: Severity::Page,
             runbook_url: None,
         };
-        let engine = SloEngine::new(
-            vec![burn],
-            LabelDomain::default(),
-            BaselineStore::in_memory(),
-            None,
-        );
+        let engine = in_memory_engine(vec![burn]);
         let mut rng = StdRng::seed_from_u64(9);
         // Every aggregated TTFT is under 1 s, every disaggregated one above: 50 % bad.
         step(&engine, &mut rng, 200, 0.5, 2.0, false);
@@ -933,12 +933,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn baseline_compares_with_completed_cycles() {
         let expr = r#"p50(ttft{serving_mode="aggregated"}) <= 1.2 * baseline(p50(ttft{serving_mode="aggregated"}), 24h)"#;
-        let engine = SloEngine::new(
-            vec![def(expr, 0)],
-            LabelDomain::default(),
-            BaselineStore::in_memory(),
-            None,
-        );
+        let engine = in_memory_engine(vec![def(expr, 0)]);
         let mut rng = StdRng::seed_from_u64(10);
         step(&engine, &mut rng, 200, 1.0, 1.0, false);
         // No completed cycle yet: no baseline.

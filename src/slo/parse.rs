@@ -446,29 +446,29 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Node, ParseError> {
-        let at = self.offset();
-        let mut left = self.and()?;
-        while self.is_word("or") {
-            self.next();
-            let rat = self.offset();
-            let right = self.and()?;
-            let l = self.cond(left, at, "or")?;
-            let r = self.cond(right, rat, "or")?;
-            left = Node::C(Cond::Or(Box::new(l), Box::new(r)));
-        }
-        Ok(left)
+        self.logic_level("or", Cond::Or, Self::and)
     }
 
     fn and(&mut self) -> Result<Node, ParseError> {
+        self.logic_level("and", Cond::And, Self::cmp)
+    }
+
+    /// One left-associative level of `and`/`or`: `next (word next)*`, both sides conditions.
+    fn logic_level(
+        &mut self,
+        word: &str,
+        join: fn(Box<Cond>, Box<Cond>) -> Cond,
+        next: fn(&mut Self) -> Result<Node, ParseError>,
+    ) -> Result<Node, ParseError> {
         let at = self.offset();
-        let mut left = self.cmp()?;
-        while self.is_word("and") {
+        let mut left = next(self)?;
+        while self.is_word(word) {
             self.next();
             let rat = self.offset();
-            let right = self.cmp()?;
-            let l = self.cond(left, at, "and")?;
-            let r = self.cond(right, rat, "and")?;
-            left = Node::C(Cond::And(Box::new(l), Box::new(r)));
+            let right = next(self)?;
+            let l = self.cond(left, at, word)?;
+            let r = self.cond(right, rat, word)?;
+            left = Node::C(join(Box::new(l), Box::new(r)));
         }
         Ok(left)
     }
