@@ -26,9 +26,11 @@ use llm_canary::client::{
     ChatMessage, Outcome, Prompt, RequestRecord, Role, SseParser, StreamRequest,
 };
 use llm_canary::config::{Config, ServingMode};
-use llm_canary::export::metrics::{Metrics, RequestLabels};
+use llm_canary::export::metrics::Metrics;
 use llm_canary::measure::step::StepAccumulator;
-use llm_canary::schedule::{Phase, RecordContext, Recorder, StepResult};
+use llm_canary::model::RequestLabels;
+use llm_canary::model::{Phase, RecordContext, StepResult};
+use llm_canary::schedule::Recorder;
 use llm_canary::slo::SloEngine;
 use llm_canary::slo::baseline::BaselineStore;
 use llm_canary::slo::eval::RequestSample;
@@ -119,7 +121,7 @@ fn record(tokens: u32) -> RequestRecord {
 fn record_request(c: &mut Criterion) {
     let metrics = Arc::new(Metrics::new(&[2.0]));
     fill(&metrics);
-    let recorder = Recorder::new(metrics, None);
+    let recorder = Recorder::new(vec![metrics]);
     let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
         .with_concurrency(32);
     let request = StreamRequest {

@@ -37,8 +37,10 @@ use llm_canary::client::{
     StreamRequest,
 };
 use llm_canary::config::{Api, Dialect, ServingMode};
-use llm_canary::export::metrics::{Metrics, RequestLabels};
-use llm_canary::schedule::{Phase, RecordContext, Recorder};
+use llm_canary::export::metrics::Metrics;
+use llm_canary::model::RequestLabels;
+use llm_canary::model::{Phase, RecordContext};
+use llm_canary::schedule::Recorder;
 use llm_canary::sim::{SimHandle, SimSpec};
 use llm_canary::workload::sampler::{ArrivalProcess, ArrivalSchedule};
 use tokio::time::Instant;
@@ -203,7 +205,7 @@ impl ClientSide {
         let endpoint = Endpoint::new(&format!("http://{addr}"), Api::Chat, "sim", Dialect::Dynamo)
             .expect("endpoint");
         let metrics = Arc::new(Metrics::new(&[0.1, 2.0]));
-        let recorder = Recorder::new(metrics.clone(), None);
+        let recorder = Recorder::new(vec![metrics.clone()]);
         Self {
             client,
             endpoint,

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use llm_canary::config::ServingMode;
-use llm_canary::export::{AppState, HttpServer, Metrics, RequestLabels};
+use llm_canary::export::{AppState, HttpServer, Metrics};
+use llm_canary::model::RequestLabels;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

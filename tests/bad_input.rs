@@ -225,16 +225,13 @@ workloads:
         Path::new("."),
     )
     .unwrap();
-    let deployment = llm_canary::daemon::Deployment::start(&cfg, Path::new("."))
+    let deployment = llm_canary::targets::Deployment::start(&cfg, Path::new("."))
         .await
         .unwrap();
     // The model id is carried as it came (it is sent back in request bodies)...
     assert_eq!(deployment.targets[0].endpoint.model(), EVIL);
     let metrics = Arc::new(llm_canary::export::metrics::Metrics::new(&[]));
-    let recorder = Arc::new(llm_canary::schedule::Recorder::new(
-        Arc::clone(&metrics),
-        None,
-    ));
+    let recorder = Arc::new(llm_canary::schedule::Recorder::new(vec![metrics.clone()]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 3));
     let never = tokio_util::sync::CancellationToken::new();
     let plan = llm_canary::schedule::plan_cycle(&cfg).remove(0);

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use llm_canary::config::ServingMode;
-use llm_canary::export::metrics::{Quantiles, ServerSnapshot, SloReading, SloState, StepSummary};
 use llm_canary::export::{
     AppState, HttpServer, Metrics, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
-    RequestLabels, ShutdownOutcome,
+    ShutdownOutcome,
 };
+use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
+use llm_canary::slo::{SloReading, SloState};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -93,8 +94,8 @@ fn fill(metrics: &Metrics) {
     metrics.observe_schedule_lag("agg", "concurrency_sweep", 0.0004);
     metrics.set_target_up("agg", true);
     metrics.set_target_up("disagg", false);
-    // A request still in flight at scrape time: its guard is never dropped.
-    std::mem::forget(metrics.track_inflight("agg"));
+    // A request still in flight at scrape time.
+    metrics.add_inflight("agg", 1);
     metrics.set_server(
         "agg",
         &ServerSnapshot {

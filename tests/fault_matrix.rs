@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llm_canary::config::Config;
-use llm_canary::daemon::Deployment;
-use llm_canary::export::metrics::{Metrics, SloState};
-use llm_canary::schedule::{Board, Recorder, Scheduler, StepResult, plan_cycle};
+use llm_canary::export::metrics::Metrics;
+use llm_canary::model::StepResult;
+use llm_canary::schedule::{Board, Recorder, Scheduler, plan_cycle};
 use llm_canary::sim::FaultSpec;
 use llm_canary::slo::SloEngine;
+use llm_canary::slo::SloState;
 use llm_canary::slo::baseline::BaselineStore;
+use llm_canary::targets::Deployment;
 use tokio_util::sync::CancellationToken;
 
 const CONFIG: &str = r#"
@@ -64,10 +66,9 @@ impl Harness {
             llm_canary::slo::compile_all(&cfg).unwrap(),
             llm_canary::slo::LabelDomain::of(&cfg),
             BaselineStore::in_memory(),
-            Some(Arc::clone(&metrics)),
+            Some(metrics.clone()),
         ));
-        let recorder =
-            Arc::new(Recorder::new(Arc::clone(&metrics), None).with_observer(slo.clone()));
+        let recorder = Arc::new(Recorder::new(vec![metrics.clone(), slo.clone()]));
         let runner = Arc::new(deployment.runner(&cfg, recorder, 11));
         runner.calibrate(&CancellationToken::new()).await;
         let scheduler = Scheduler {

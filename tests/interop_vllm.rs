@@ -21,12 +21,11 @@ use std::time::Duration;
 use interop::{Server, sample};
 use llm_canary::client::{Endpoint, Outcome, Prompt, RequestRecord, StreamRequest};
 use llm_canary::config::{Api, Config, Dialect};
-use llm_canary::daemon::Deployment;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::export::scrape::{ScrapeTarget, ServerScraper, ServerTotals};
-use llm_canary::schedule::{
-    Board, Phase, RecordContext, RecordSink, Recorder, Scheduler, StepResult, plan_cycle,
-};
+use llm_canary::model::{Phase, RecordContext, Sink, StepResult};
+use llm_canary::schedule::{Board, Recorder, Scheduler, plan_cycle};
+use llm_canary::scrape::{ScrapeTarget, ServerScraper, ServerTotals};
+use llm_canary::targets::Deployment;
 use tokio_util::sync::CancellationToken;
 
 /// vLLM's KV block size on the CPU backend: prefix-cache hits come in multiples of it.
@@ -91,8 +90,8 @@ impl Seen {
 #[derive(Default)]
 struct Capture(Mutex<Vec<Seen>>);
 
-impl RecordSink for Capture {
-    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+impl Sink for Capture {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         self.0.lock().unwrap().push(Seen::of(ctx, rec));
     }
 }
@@ -187,10 +186,10 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
 
     let capture = Arc::new(Capture::default());
     let metrics = Arc::new(Metrics::new(&[]));
-    let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), Some(capture.clone())));
+    let recorder = Arc::new(Recorder::new(vec![metrics.clone(), capture.clone()]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 0x12));
     let scrape = ScrapeTarget::for_target(&cfg.targets[0], target.endpoint.url()).unwrap();
-    let scraper = Arc::new(ServerScraper::new(vec![scrape], Arc::clone(&metrics)).unwrap());
+    let scraper = Arc::new(ServerScraper::new(vec![scrape], metrics.clone()).unwrap());
     let scheduler = Scheduler {
         runner: Arc::clone(&runner),
         board: Arc::new(Board::default()),
@@ -436,10 +435,10 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
     );
     let cfg = Config::parse(&killed_cfg, "killed.yaml", Path::new(".")).unwrap();
     let capture = Arc::new(Capture::default());
-    let recorder = Arc::new(Recorder::new(
+    let recorder = Arc::new(Recorder::new(vec![
         Arc::new(Metrics::new(&[])),
-        Some(capture.clone()),
-    ));
+        capture.clone(),
+    ]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 0x13));
     let plan = plan_cycle(&cfg);
     let step_runner = Arc::clone(&runner);
@@ -503,10 +502,10 @@ async fn qwen3_moe_with_several_tokens_per_chunk() {
     let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
     assert_eq!(deployment.targets[0].endpoint.model(), "qwen3-moe-tiny");
     let capture = Arc::new(Capture::default());
-    let recorder = Arc::new(Recorder::new(
+    let recorder = Arc::new(Recorder::new(vec![
         Arc::new(Metrics::new(&[])),
-        Some(capture.clone()),
-    ));
+        capture.clone(),
+    ]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 0x14));
     let never = CancellationToken::new();
     runner.calibrate(&never).await;

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use kube_support::{MockApi, collection};
 use llm_canary::config::ServingMode;
-use llm_canary::export::metrics::{SloReading, SloState};
 use llm_canary::k8s::discovery::{self, DiscoveredTarget, DiscoveryOptions};
 use llm_canary::k8s::events::{EventTarget, SloEvents};
 use llm_canary::k8s::lease::{self, Leadership, LeaseSettings};
 use llm_canary::k8s::{Identity, keys};
 use llm_canary::slo::StateChangeHook;
+use llm_canary::slo::{SloReading, SloState};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

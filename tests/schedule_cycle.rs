@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use llm_canary::client::{Prompt, RequestRecord};
 use llm_canary::config::Config;
-use llm_canary::daemon::Deployment;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::schedule::{Phase, RecordContext, RecordSink, Recorder, plan_cycle};
+use llm_canary::model::{Phase, RecordContext, Sink};
+use llm_canary::schedule::{Recorder, plan_cycle};
+use llm_canary::targets::Deployment;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
@@ -31,8 +32,8 @@ struct Seen {
 #[derive(Default)]
 struct Capture(Mutex<Vec<Seen>>);
 
-impl RecordSink for Capture {
-    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+impl Sink for Capture {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         let l = ctx.labels;
         self.0.lock().unwrap().push(Seen {
             target: l.target.clone(),
@@ -86,7 +87,7 @@ async fn a_full_cycle_against_both_simulators() {
     let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
     let capture = Arc::new(Capture::default());
     let metrics = Arc::new(Metrics::new(&[]));
-    let recorder = Arc::new(Recorder::new(metrics, Some(capture.clone())));
+    let recorder = Arc::new(Recorder::new(vec![metrics, capture.clone()]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 7));
     let never = CancellationToken::new();
     runner.calibrate(&never).await;

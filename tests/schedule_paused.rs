@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use llm_canary::client::RequestRecord;
 use llm_canary::config::Config;
-use llm_canary::daemon::Deployment;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::schedule::{Phase, RecordContext, RecordSink, Recorder, StepKind, StepPlan};
+use llm_canary::model::{Phase, RecordContext, Sink};
+use llm_canary::schedule::{Recorder, StepKind, StepPlan};
+use llm_canary::targets::Deployment;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -21,8 +22,8 @@ type Seen = (Phase, Instant, Instant, &'static str, Duration);
 #[derive(Default)]
 struct Capture(Mutex<Vec<Seen>>);
 
-impl RecordSink for Capture {
-    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+impl Sink for Capture {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         self.0.lock().unwrap().push((
             ctx.phase,
             rec.intended,
@@ -65,10 +66,10 @@ async fn run(
     cfg.schedule.drain_grace = llm_canary::config::At::dflt(llm_canary::config::Dur(drain));
     let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
     let capture = Arc::new(Capture::default());
-    let recorder = Arc::new(Recorder::new(
+    let recorder = Arc::new(Recorder::new(vec![
         Arc::new(Metrics::new(&[])),
-        Some(capture.clone()),
-    ));
+        capture.clone(),
+    ]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
     let never = CancellationToken::new();
     let t0 = Instant::now();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use llm_canary::config::ServingMode;
 use llm_canary::export::Metrics;
-use llm_canary::export::scrape::{ScrapeTarget, ServerScraper};
+use llm_canary::scrape::{ScrapeTarget, ServerScraper};
 use llm_canary::sim::{PoolSpec, SimHandle, SimSpec, TierSpec, start};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -85,7 +85,7 @@ async fn scraped_sim(
             name: "sim".into(),
             urls: vec![format!("{base}/metrics")],
         }],
-        Arc::clone(&metrics),
+        metrics.clone(),
     )
     .unwrap();
     (sim, base, metrics, scraper)
@@ -242,7 +242,7 @@ async fn periodic_scrape_publishes_and_counts_a_dead_endpoint() {
                     urls: vec![dead],
                 },
             ],
-            Arc::clone(&metrics),
+            metrics.clone(),
         )
         .unwrap(),
     );

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use llm_canary::config::Config;
-use llm_canary::export::metrics::{Metrics, RequestLabels};
+use llm_canary::export::metrics::Metrics;
+use llm_canary::model::RequestLabels;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

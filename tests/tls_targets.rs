@@ -139,11 +139,11 @@ workloads:
         dir.path(),
     )
     .unwrap();
-    let deployment = llm_canary::daemon::Deployment::start(&cfg, dir.path())
+    let deployment = llm_canary::targets::Deployment::start(&cfg, dir.path())
         .await
         .unwrap();
     let metrics = Arc::new(llm_canary::export::metrics::Metrics::new(&[]));
-    let recorder = Arc::new(llm_canary::schedule::Recorder::new(metrics, None));
+    let recorder = Arc::new(llm_canary::schedule::Recorder::new(vec![metrics]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 5));
     let never = tokio_util::sync::CancellationToken::new();
     let plan = llm_canary::schedule::plan_cycle(&cfg).remove(0);

@@ -4,9 +4,9 @@
 
 use llm_canary::client::Outcome;
 use llm_canary::config::ServingMode;
-use llm_canary::export::metrics::{
-    Metrics, Quantiles, RequestLabels, ServerSnapshot, SloReading, SloState, StepSummary,
-};
+use llm_canary::export::metrics::Metrics;
+use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
+use llm_canary::slo::{SloReading, SloState};
 
 pub const TARGETS: [(&str, ServingMode); 2] = [
     ("sim-agg", ServingMode::Aggregated),
@@ -83,7 +83,7 @@ pub fn fill(metrics: &Metrics) -> usize {
             );
         }
         metrics.set_target_up(target, true);
-        std::mem::forget(metrics.track_inflight(target));
+        metrics.add_inflight(target, 1);
         metrics.set_server(
             target,
             &ServerSnapshot {

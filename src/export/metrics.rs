@@ -36,7 +36,8 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::config::ServingMode;
+use crate::model::{Quantiles, RequestLabels, ServerSnapshot, StepLabels, StepSummary};
+use crate::slo::{SloReading, SloState};
 
 /// Errors of the metrics module.
 #[derive(Debug, thiserror::Error)]
@@ -237,68 +238,6 @@ impl MetricConstructor<AtomicHistogram> for SharedBuckets {
     }
 }
 
-/// The labels of every per-request and per-step series (DESIGN §5/§6). Labels that do not apply to
-/// the workload are empty strings, always present, so every series of a family has the same keys.
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub target: String,
-    pub serving_mode: String,
-    pub workload: String,
-    pub concurrency: String,
-    pub turn: String,
-    pub distribution: String,
-    pub isl_bucket: String,
-    pub prefix_ratio: String,
-}
-
-/// A step is identified by the same labels as its requests.
-pub type StepLabels = RequestLabels;
-
-impl RequestLabels {
-    /// Labels of a request of `workload` against `target`; step labels start empty.
-    pub fn new(target: &str, serving_mode: ServingMode, workload: &str) -> Self {
-        Self {
-            target: target.to_owned(),
-            serving_mode: serving_mode.as_str().to_owned(),
-            workload: workload.to_owned(),
-            ..Self::default()
-        }
-    }
-
-    /// `concurrency_sweep` step label.
-    pub fn with_concurrency(mut self, concurrency: u32) -> Self {
-        self.concurrency = concurrency.to_string();
-        self
-    }
-
-    /// `multi_turn` step label (1-based turn).
-    pub fn with_turn(mut self, turn: u32) -> Self {
-        self.turn = turn.to_string();
-        self
-    }
-
-    /// `sequence_distribution` step labels; `isl_bucket` is the log2 bucket's lower bound.
-    pub fn with_distribution(mut self, distribution: &str, isl_bucket: u64) -> Self {
-        self.distribution = distribution.to_owned();
-        self.isl_bucket = isl_bucket.to_string();
-        self
-    }
-
-    /// `prefix_cache` step label, formatted as Rust's shortest round-trip form (`0`, `0.25`, `1`).
-    pub fn with_prefix_ratio(mut self, prefix_ratio: f64) -> Self {
-        self.prefix_ratio = prefix_ratio.to_string();
-        self
-    }
-
-    fn mode_labels(&self) -> ModeLabels {
-        ModeLabels {
-            target: self.target.clone(),
-            serving_mode: self.serving_mode.clone(),
-            workload: self.workload.clone(),
-        }
-    }
-}
-
 /// A per-request latency histogram family (TTFT, ITL, request duration) with its own text
 /// encoder. These three families are ~95 % of the exposition (~127 lines per series, ~70 series
 /// per family with two targets on the default plan), and between two scrapes only the series of
@@ -482,18 +421,8 @@ impl LatencyFamily {
 /// `target="..",serving_mode="..",…,prefix_ratio=".."` with OpenMetrics escaping, in the order of
 /// `RequestLabels`' derived encoding.
 fn escaped_pairs(l: &RequestLabels) -> String {
-    let pairs = [
-        ("target", &l.target),
-        ("serving_mode", &l.serving_mode),
-        ("workload", &l.workload),
-        ("concurrency", &l.concurrency),
-        ("turn", &l.turn),
-        ("distribution", &l.distribution),
-        ("isl_bucket", &l.isl_bucket),
-        ("prefix_ratio", &l.prefix_ratio),
-    ];
     let mut text = String::with_capacity(160);
-    for (i, (key, value)) in pairs.into_iter().enumerate() {
+    for (i, (key, value)) in l.pairs().into_iter().enumerate() {
         if i > 0 {
             text.push(',');
         }
@@ -510,6 +439,15 @@ fn escaped_pairs(l: &RequestLabels) -> String {
         text.push('"');
     }
     text
+}
+
+/// The coarse per-request counters' labels of a request.
+fn mode_labels(l: &RequestLabels) -> ModeLabels {
+    ModeLabels {
+        target: l.target.clone(),
+        serving_mode: l.serving_mode.clone(),
+        workload: l.workload.clone(),
+    }
 }
 
 /// Request labels plus `outcome` (`ok` or an error kind).
@@ -558,86 +496,6 @@ pub struct SloLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     version: String,
-}
-
-/// p50, p90 and p99 of one latency over a step.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Quantiles {
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-}
-
-impl Quantiles {
-    fn values(self) -> [f64; 3] {
-        [self.p50, self.p90, self.p99]
-    }
-}
-
-/// A step's summary over its steady window (DESIGN §5), exported as `llm_canary_step_*`. A `None`
-/// removes the series, so a step without samples does not keep the previous cycle's value.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepSummary {
-    pub ttft: Option<Quantiles>,
-    pub itl: Option<Quantiles>,
-    pub request_duration: Option<Quantiles>,
-    pub output_tokens_per_second: f64,
-    pub requests_per_second: f64,
-    pub error_ratio: f64,
-    pub cache_hit_ratio: Option<f64>,
-    pub cost_per_million_tokens_usd: Option<f64>,
-    /// Unix time of the end of the step's window.
-    pub end_timestamp_seconds: f64,
-    /// Schedule lag p99 exceeded its limit: the step measured the canary, not the server.
-    pub degraded: bool,
-    /// Too many requests failed for the step's latencies to describe the server
-    /// (`measure::step::FAULTED_ERROR_RATIO`).
-    pub faulted: bool,
-}
-
-/// What one scrape of a target's own `/metrics` yielded; `None` leaves a series untouched.
-/// Counter totals are the server's cumulative values; the canary mirrors their increase.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ServerSnapshot {
-    pub prefix_cache_hit_ratio: Option<f64>,
-    pub kv_cache_usage_ratio: Option<f64>,
-    pub preemptions_total: Option<f64>,
-    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory (see
-    /// [`super::scrape::ServerTotals::kv_offload_blocks`]).
-    pub kv_offload_blocks_total: Option<f64>,
-    pub ttft_mean_seconds: Option<f64>,
-}
-
-/// The verdict of an SLO: the `state` label of `llm_canary_slo_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SloState {
-    Pass,
-    Fail,
-    InsufficientData,
-}
-
-impl SloState {
-    /// Every state, in exposition order.
-    pub const ALL: [SloState; 3] = [SloState::Pass, SloState::Fail, SloState::InsufficientData];
-
-    /// The `state` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SloState::Pass => "pass",
-            SloState::Fail => "fail",
-            SloState::InsufficientData => "insufficient_data",
-        }
-    }
-}
-
-/// One evaluation of an SLO. `None` values remove their series (e.g. no interval without samples).
-#[derive(Clone, Debug, PartialEq)]
-pub struct SloReading {
-    pub state: SloState,
-    pub value: Option<f64>,
-    pub threshold: Option<f64>,
-    pub value_lower: Option<f64>,
-    pub value_upper: Option<f64>,
 }
 
 /// `llm_canary_slo_state`: one state per SLO, encoded as a gauge per `state` with exactly one at 1.
@@ -756,19 +614,6 @@ pub struct Metrics {
     inflight: Family<TargetLabels, Gauge>,
     config_last_reload_successful: Gauge,
     config_last_reload_success_timestamp: GaugeF64,
-}
-
-/// Decrements the in-flight gauge when the request it counts ends, however it ends.
-#[derive(Debug)]
-#[must_use = "the request counts as in flight only while the guard lives"]
-pub struct InflightGuard {
-    gauge: Gauge,
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
 }
 
 impl Metrics {
@@ -1107,7 +952,7 @@ impl Metrics {
         if gaps.is_empty() {
             return;
         }
-        let histogram = self.mode_series(&self.chunk_gap, labels.mode_labels());
+        let histogram = self.mode_series(&self.chunk_gap, mode_labels(labels));
         for &(gap, tokens) in gaps {
             if tokens > 0 {
                 histogram.observe_n(gap / f64::from(tokens), u64::from(tokens));
@@ -1117,13 +962,13 @@ impl Metrics {
 
     /// Counts a request whose completion tokens missed the requested OSL.
     pub fn record_osl_mismatch(&self, labels: &RequestLabels) {
-        self.mode_series(&self.osl_mismatch, labels.mode_labels())
+        self.mode_series(&self.osl_mismatch, mode_labels(labels))
             .inc();
     }
 
     /// Counts a request whose client-side token count disagreed with `usage.completion_tokens`.
     pub fn record_token_count_mismatch(&self, labels: &RequestLabels) {
-        self.mode_series(&self.token_count_mismatch, labels.mode_labels())
+        self.mode_series(&self.token_count_mismatch, mode_labels(labels))
             .inc();
     }
 
@@ -1144,13 +989,13 @@ impl Metrics {
         histogram.observe(lag_seconds);
     }
 
-    /// Counts a request as in flight until the returned guard is dropped.
-    pub fn track_inflight(&self, target: &str) -> InflightGuard {
-        let gauge = self.inflight.get_or_create_owned(&TargetLabels {
-            target: target.to_owned(),
-        });
-        gauge.inc();
-        InflightGuard { gauge }
+    /// Moves `llm_canary_requests_in_flight{target}` by `delta` (1 at a send, -1 at its end).
+    pub fn add_inflight(&self, target: &str, delta: i64) {
+        self.inflight
+            .get_or_create(&TargetLabels {
+                target: target.to_owned(),
+            })
+            .inc_by(delta);
     }
 
     /// Sets `llm_canary_target_up`.
@@ -1539,6 +1384,7 @@ fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ServingMode;
 
     fn agg(workload: &str) -> RequestLabels {
         RequestLabels::new("agg", ServingMode::Aggregated, workload)
@@ -1969,7 +1815,8 @@ mod tests {
                     faulted: false,
                 },
             );
-            drop(metrics.track_inflight(&labels.target));
+            metrics.add_inflight(&labels.target, 1);
+            metrics.add_inflight(&labels.target, -1);
         }
         let before = metrics.encode().expect("encode");
         let agg_lines = before
@@ -2022,10 +1869,10 @@ mod tests {
     }
 
     #[test]
-    fn inflight_guard_decrements_on_drop() {
+    fn inflight_moves_by_delta() {
         let metrics = Metrics::new(&[]);
-        let first = metrics.track_inflight("agg");
-        let second = metrics.track_inflight("agg");
+        metrics.add_inflight("agg", 1);
+        metrics.add_inflight("agg", 1);
         let gauge = || {
             sample(
                 &metrics.encode().expect("encode"),
@@ -2034,9 +1881,9 @@ mod tests {
             )
         };
         assert_eq!(gauge(), Some(2.0));
-        drop(first);
+        metrics.add_inflight("agg", -1);
         assert_eq!(gauge(), Some(1.0));
-        drop(second);
+        metrics.add_inflight("agg", -1);
         assert_eq!(gauge(), Some(0.0));
     }
 

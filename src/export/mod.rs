@@ -1,20 +1,15 @@
 //! Export of what the canary measures: the Prometheus metric families and their OpenMetrics
-//! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]), the scrape of the
-//! servers' own metrics ([`scrape`], parsed by [`promtext`]) and the OTLP push ([`otlp`]).
+//! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]) and the OTLP push
+//! ([`otlp`]). Each is a [`crate::model::Sink`] of the schedule's data.
 
 pub mod http;
 pub mod metrics;
 pub mod otlp;
-pub mod promtext;
-pub mod scrape;
+mod record;
 
 pub use http::{
     AppState, HttpError, HttpServer, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
     ShutdownOutcome, StatusSource,
 };
-pub use metrics::{
-    Metrics, MetricsError, OUTCOME_OK, Quantiles, RequestLabels, ServerSnapshot, SloReading,
-    SloState, StepLabels, StepSummary, latency_buckets,
-};
+pub use metrics::{Metrics, MetricsError, OUTCOME_OK, latency_buckets};
 pub use otlp::{OtlpError, OtlpExporter, OtlpTarget};
-pub use scrape::{ScrapeError, ScrapeTarget, ServerScraper, ServerStep, ServerTotals};

@@ -38,9 +38,10 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter};
 use tokio::time::Instant;
 
-use super::metrics::{RequestLabels, latency_buckets};
+use super::metrics::latency_buckets;
 use crate::client::RequestRecord;
 use crate::config::{Api, Otlp, OtlpProtocol};
+use crate::model::{Phase, RecordContext, RequestLabels, Sink};
 
 /// Longest one export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -152,20 +153,12 @@ fn signal_url(base: &str, path: &str) -> Result<String, OtlpError> {
 
 /// The canary's labels as attributes; a label that does not apply (empty) is left out.
 pub fn label_attributes(labels: &RequestLabels) -> Vec<KeyValue> {
-    [
-        ("target", &labels.target),
-        ("serving_mode", &labels.serving_mode),
-        ("workload", &labels.workload),
-        ("concurrency", &labels.concurrency),
-        ("turn", &labels.turn),
-        ("distribution", &labels.distribution),
-        ("isl_bucket", &labels.isl_bucket),
-        ("prefix_ratio", &labels.prefix_ratio),
-    ]
-    .into_iter()
-    .filter(|(_, v)| !v.is_empty())
-    .map(|(k, v)| KeyValue::new(k, v.clone()))
-    .collect()
+    labels
+        .pairs()
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| KeyValue::new(k, v.to_owned()))
+        .collect()
 }
 
 /// The HTTP/protobuf exporters, each with its own blocking client.
@@ -231,6 +224,13 @@ fn providers<M: PushMetricExporter, S: SpanExporter + 'static>(
         (provider, tracer)
     });
     (meters, tracing)
+}
+
+/// Every request, warmup included (its spans say which).
+impl Sink for OtlpExporter {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        self.record(ctx.labels, ctx.phase == Phase::Steady, rec);
+    }
 }
 
 impl OtlpExporter {

@@ -13,8 +13,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use crate::config::ServingMode;
-use crate::export::metrics::{SloReading, SloState};
 use crate::slo::{SloDef, SloKind, StateChangeHook, matcher_accepts};
+use crate::slo::{SloReading, SloState};
 
 /// Events waiting to be posted; beyond this the newest are dropped (and logged), so a stuck API
 /// server never grows the daemon's memory.

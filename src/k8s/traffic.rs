@@ -17,8 +17,8 @@ use super::discovery::DiscoveredTarget;
 use super::events::{EventTarget, SloEvents};
 use super::lease::Leadership;
 use crate::export::metrics::Metrics;
-use crate::export::scrape::{ScrapeTarget, ServerScraper};
 use crate::schedule::{Board, Runner, Scheduler, StepPlan, Target};
+use crate::scrape::{ScrapeTarget, ServerScraper};
 
 /// The configured targets (always measured while this replica sends) and their server-metrics
 /// endpoints; a reload sends a new set.
@@ -92,8 +92,12 @@ impl GatedSchedule {
             if active.resolved.contains_key(&d.name) {
                 continue;
             }
-            match crate::daemon::resolve_target(&d.to_config(), &self.base_dir, &self.runner.client)
-                .await
+            match crate::targets::resolve_target(
+                &d.to_config(),
+                &self.base_dir,
+                &self.runner.client,
+            )
+            .await
             {
                 Ok(t) => {
                     active
@@ -172,7 +176,7 @@ impl GatedSchedule {
         active.scraper = if scrape.is_empty() {
             None
         } else {
-            match ServerScraper::new(scrape, Arc::clone(&self.metrics)) {
+            match ServerScraper::new(scrape, self.metrics.clone()) {
                 Ok(s) => {
                     let s = Arc::new(s);
                     tokio::spawn(

@@ -6,9 +6,9 @@ use serde::Serialize;
 
 use super::table::{Cell, Column, Table};
 use super::{BenchData, RunInfo, SloVerdict, TargetInfo};
-use crate::export::scrape::ServerStep;
 use crate::measure::step::{Spread, StepMeasurements};
-use crate::schedule::StepResult;
+use crate::model::ServerStep;
+use crate::model::StepResult;
 
 /// Disaggregated serving is the more complex setup: it is recommended only when it beats
 /// aggregated by at least this fraction (the document's "simple, least overhead" argument).

@@ -14,11 +14,12 @@ use super::progress::Progress;
 use super::records::BenchSink;
 use super::{BenchData, ReportError, RunInfo, SloVerdict, TargetInfo};
 use crate::config::{At, Config, WORKLOAD_NAMES};
-use crate::daemon::Deployment;
 use crate::export::metrics::Metrics;
-use crate::export::scrape::{ScrapeTarget, ServerScraper};
-use crate::schedule::{MeasurementObserver, Recorder, plan_cycle};
+use crate::model::Sink;
+use crate::schedule::{Recorder, plan_cycle};
+use crate::scrape::{ScrapeTarget, ServerScraper};
 use crate::slo::SloEngine;
+use crate::targets::Deployment;
 
 /// Largest `--time-scale` accepted (a thousand times the document's plan is weeks).
 const MAX_TIME_SCALE: f64 = 1000.0;
@@ -136,11 +137,11 @@ pub async fn run_bench(
         crate::slo::baseline::BaselineStore::in_memory(),
         None,
     ));
-    let recorder = Recorder::new(
-        Arc::clone(&metrics),
-        Some(Arc::clone(&sink) as Arc<dyn crate::schedule::RecordSink>),
-    )
-    .with_observer(Arc::clone(&slo) as Arc<dyn MeasurementObserver>);
+    let recorder = Recorder::new(vec![
+        Arc::clone(&sink) as Arc<dyn Sink>,
+        Arc::clone(&metrics) as Arc<dyn Sink>,
+        Arc::clone(&slo) as Arc<dyn Sink>,
+    ]);
     let runner = Arc::new(deployment.runner(&cfg, Arc::new(recorder), rand::random()));
     // The servers' own metrics: as configured, and the embedded simulators' endpoints.
     let scrape_targets: Vec<ScrapeTarget> = cfg
@@ -152,7 +153,7 @@ pub async fn run_bench(
     let scraper = match scrape_targets.is_empty() {
         true => None,
         false => Some(Arc::new(
-            ServerScraper::new(scrape_targets, Arc::clone(&metrics))
+            ServerScraper::new(scrape_targets, metrics.clone())
                 .map_err(|e| ReportError::Usage(format!("server metrics: {e}")))?,
         )),
     };

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::schedule::StepResult;
+use crate::model::StepResult;
 pub use analysis::{Fit, Report};
 pub use bench::{BenchOptions, BenchOutcome, run_bench};
 pub use table::{Cell, Column, Table};
@@ -34,7 +34,7 @@ pub enum ReportError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Deployment(#[from] crate::daemon::DaemonError),
+    Deployment(#[from] crate::targets::TargetError),
     #[error("cannot serialise the report: {0}")]
     Json(#[from] serde_json::Error),
 }

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use super::records::BenchSink;
 use crate::measure::step::StepMeasurements;
-use crate::schedule::{StepPlan, StepResult};
+use crate::model::StepResult;
+use crate::schedule::StepPlan;
 
 /// How often the live bars are refreshed.
 const TICK: Duration = Duration::from_millis(200);

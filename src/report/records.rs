@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::ReportError;
 use crate::client::RequestRecord;
-use crate::schedule::{Phase, RecordContext, RecordSink};
+use crate::model::{Phase, RecordContext, Sink};
 
 /// Ties `tokio::time::Instant` to CLOCK_MONOTONIC and to Unix time. On Linux tokio's (and std's)
 /// `Instant` reads CLOCK_MONOTONIC, so one reading of each next to the other gives the offset of
@@ -127,7 +127,7 @@ pub struct Counts {
     pub errors: AtomicU64,
 }
 
-/// The bench's [`RecordSink`].
+/// The bench's [`Sink`]: `requests.jsonl` and the live progress.
 pub struct BenchSink {
     clock: MonoClock,
     record_tokens: bool,
@@ -248,8 +248,8 @@ impl BenchSink {
     }
 }
 
-impl RecordSink for BenchSink {
-    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+impl Sink for BenchSink {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         let ok = rec.outcome.is_ok();
         if let Some(c) = self.counts.get(ctx.target_index) {
             c.requests.fetch_add(1, Ordering::Relaxed);

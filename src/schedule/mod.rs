@@ -13,11 +13,11 @@ use serde::Serialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::export::metrics::{Quantiles, StepSummary};
 use crate::measure::step::Spread;
+use crate::model::StepResult;
 pub use plan::{StepKind, StepPlan, plan_cycle};
-pub use recorder::{MeasurementObserver, Phase, RecordContext, RecordSink, Recorder};
-pub use runner::{Runner, StepResult, Target};
+pub use recorder::{InFlight, Recorder};
+pub use runner::{Runner, Target};
 
 /// How many finished step results the board keeps (about a day of the default cycle).
 const RECENT_RESULTS: usize = 4096;
@@ -129,25 +129,18 @@ fn runner_unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn quantiles(s: Option<Spread>) -> Option<Quantiles> {
-    s.map(|s| Quantiles {
-        p50: s.p50,
-        p90: s.p90,
-        p99: s.p99,
-    })
-}
-
 /// Drives cycles of steps and publishes every step's results.
 pub struct Scheduler {
     pub runner: Arc<Runner>,
     pub board: Arc<Board>,
     /// Scrapes the targets' own metrics at each step's start and end; `None` when no target has
     /// server metrics.
-    pub server_metrics: Option<Arc<crate::export::scrape::ServerScraper>>,
+    pub server_metrics: Option<Arc<crate::scrape::ServerScraper>>,
 }
 
 impl Scheduler {
-    /// Runs one step and publishes its results (metrics, board, one log line per target).
+    /// Runs one step and publishes its results (the recorder's sinks, the board, one log line per
+    /// target).
     pub async fn step(
         &self,
         plan: &StepPlan,
@@ -171,25 +164,8 @@ impl Scheduler {
                 r.server = server.get(&r.target).copied();
             }
         }
-        let metrics = self.runner.recorder.metrics();
         for r in &results {
             let m = &r.measurements;
-            metrics.set_step(
-                &r.request_labels,
-                &StepSummary {
-                    ttft: quantiles(m.ttft),
-                    itl: quantiles(m.itl),
-                    request_duration: quantiles(m.latency),
-                    output_tokens_per_second: m.output_tokens_per_second,
-                    requests_per_second: m.requests_per_second,
-                    error_ratio: m.error_ratio,
-                    cache_hit_ratio: m.cache_hit_ratio,
-                    cost_per_million_tokens_usd: m.cost_per_million_tokens_usd,
-                    end_timestamp_seconds: r.ended_unix,
-                    degraded: m.degraded,
-                    faulted: m.faulted,
-                },
-            );
             // One line per step and target: the total where a step has several label sets.
             let one_per_target =
                 r.total || !results.iter().any(|o| o.total && o.target == r.target);

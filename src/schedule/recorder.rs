@@ -1,187 +1,94 @@
-//! Where finished requests go: the Prometheus metrics (every request), the current step's
-//! accumulators (steady-window requests only) and, for the bench, a per-request sink.
+//! Where finished requests go: every [`Sink`] (Prometheus, OTLP, the SLO engine, the bench's
+//! files, in the order given) and the current step's accumulators (steady-window requests only).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::client::{RequestRecord, StreamRequest};
-use crate::export::metrics::{Metrics, RequestLabels};
-use crate::export::otlp::OtlpExporter;
+use crate::client::RequestRecord;
 use crate::measure::step::{Sample, StepAccumulator};
-
-/// `llm_canary_target_up`: whether a finished request reached the target. Any HTTP response
-/// counts (a 429 or 503 still comes from a live server); no connection, or a timeout with no
-/// response head, does not.
-pub fn reached_target(rec: &RequestRecord) -> bool {
-    use crate::client::Outcome;
-    match rec.outcome {
-        Outcome::Connect => false,
-        Outcome::Timeout => rec.first_byte.is_some(),
-        _ => true,
-    }
-}
-
-/// Which part of a step a request was intended in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Before the steady window: counted in `llm_canary_requests_total`, measured nowhere else.
-    Warmup,
-    /// Inside the steady window: measured.
-    Steady,
-}
-
-/// What the recorder needs to know about a request besides its record.
-#[derive(Debug, Clone)]
-pub struct RecordContext<'a> {
-    pub target_index: usize,
-    pub labels: &'a RequestLabels,
-    pub phase: Phase,
-    pub osl: u32,
-    /// Prompt tokens a prefix cache can serve (prefix_cache: the shared prefix's whole blocks,
-    /// never the last token); 0 elsewhere. The expected hit ratio's numerator.
-    pub shared_prefix_tokens: u64,
-    /// What was sent.
-    pub request: &'a StreamRequest,
-}
-
-/// Receives every finished request (the bench writes `requests.jsonl` from it).
-pub trait RecordSink: Send + Sync {
-    fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord);
-}
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepResult};
 
 type Key = (usize, RequestLabels);
 
-/// Records requests into the metrics and the current step.
+/// Hands every finished request to the sinks and keeps the step's accumulators.
 pub struct Recorder {
-    metrics: Arc<Metrics>,
+    sinks: Vec<Arc<dyn Sink>>,
     step: Mutex<HashMap<Key, StepAccumulator>>,
-    sink: Option<Arc<dyn RecordSink>>,
-    otlp: Option<Arc<OtlpExporter>>,
-    observer: Option<Arc<dyn MeasurementObserver>>,
 }
 
-/// Receives what the SLO engine evaluates: every steady-window request, every finished step (so
-/// a degraded step's requests can be left out) and the end of every cycle (baselines).
-pub trait MeasurementObserver: Send + Sync {
-    fn request(&self, labels: &RequestLabels, rec: &RequestRecord);
-    fn step_finished(&self, results: &[super::StepResult]);
-    fn cycle_finished(&self);
+/// A request in flight to one target: every sink hears of its start and, on drop, of its end.
+pub struct InFlight<'a> {
+    recorder: &'a Recorder,
+    target: &'a str,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        for s in &self.recorder.sinks {
+            s.in_flight(self.target, -1);
+        }
+    }
 }
 
 impl Recorder {
-    pub fn new(metrics: Arc<Metrics>, sink: Option<Arc<dyn RecordSink>>) -> Self {
+    /// A recorder that hands every request, step and cycle to `sinks`, in this order.
+    pub fn new(sinks: Vec<Arc<dyn Sink>>) -> Self {
         Recorder {
-            metrics,
+            sinks,
             step: Mutex::new(HashMap::new()),
-            sink,
-            otlp: None,
-            observer: None,
         }
     }
 
-    /// Also feeds steady-window requests, step ends and cycle ends to `observer` (the SLO engine).
-    pub fn with_observer(mut self, observer: Arc<dyn MeasurementObserver>) -> Self {
-        self.observer = Some(observer);
-        self
+    /// A request to `target` starts; it ends when the guard is dropped.
+    pub fn in_flight<'a>(&'a self, target: &'a str) -> InFlight<'a> {
+        for s in &self.sinks {
+            s.in_flight(target, 1);
+        }
+        InFlight {
+            recorder: self,
+            target,
+        }
     }
 
     /// A step ended with these results (called by the scheduler after publishing them).
-    pub fn step_finished(&self, results: &[super::StepResult]) {
-        if let Some(o) = &self.observer {
-            o.step_finished(results);
+    pub fn step_finished(&self, results: &[StepResult]) {
+        for s in &self.sinks {
+            s.step_finished(results);
         }
     }
 
     /// A cycle of the schedule completed.
     pub fn cycle_finished(&self) {
-        if let Some(o) = &self.observer {
-            o.cycle_finished();
+        for s in &self.sinks {
+            s.cycle_finished();
         }
-    }
-
-    /// Also pushes every request to the OTLP pipeline.
-    pub fn with_otlp(mut self, otlp: Arc<OtlpExporter>) -> Self {
-        self.otlp = Some(otlp);
-        self
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     /// Records one finished request.
     pub fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        let outcome = rec.outcome.as_str();
-        let labels = ctx.labels;
-        let secs = |d: Duration| d.as_secs_f64();
-        if let Some(sink) = &self.sink {
-            sink.record(ctx, rec);
+        for s in &self.sinks {
+            s.request(ctx, rec);
         }
-        if let Some(otlp) = &self.otlp {
-            otlp.record(labels, ctx.phase == Phase::Steady, rec);
-        }
-        self.metrics
-            .set_target_up(&labels.target, reached_target(rec));
         if ctx.phase == Phase::Warmup {
-            // Warmup requests still count, so an error in warmup is never silently lost.
-            self.metrics
-                .record_request(labels, outcome, None, None, None, 0, 0, 0);
             return;
         }
-        if let Some(o) = &self.observer {
-            o.request(labels, rec);
-        }
+        let secs = |d: Duration| d.as_secs_f64();
         let ok = rec.outcome.is_ok();
-        let ttft = rec.ttft().map(secs);
-        let itl = rec.itl().map(secs);
-        let latency = secs(rec.latency());
-        let prompt = rec.prompt_tokens().unwrap_or(0);
-        let cached = rec.cached_tokens().unwrap_or(0);
-        let output = if ok { rec.output_tokens() } else { 0 };
-        self.metrics.record_request(
-            labels,
-            outcome,
-            ttft.filter(|_| ok),
-            itl.filter(|_| ok),
-            Some(latency),
-            prompt,
-            cached,
-            output,
-        );
-        if ok {
-            let gaps: Vec<(f64, u32)> = rec
-                .token_gaps()
-                .map(|(g, k)| (secs(g) * f64::from(k), k))
-                .collect();
-            self.metrics.record_chunk_gaps(labels, &gaps);
-        }
-        self.metrics.observe_schedule_lag(
-            &labels.target,
-            &labels.workload,
-            secs(rec.schedule_lag()),
-        );
-        let osl_mismatch = rec.osl_mismatch(ctx.osl);
-        if osl_mismatch {
-            self.metrics.record_osl_mismatch(labels);
-        }
-        if ok && rec.token_count_disagreement().is_some_and(|d| d != 0) {
-            self.metrics.record_token_count_mismatch(labels);
-        }
         let sample = Sample {
-            outcome,
-            ttft,
-            itl,
-            latency,
+            outcome: rec.outcome.as_str(),
+            ttft: rec.ttft().map(secs),
+            itl: rec.itl().map(secs),
+            latency: secs(rec.latency()),
             schedule_lag: secs(rec.schedule_lag()),
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            output_tokens: output,
+            prompt_tokens: rec.prompt_tokens().unwrap_or(0),
+            cached_tokens: rec.cached_tokens().unwrap_or(0),
+            output_tokens: if ok { rec.output_tokens() } else { 0 },
             expected_cached_tokens: ctx.shared_prefix_tokens,
-            osl_mismatch,
+            osl_mismatch: rec.osl_mismatch(ctx.osl),
         };
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
-        step.entry((ctx.target_index, labels.clone()))
+        step.entry((ctx.target_index, ctx.labels.clone()))
             .or_default()
             .record(&sample);
     }
@@ -197,5 +104,35 @@ impl Recorder {
     /// Takes the accumulators of the step that just ended, leaving the recorder empty.
     pub fn take_step(&self) -> HashMap<Key, StepAccumulator> {
         std::mem::take(&mut *self.step.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Count(AtomicI64);
+
+    impl Sink for Count {
+        fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+        fn in_flight(&self, _: &str, delta: i64) {
+            self.0.fetch_add(delta, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn in_flight_guard_ends_the_request_on_drop() {
+        let count = Arc::new(Count::default());
+        let recorder = Recorder::new(vec![count.clone()]);
+        let first = recorder.in_flight("agg");
+        let second = recorder.in_flight("agg");
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        drop(first);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        drop(second);
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
     }
 }

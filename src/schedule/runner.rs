@@ -10,20 +10,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::plan::{StepKind, StepPlan, ratio_label};
-use super::recorder::{Phase, RecordContext, Recorder};
+use super::recorder::Recorder;
 use crate::client::{
     ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
 };
 use crate::config::{Api, Pairing, ServingMode};
-use crate::export::metrics::RequestLabels;
-use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator, StepMeasurements};
+use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
+use crate::model::{Phase, RecordContext, RequestLabels, StepResult};
 use crate::workload::prompt::{
     OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
@@ -59,32 +58,6 @@ pub struct Runner {
     pub drain_grace: Duration,
     pub max_lag_p99: Duration,
     pub pairing: Pairing,
-}
-
-/// The result of one step for one target and label set (DESIGN §5).
-#[derive(Debug, Clone, Serialize)]
-pub struct StepResult {
-    pub cycle: u64,
-    pub workload: String,
-    /// `concurrency_sweep concurrency=32`.
-    pub step: String,
-    pub target: String,
-    pub serving_mode: String,
-    pub labels: BTreeMap<&'static str, String>,
-    /// True for the per-target total of a step whose requests carry several label sets
-    /// (multi-turn turns, ISL buckets); false for one label set.
-    pub total: bool,
-    pub started_unix: f64,
-    pub ended_unix: f64,
-    pub steady_seconds: f64,
-    #[serde(flatten)]
-    pub measurements: StepMeasurements,
-    /// The requests' labels, for the metrics.
-    #[serde(skip)]
-    pub request_labels: RequestLabels,
-    /// What the server's own metrics said about the step, where they are scraped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server: Option<crate::export::scrape::ServerStep>,
 }
 
 fn unix_now() -> f64 {
@@ -595,7 +568,7 @@ impl Runner {
         shared_prefix_tokens: u64,
     ) -> RequestRecord {
         let target = &self.targets[t];
-        let _inflight = self.recorder.metrics().track_inflight(&target.name);
+        let _inflight = self.recorder.in_flight(&target.name);
         let rec = self
             .client
             .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
@@ -844,15 +817,5 @@ fn workload_code(w: &str) -> u64 {
 
 /// The step labels that apply, as a map for reports.
 fn step_labels(l: &RequestLabels) -> BTreeMap<&'static str, String> {
-    [
-        ("concurrency", &l.concurrency),
-        ("turn", &l.turn),
-        ("distribution", &l.distribution),
-        ("isl_bucket", &l.isl_bucket),
-        ("prefix_ratio", &l.prefix_ratio),
-    ]
-    .into_iter()
-    .filter(|(_, v)| !v.is_empty())
-    .map(|(k, v)| (k, v.clone()))
-    .collect()
+    l.step_pairs().map(|(k, v)| (k, v.to_owned())).collect()
 }

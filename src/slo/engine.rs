@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 use tokio::time::Instant;
 
+use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
-use crate::export::metrics::{Metrics, RequestLabels, SloReading, SloState};
-use crate::schedule::StepResult;
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepResult};
 
 use super::ast::{Cond, Objective, Value};
 use super::baseline::{BaselineStore, Entry};
@@ -21,6 +21,12 @@ use super::{LabelDomain, SloDef, SloKind};
 
 /// How often the daemon evaluates every SLO.
 pub const EVALUATION_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Where the engine publishes every SLO's reading (the Prometheus registry: `llm_canary_slo_*`).
+pub trait SloPublisher: Send + Sync {
+    fn set_slo(&self, slo: &str, reading: &SloReading);
+    fn remove_slo(&self, slo: &str);
+}
 
 /// Called on every state change of an SLO (the Kubernetes integration posts an Event).
 pub trait StateChangeHook: Send + Sync {
@@ -55,7 +61,7 @@ pub struct SloEngine {
     inner: Mutex<Inner>,
     /// Samples of the steps in progress, committed when the step ends (unless it is degraded).
     pending: Mutex<HashMap<RequestLabels, Vec<RequestSample>>>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<dyn SloPublisher>>,
     hooks: RwLock<Vec<Arc<dyn StateChangeHook>>>,
 }
 
@@ -173,7 +179,7 @@ impl SloEngine {
         defs: Vec<SloDef>,
         domain: LabelDomain,
         baselines: BaselineStore,
-        metrics: Option<Arc<Metrics>>,
+        metrics: Option<Arc<dyn SloPublisher>>,
     ) -> SloEngine {
         let (wants, cycle_wants, objective_sets) = wants_of(&defs);
         let (now, now_unix) = (Instant::now(), unix_now());
@@ -526,9 +532,12 @@ impl SloEngine {
     }
 }
 
-impl crate::schedule::MeasurementObserver for SloEngine {
-    fn request(&self, labels: &RequestLabels, rec: &RequestRecord) {
-        self.observe_record(labels, rec);
+/// The engine reads steady-window requests only: warmup measures nothing.
+impl Sink for SloEngine {
+    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        if ctx.phase == Phase::Steady {
+            self.observe_record(ctx.labels, rec);
+        }
     }
 
     fn step_finished(&self, results: &[StepResult]) {
@@ -705,6 +714,7 @@ pub fn sample_of(rec: &RequestRecord) -> RequestSample {
 mod tests {
     use super::*;
     use crate::config::{ServingMode, Severity};
+    use crate::export::metrics::Metrics;
     use crate::measure::step::StepAccumulator;
     use crate::slo::parse_condition;
     use rand::rngs::StdRng;
@@ -817,7 +827,7 @@ mod tests {
             vec![def(GAIN, 20)],
             LabelDomain::default(),
             BaselineStore::in_memory(),
-            Some(Arc::clone(&metrics)),
+            Some(metrics.clone()),
         );
         let hook = Arc::new(Recorded(Mutex::new(Vec::new())));
         engine.add_hook(hook.clone());

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::export::metrics::RequestLabels;
 use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
+use crate::model::RequestLabels;
 
 use super::ast::*;
 use super::baseline::BaselineStore;
@@ -186,17 +186,7 @@ pub struct StepRecord {
 
 /// The value of a label by name.
 pub fn label_value<'a>(labels: &'a RequestLabels, name: &str) -> &'a str {
-    match name {
-        "target" => &labels.target,
-        "serving_mode" => &labels.serving_mode,
-        "workload" => &labels.workload,
-        "concurrency" => &labels.concurrency,
-        "turn" => &labels.turn,
-        "distribution" => &labels.distribution,
-        "isl_bucket" => &labels.isl_bucket,
-        "prefix_ratio" => &labels.prefix_ratio,
-        _ => "",
-    }
+    labels.get(name)
 }
 
 /// Whether a series' labels satisfy every matcher.

@@ -18,8 +18,9 @@ use crate::config::{Config, Severity, SloConfig};
 use crate::workload::sampler::log2_bucket;
 
 pub use ast::{Cond, Measure, Selector, Value};
-pub use engine::{SloEngine, StateChangeHook};
+pub use engine::{SloEngine, SloPublisher, StateChangeHook};
 pub use parse::{ParseError, parse_condition, parse_sli};
+pub use verdict::{SloReading, SloState};
 
 /// Errors of the SLO module.
 #[derive(Debug, thiserror::Error)]

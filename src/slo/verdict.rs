@@ -1,12 +1,42 @@
 //! The verdict state machine of one SLO: a clear pass or fail must hold for `for` before the
 //! state changes, a borderline evaluation keeps the state, and too few samples give
-//! `insufficient_data` at once.
+//! `insufficient_data` at once; and the reading an evaluation publishes.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::export::metrics::SloState;
+/// The verdict of an SLO: the `state` label of `llm_canary_slo_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SloState {
+    Pass,
+    Fail,
+    InsufficientData,
+}
+
+impl SloState {
+    /// Every state, in exposition order.
+    pub const ALL: [SloState; 3] = [SloState::Pass, SloState::Fail, SloState::InsufficientData];
+
+    /// The `state` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloState::Pass => "pass",
+            SloState::Fail => "fail",
+            SloState::InsufficientData => "insufficient_data",
+        }
+    }
+}
+
+/// One evaluation of an SLO. `None` values remove their series (e.g. no interval without samples).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SloReading {
+    pub state: SloState,
+    pub value: Option<f64>,
+    pub threshold: Option<f64>,
+    pub value_lower: Option<f64>,
+    pub value_upper: Option<f64>,
+}
 
 /// What one evaluation concluded, before hysteresis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

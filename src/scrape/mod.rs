@@ -10,7 +10,7 @@
 //! KVBM has none, and its offloads stay `None`.
 //!
 //! Every `export.server_metrics_interval` each target's endpoints are fetched (response size and
-//! time bounded), parsed with [`super::promtext`] and summed over their series into
+//! time bounded), parsed with [`promtext`] and summed over their series into
 //! [`ServerTotals`]. Counters are turned into rates between two scrapes (the
 //! `llm_canary_server_*` families) and into per-step deltas: the scheduler takes a fresh scrape at
 //! the start and the end of every step ([`ServerScraper::begin_step`], [`ServerScraper::end_step`])
@@ -30,9 +30,10 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{Metrics, ServerSnapshot};
-use super::promtext;
+pub mod promtext;
+
 use crate::config::TargetConfig;
+use crate::model::{ServerSnapshot, ServerStep};
 
 /// Largest `/metrics` body read; a vLLM engine with many LoRA adapters writes a few hundred KiB.
 pub const MAX_SCRAPE_BYTES: usize = 8 << 20;
@@ -248,33 +249,6 @@ fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
     }
 }
 
-/// What the server said about one step (DESIGN §5 "where scraped"): counter deltas between a
-/// scrape at the step's start and one at its end (warmup and drain included, as the server cannot
-/// tell them apart), and KV usage over every scrape taken in between.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ServerStep {
-    /// Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total`.
-    pub prefix_cache_hit_ratio: Option<f64>,
-    /// Mean and peak of the KV cache usage (0..1) over the step's scrapes.
-    pub kv_cache_usage_mean: Option<f64>,
-    pub kv_cache_usage_max: Option<f64>,
-    /// Δ`vllm:num_preemptions_total` during the step, and per second.
-    pub preemptions: Option<f64>,
-    pub preemptions_per_second: Option<f64>,
-    /// Δ`kvbm_offload_blocks_d2h` during the step, and per second: KV blocks offloaded from GPU
-    /// to host memory ([`ServerTotals::kv_offload_blocks`]; not evictions); `None` for a server
-    /// without KVBM.
-    pub kv_offload_blocks: Option<f64>,
-    pub kv_offload_blocks_per_second: Option<f64>,
-    /// Δ`dynamo_frontend_time_to_first_token_seconds_sum` / Δ`_count`: the server's own TTFT.
-    pub ttft_mean_seconds: Option<f64>,
-    /// KVBM tier hit rates at the step's end (KVBM computes them over its own sliding window).
-    pub kvbm_host_cache_hit_ratio: Option<f64>,
-    pub kvbm_disk_cache_hit_ratio: Option<f64>,
-    /// Successful scrapes of the target during the step, both ends included.
-    pub scrapes: u32,
-}
-
 /// KV usage samples of the step in progress.
 #[derive(Debug, Clone, Copy, Default)]
 struct UsageWindow {
@@ -297,11 +271,20 @@ pub struct StepMark {
     totals: HashMap<String, ServerTotals>,
 }
 
+/// Where the scraper publishes what it read (the Prometheus registry: `llm_canary_server_*`).
+pub trait ServerMetricsSink: Send + Sync {
+    /// The latest scrape of `target` (counter totals, gauges).
+    fn set_server(&self, target: &str, snapshot: &ServerSnapshot);
+    /// KVBM's host and disk cache hit rates of `target`, where it has KVBM.
+    fn set_server_kvbm(&self, target: &str, host: Option<f64>, disk: Option<f64>);
+    /// A failed scrape of one of `target`'s endpoints.
+    fn record_server_scrape_error(&self, target: &str);
+}
+
 /// Scrapes every configured target's server metrics and publishes them.
-#[derive(Debug)]
 pub struct ServerScraper {
     http: reqwest::Client,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn ServerMetricsSink>,
     targets: Vec<ScrapeTarget>,
     /// Held for a whole scrape round, so two rounds (the periodic one and a step boundary's) never
     /// interleave and every interval is computed between consecutive scrapes.
@@ -309,7 +292,10 @@ pub struct ServerScraper {
 }
 
 impl ServerScraper {
-    pub fn new(targets: Vec<ScrapeTarget>, metrics: Arc<Metrics>) -> Result<Self, ScrapeError> {
+    pub fn new(
+        targets: Vec<ScrapeTarget>,
+        metrics: Arc<dyn ServerMetricsSink>,
+    ) -> Result<Self, ScrapeError> {
         let http = crate::client::http_client_builder()
             .timeout(SCRAPE_TIMEOUT)
             .connect_timeout(SCRAPE_TIMEOUT)
@@ -511,6 +497,7 @@ impl ServerScraper {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::metrics::Metrics;
 
     const WORKERS: &str = "\
 # TYPE vllm:prefix_cache_queries_total counter
@@ -620,7 +607,7 @@ kvbm_host_cache_hit_rate 0.75
                 name: "agg".into(),
                 urls: vec![dead],
             }],
-            Arc::clone(&metrics),
+            metrics.clone(),
         )
         .unwrap();
         let mark = scraper.begin_step().await;

@@ -1,0 +1,130 @@
+//! The label set of every per-request and per-step series: its eight names, spelled once.
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+use crate::config::ServingMode;
+
+/// The labels of every per-request and per-step series (DESIGN §5/§6; the names are [`REQUEST_LABELS`]). Labels that do not apply to
+/// the workload are empty strings, always present, so every series of a family has the same keys.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub target: String,
+    pub serving_mode: String,
+    pub workload: String,
+    pub concurrency: String,
+    pub turn: String,
+    pub distribution: String,
+    pub isl_bucket: String,
+    pub prefix_ratio: String,
+}
+
+/// A step is identified by the same labels as its requests.
+pub type StepLabels = RequestLabels;
+
+impl RequestLabels {
+    /// Labels of a request of `workload` against `target`; step labels start empty.
+    pub fn new(target: &str, serving_mode: ServingMode, workload: &str) -> Self {
+        Self {
+            target: target.to_owned(),
+            serving_mode: serving_mode.as_str().to_owned(),
+            workload: workload.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// `concurrency_sweep` step label.
+    pub fn with_concurrency(mut self, concurrency: u32) -> Self {
+        self.concurrency = concurrency.to_string();
+        self
+    }
+
+    /// `multi_turn` step label (1-based turn).
+    pub fn with_turn(mut self, turn: u32) -> Self {
+        self.turn = turn.to_string();
+        self
+    }
+
+    /// `sequence_distribution` step labels; `isl_bucket` is the log2 bucket's lower bound.
+    pub fn with_distribution(mut self, distribution: &str, isl_bucket: u64) -> Self {
+        self.distribution = distribution.to_owned();
+        self.isl_bucket = isl_bucket.to_string();
+        self
+    }
+
+    /// `prefix_cache` step label, formatted as Rust's shortest round-trip form (`0`, `0.25`, `1`).
+    pub fn with_prefix_ratio(mut self, prefix_ratio: f64) -> Self {
+        self.prefix_ratio = prefix_ratio.to_string();
+        self
+    }
+}
+
+/// The eight request-label names, in the order of [`RequestLabels`]' fields (and so of its
+/// derived encoding): the one place they are spelled.
+pub const REQUEST_LABELS: [&str; 8] = [
+    "target",
+    "serving_mode",
+    "workload",
+    "concurrency",
+    "turn",
+    "distribution",
+    "isl_bucket",
+    "prefix_ratio",
+];
+
+/// The step labels: the request labels after `target`, `serving_mode` and `workload`.
+pub const STEP_LABELS: [&str; 5] = [
+    REQUEST_LABELS[3],
+    REQUEST_LABELS[4],
+    REQUEST_LABELS[5],
+    REQUEST_LABELS[6],
+    REQUEST_LABELS[7],
+];
+
+impl RequestLabels {
+    /// Every label as (name, value), in [`REQUEST_LABELS`] order.
+    pub fn pairs(&self) -> [(&'static str, &str); 8] {
+        let values = [
+            &self.target,
+            &self.serving_mode,
+            &self.workload,
+            &self.concurrency,
+            &self.turn,
+            &self.distribution,
+            &self.isl_bucket,
+            &self.prefix_ratio,
+        ];
+        std::array::from_fn(|i| (REQUEST_LABELS[i], values[i].as_str()))
+    }
+
+    /// The step labels that apply (non-empty), as (name, value).
+    pub fn step_pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let pairs = self.pairs();
+        (3..8).map(move |i| pairs[i]).filter(|(_, v)| !v.is_empty())
+    }
+
+    /// The value of the label `name`; empty for a name that is not a request label.
+    pub fn get(&self, name: &str) -> &str {
+        self.pairs()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_follow_the_field_order_and_get_reads_by_name() {
+        let l = RequestLabels::new("agg", ServingMode::Aggregated, "prefix_cache")
+            .with_prefix_ratio(0.25);
+        let names: Vec<&str> = l.pairs().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, REQUEST_LABELS);
+        assert_eq!(l.get("target"), "agg");
+        assert_eq!(l.get("prefix_ratio"), "0.25");
+        assert_eq!(l.get("nope"), "");
+        let steps: Vec<_> = l.step_pairs().collect();
+        assert_eq!(steps, vec![("prefix_ratio", "0.25")]);
+    }
+}

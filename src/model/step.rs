@@ -1,0 +1,139 @@
+//! What a finished step carries: its result per target and label set, the summary exported as
+//! `llm_canary_step_*`, and what the servers' own metrics said about it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::RequestLabels;
+use crate::measure::step::{Spread, StepMeasurements};
+
+/// The result of one step for one target and label set (DESIGN §5).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepResult {
+    pub cycle: u64,
+    pub workload: String,
+    /// `concurrency_sweep concurrency=32`.
+    pub step: String,
+    pub target: String,
+    pub serving_mode: String,
+    pub labels: BTreeMap<&'static str, String>,
+    /// True for the per-target total of a step whose requests carry several label sets
+    /// (multi-turn turns, ISL buckets); false for one label set.
+    pub total: bool,
+    pub started_unix: f64,
+    pub ended_unix: f64,
+    pub steady_seconds: f64,
+    #[serde(flatten)]
+    pub measurements: StepMeasurements,
+    /// The requests' labels, for the metrics.
+    #[serde(skip)]
+    pub request_labels: RequestLabels,
+    /// What the server's own metrics said about the step, where they are scraped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerStep>,
+}
+
+impl StepResult {
+    /// The summary exported as `llm_canary_step_*`.
+    pub fn summary(&self) -> StepSummary {
+        let m = &self.measurements;
+        StepSummary {
+            ttft: m.ttft.map(Quantiles::of),
+            itl: m.itl.map(Quantiles::of),
+            request_duration: m.latency.map(Quantiles::of),
+            output_tokens_per_second: m.output_tokens_per_second,
+            requests_per_second: m.requests_per_second,
+            error_ratio: m.error_ratio,
+            cache_hit_ratio: m.cache_hit_ratio,
+            cost_per_million_tokens_usd: m.cost_per_million_tokens_usd,
+            end_timestamp_seconds: self.ended_unix,
+            degraded: m.degraded,
+            faulted: m.faulted,
+        }
+    }
+}
+
+/// p50, p90 and p99 of one latency over a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Quantiles {
+    /// The p50, p90 and p99 of a step's spread.
+    pub fn of(s: Spread) -> Quantiles {
+        Quantiles {
+            p50: s.p50,
+            p90: s.p90,
+            p99: s.p99,
+        }
+    }
+
+    pub fn values(self) -> [f64; 3] {
+        [self.p50, self.p90, self.p99]
+    }
+}
+
+/// A step's summary over its steady window (DESIGN §5), exported as `llm_canary_step_*`. A `None`
+/// removes the series, so a step without samples does not keep the previous cycle's value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepSummary {
+    pub ttft: Option<Quantiles>,
+    pub itl: Option<Quantiles>,
+    pub request_duration: Option<Quantiles>,
+    pub output_tokens_per_second: f64,
+    pub requests_per_second: f64,
+    pub error_ratio: f64,
+    pub cache_hit_ratio: Option<f64>,
+    pub cost_per_million_tokens_usd: Option<f64>,
+    /// Unix time of the end of the step's window.
+    pub end_timestamp_seconds: f64,
+    /// Schedule lag p99 exceeded its limit: the step measured the canary, not the server.
+    pub degraded: bool,
+    /// Too many requests failed for the step's latencies to describe the server
+    /// (`measure::step::FAULTED_ERROR_RATIO`).
+    pub faulted: bool,
+}
+
+/// What one scrape of a target's own `/metrics` yielded; `None` leaves a series untouched.
+/// Counter totals are the server's cumulative values; the canary mirrors their increase.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServerSnapshot {
+    pub prefix_cache_hit_ratio: Option<f64>,
+    pub kv_cache_usage_ratio: Option<f64>,
+    pub preemptions_total: Option<f64>,
+    /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory (see
+    /// `scrape::ServerTotals::kv_offload_blocks`).
+    pub kv_offload_blocks_total: Option<f64>,
+    pub ttft_mean_seconds: Option<f64>,
+}
+
+/// What the server said about one step (DESIGN §5 "where scraped"): counter deltas between a
+/// scrape at the step's start and one at its end (warmup and drain included, as the server cannot
+/// tell them apart), and KV usage over every scrape taken in between.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerStep {
+    /// Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total`.
+    pub prefix_cache_hit_ratio: Option<f64>,
+    /// Mean and peak of the KV cache usage (0..1) over the step's scrapes.
+    pub kv_cache_usage_mean: Option<f64>,
+    pub kv_cache_usage_max: Option<f64>,
+    /// Δ`vllm:num_preemptions_total` during the step, and per second.
+    pub preemptions: Option<f64>,
+    pub preemptions_per_second: Option<f64>,
+    /// Δ`kvbm_offload_blocks_d2h` during the step, and per second: KV blocks offloaded from GPU
+    /// to host memory (`scrape::ServerTotals::kv_offload_blocks`; not evictions); `None` for a server
+    /// without KVBM.
+    pub kv_offload_blocks: Option<f64>,
+    pub kv_offload_blocks_per_second: Option<f64>,
+    /// Δ`dynamo_frontend_time_to_first_token_seconds_sum` / Δ`_count`: the server's own TTFT.
+    pub ttft_mean_seconds: Option<f64>,
+    /// KVBM tier hit rates at the step's end (KVBM computes them over its own sliding window).
+    pub kvbm_host_cache_hit_ratio: Option<f64>,
+    pub kvbm_disk_cache_hit_ratio: Option<f64>,
+    /// Successful scrapes of the target during the step, both ends included.
+    pub scrapes: u32,
+}

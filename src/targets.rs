@@ -1,0 +1,294 @@
+//! The targets of a run: the one place that starts the embedded simulators and resolves each
+//! configured (or discovered) target into what the runner sends to: its URL, TLS client, model
+//! (`auto` asks `/v1/models`) and API key. `run`, `bench` and discovery all start here.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::{ApiKey, ClientConfig, Endpoint, StreamClient};
+use crate::config::{Config, TargetConfig};
+use crate::schedule::{Recorder, Runner, Target};
+use crate::sim::SimHandle;
+use crate::workload::prompt::OverheadLearner;
+use crate::workload::tokenizer::TokenModel;
+
+/// Errors of starting or resolving a target.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("target `{target}`: {message}")]
+    Target { target: String, message: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("client: {0}")]
+    Client(#[from] crate::client::ClientError),
+}
+
+/// Everything `run` and `bench` need to send traffic: the started simulators and the targets.
+pub struct Deployment {
+    pub targets: Vec<Arc<Target>>,
+    pub sims: Vec<SimHandle>,
+    pub client: StreamClient,
+    pub tokens: Arc<TokenModel>,
+    /// For each target, the index of its embedded simulator in `sims`.
+    pub sim_of: Vec<Option<usize>>,
+}
+
+impl Deployment {
+    /// Starts the embedded simulators and resolves every target (model `auto`, API keys).
+    pub async fn start(cfg: &Config, base_dir: &Path) -> Result<Deployment, TargetError> {
+        let tokens = Arc::new(
+            TokenModel::load(
+                cfg.tokenizer
+                    .as_ref()
+                    .map(|t| base_dir.join(t.as_str()))
+                    .as_deref(),
+            )
+            .map_err(|e| TargetError::Tokenizer(e.to_string()))?,
+        );
+        let client = StreamClient::new(ClientConfig {
+            connect_timeout: cfg.client.connect_timeout.0,
+            request_timeout: cfg.client.request_timeout.0,
+            max_event_bytes: *cfg.client.max_event_bytes as usize,
+            ..ClientConfig::default()
+        })?;
+        let client = if tokens.is_exact() {
+            client.with_token_counter(tokens.clone())
+        } else {
+            client
+        };
+        let mut sims = Vec::new();
+        let mut targets = Vec::new();
+        let mut sim_of = Vec::new();
+        for t in &cfg.targets {
+            let (target, sim) = start_target(t, base_dir, &client).await?;
+            targets.push(target);
+            sim_of.push(sim.map(|s| {
+                sims.push(s);
+                sims.len() - 1
+            }));
+        }
+        Ok(Deployment {
+            targets,
+            sims,
+            client,
+            tokens,
+            sim_of,
+        })
+    }
+
+    /// The step runner for `cfg` over these targets; `run_salt` keeps earlier runs' caches out.
+    pub fn runner(&self, cfg: &Config, recorder: Arc<Recorder>, run_salt: u64) -> Runner {
+        Runner {
+            targets: self.targets.clone(),
+            client: self.client.clone(),
+            tokens: Arc::clone(&self.tokens),
+            overhead: Arc::new(OverheadLearner::new()),
+            recorder,
+            seed: cfg.seed,
+            run_salt,
+            drain_grace: cfg.schedule.drain_grace.0,
+            max_lag_p99: cfg.schedule.max_lag_p99.0,
+            pairing: cfg.schedule.pairing,
+        }
+    }
+
+    /// Stops the embedded simulators.
+    pub async fn stop(self) {
+        for sim in self.sims {
+            sim.shutdown().await;
+        }
+    }
+}
+
+/// Starts `t`'s embedded simulator (when it has one) and resolves it.
+pub async fn start_target(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<(Arc<Target>, Option<SimHandle>), TargetError> {
+    let fail = |message: String| TargetError::Target {
+        target: t.name.value.clone(),
+        message,
+    };
+    let (url, sim) = match (&t.url, &t.simulated) {
+        (Some(u), _) => (u.value.clone(), None),
+        (None, Some(spec)) => {
+            let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+            let sim = crate::sim::start(spec.value.clone(), t.serving_mode, loopback)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            tracing::info!(target = %*t.name, mode = t.serving_mode.as_str(), url = %sim.base_url(), "simulator started");
+            (sim.base_url(), Some(sim))
+        }
+        (None, None) => return Err(fail("no url".into())),
+    };
+    match resolve_at(t, &url, base_dir, client).await {
+        Ok(target) => Ok((Arc::new(target), sim)),
+        Err(e) => {
+            if let Some(sim) = sim {
+                sim.shutdown().await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A target with a `url` (configured or discovered) as the runner sees it: model `auto`
+/// resolved, API key loaded.
+pub async fn resolve_target(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<Target, TargetError> {
+    let url = t
+        .url
+        .as_ref()
+        .map(|u| u.value.clone())
+        .ok_or_else(|| TargetError::Target {
+            target: t.name.value.clone(),
+            message: "no url".into(),
+        })?;
+    resolve_at(t, &url, base_dir, client).await
+}
+
+async fn resolve_at(
+    t: &TargetConfig,
+    url: &str,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<Target, TargetError> {
+    let fail = |message: String| TargetError::Target {
+        target: t.name.value.clone(),
+        message,
+    };
+    // The target's own TLS client (private CA, client certificate), also for the model lookup.
+    let tls = match &t.tls {
+        Some(tls) => {
+            let file = |f: &Option<crate::config::At<String>>| {
+                f.as_ref().map(|f| base_dir.join(f.as_str()))
+            };
+            let files = crate::client::TlsFiles {
+                ca_file: file(&tls.ca_file),
+                cert_file: file(&tls.cert_file),
+                key_file: file(&tls.key_file),
+            };
+            Some(client.tls_client(&files).map_err(|e| fail(e.to_string()))?)
+        }
+        None => None,
+    };
+    let model = resolve_model(t, url, tls.clone()).await.map_err(fail)?;
+    let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
+        .with_length_control(t.length_control())
+        .with_nvext(t.dialect.supports_nvext());
+    if let Some(http) = tls {
+        endpoint = endpoint.with_http_client(http);
+    }
+    if let Some(key) = api_key(t, base_dir).map_err(fail)? {
+        endpoint = endpoint.with_api_key(&key)?;
+    }
+    Ok(Target {
+        name: t.name.value.clone(),
+        mode: t.serving_mode,
+        endpoint,
+        cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
+    })
+}
+
+/// Largest `GET /v1/models` answer read when resolving model `auto`.
+const MODEL_LIST_MAX_BYTES: usize = 1 << 20;
+/// Longest model id accepted from a server.
+const MODEL_ID_MAX_BYTES: usize = 512;
+
+/// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
+async fn resolve_model(
+    t: &TargetConfig,
+    base: &str,
+    tls: Option<reqwest::Client>,
+) -> Result<String, String> {
+    if t.model != "auto" {
+        return Ok(t.model.clone());
+    }
+    let url = format!("{}/v1/models", base.trim_end_matches('/'));
+    let http = match tls {
+        Some(http) => http,
+        None => crate::client::http_client_builder()
+            .build()
+            .map_err(|e| e.to_string())?,
+    };
+    // A deployment that is still starting answers after a while: try for about half a minute.
+    let mut last = String::new();
+    for attempt in 0..15 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        match http.get(&url).timeout(Duration::from_secs(10)).send().await {
+            Ok(mut r) if r.status().is_success() => {
+                // The server decides the size: read at most MODEL_LIST_MAX_BYTES.
+                let mut bytes = Vec::new();
+                while let Some(chunk) = r.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+                    if bytes.len() + chunk.len() > MODEL_LIST_MAX_BYTES {
+                        return Err(format!(
+                            "{url}: the model list is over {MODEL_LIST_MAX_BYTES} bytes; set `model:` on the target"
+                        ));
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+                    format!("{url}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
+                })?;
+                let id = body["data"][0]["id"]
+                    .as_str()
+                    .ok_or_else(|| format!("{url} lists no models; set `model:` on the target to the served model name instead of `auto`"))?;
+                // The id goes into every request body and `/api/v1/status`: refuse what no real
+                // model name looks like rather than carry it around.
+                if id.is_empty()
+                    || id.len() > MODEL_ID_MAX_BYTES
+                    || id.chars().any(char::is_control)
+                {
+                    return Err(format!(
+                        "{url} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
+                    ));
+                }
+                return Ok(id.to_owned());
+            }
+            // Up, but unable to list its models (`transformers serve` answers 500 when it serves
+            // a model by path): waiting would not help. Only gateway and overload statuses of a
+            // deployment still starting are retried.
+            Ok(r) if !matches!(r.status().as_u16(), 429 | 502..=504) => {
+                return Err(format!(
+                    "{url} answered {}; set `model:` on the target to the served model name instead of `auto`",
+                    r.status()
+                ));
+            }
+            Ok(r) => last = format!("{url} answered {}", r.status()),
+            Err(e) => last = format!("{url}: {e}"),
+        }
+    }
+    Err(format!(
+        "{last}; set `model:` on the target to skip the lookup"
+    ))
+}
+
+fn api_key(t: &TargetConfig, base_dir: &Path) -> Result<Option<ApiKey>, String> {
+    if let Some(var) = &t.api_key_env {
+        return std::env::var(var.as_str())
+            .map(|k| Some(ApiKey::new(k.trim())))
+            .map_err(|_| format!("environment variable `{}` (api_key_env) is not set", **var));
+    }
+    if let Some(file) = &t.api_key_file {
+        let path = base_dir.join(file.as_str());
+        return std::fs::read_to_string(&path)
+            .map(|k| Some(ApiKey::new(k.trim())))
+            .map_err(|e| format!("cannot read api_key_file {}: {e}", path.display()));
+    }
+    Ok(None)
+}
+
+/// With a real tokenizer the client counts the tokens of every chunk instead of assuming one.
+impl crate::client::TokenCounter for TokenModel {
+    fn count(&self, text: &str) -> usize {
+        TokenModel::count(self, text)
+    }
+}
