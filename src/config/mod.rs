@@ -8,6 +8,7 @@
 mod at;
 mod error;
 mod schema;
+pub mod sim;
 mod summary;
 mod target;
 mod validate;

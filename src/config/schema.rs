@@ -75,7 +75,7 @@ pub struct TargetConfig {
     pub cost_per_hour_usd: Option<At<f64>>,
     /// Instead of `url`: an embedded simulator started in-process on loopback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub simulated: Option<At<crate::sim::SimSpec>>,
+    pub simulated: Option<At<super::sim::SimSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
 }

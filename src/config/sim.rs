@@ -1,13 +1,15 @@
-//! The simulator's configuration: [`SimSpec`] (what a target's `simulated:` block holds) and
-//! [`FaultSpec`] (what goes wrong on purpose), both strict serde structs with a `validate` that
-//! lists every problem.
+//! The schema of a target's `simulated:` block: [`SimSpec`] (the simulated deployment, its
+//! hardware, model shape and timing profile) and [`FaultSpec`] (what goes wrong on purpose), strict
+//! serde structs with a `validate` that lists every problem. The simulator (`crate::sim`) runs
+//! what these describe; they live here because they are part of the config file.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::profile::{Gpu, ModelShape, TimingTable};
+/// The GPUs a pool can pretend to be (`crate::sim::profile::GPUS` holds their figures).
+pub const GPU_NAMES: [&str; 3] = ["h200", "a100", "l40s"];
 
 /// Timing profile names accepted by [`SimSpec::profile`].
 pub const PROFILES: [&str; 7] = ["default", "h200", "a100", "l40s", "fast", "fixed", "table"];
@@ -189,7 +191,7 @@ impl SimSpec {
             ("decode", &self.decode),
         ] {
             if let Some(gpu) = &pool.gpu
-                && Gpu::by_name(gpu).is_none()
+                && !GPU_NAMES.iter().any(|g| g.eq_ignore_ascii_case(gpu))
             {
                 errors.push(format!(
                     "{name}.gpu: unknown GPU {gpu:?}, expected h200, a100 or l40s"
@@ -274,7 +276,7 @@ impl SimSpec {
     pub fn model_shape(&self) -> ModelShape {
         self.model_shape
             .or_else(|| ModelShape::preset(&self.model))
-            .unwrap_or(super::profile::QWEN3_30B_A3B_FP8)
+            .unwrap_or(QWEN3_30B_A3B_FP8)
     }
 }
 
@@ -421,6 +423,119 @@ impl FaultSpec {
             ));
         }
         errors
+    }
+}
+
+/// A measured profile: prefill time by input length and decode time over (active KV tokens, mean
+/// context length), interpolated linearly (bilinearly for decode) and clamped at the edges — the
+/// shape Dynamo's profiler writes for its planner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimingTable {
+    /// `[isl, ms]` points, sorted by `isl`.
+    pub prefill: Vec<[f64; 2]>,
+    pub decode: DecodeGrid,
+}
+
+/// Decode pass time on a grid: `ms[i][j]` at `kv_tokens[i]` and `context[j]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeGrid {
+    pub kv_tokens: Vec<f64>,
+    pub context: Vec<f64>,
+    pub ms: Vec<Vec<f64>>,
+}
+
+impl TimingTable {
+    /// Problems that make the table unusable, as sentences.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.prefill.is_empty() {
+            errors.push("table.prefill needs at least one [isl, ms] point".to_string());
+        }
+        if !self.prefill.windows(2).all(|w| w[0][0] < w[1][0]) {
+            errors.push("table.prefill must be sorted by strictly increasing isl".to_string());
+        }
+        let g = &self.decode;
+        if g.kv_tokens.is_empty() || g.context.is_empty() {
+            errors.push("table.decode needs at least one kv_tokens and one context value".into());
+        }
+        if !g.kv_tokens.windows(2).all(|w| w[0] < w[1])
+            || !g.context.windows(2).all(|w| w[0] < w[1])
+        {
+            errors.push("table.decode axes must be strictly increasing".to_string());
+        }
+        if g.ms.len() != g.kv_tokens.len() || g.ms.iter().any(|row| row.len() != g.context.len()) {
+            errors.push(format!(
+                "table.decode.ms must be {} rows of {} values",
+                g.kv_tokens.len(),
+                g.context.len()
+            ));
+        }
+        if self
+            .prefill
+            .iter()
+            .map(|p| p[1])
+            .chain(g.ms.iter().flatten().copied())
+            .any(|ms| !ms.is_finite() || ms < 0.0)
+        {
+            errors.push("table times must be finite and non-negative".to_string());
+        }
+        errors
+    }
+}
+
+/// Shape of the served model that decides the KV footprint and the weights' memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Bytes per KV element (FP8 = 1, BF16 = 2).
+    pub dtype_bytes: u32,
+    /// Weights in GB, subtracted from GPU memory before sizing the KV pool.
+    pub weights_gb: f64,
+}
+
+/// Qwen3-30B-A3B-FP8, the source document's model.
+pub const QWEN3_30B_A3B_FP8: ModelShape = ModelShape {
+    layers: 48,
+    kv_heads: 4,
+    head_dim: 128,
+    dtype_bytes: 1,
+    weights_gb: 31.0,
+};
+
+/// Llama-3.1-8B in BF16.
+pub const LLAMA_31_8B: ModelShape = ModelShape {
+    layers: 32,
+    kv_heads: 8,
+    head_dim: 128,
+    dtype_bytes: 2,
+    weights_gb: 16.1,
+};
+
+impl ModelShape {
+    /// Preset by a loose name: anything mentioning Llama 3.1 8B, else the document's Qwen model.
+    pub fn preset(name: &str) -> Option<ModelShape> {
+        let n = name.to_ascii_lowercase();
+        if n.contains("llama-3.1-8b") || n.contains("llama-3.1") {
+            Some(LLAMA_31_8B)
+        } else if n.contains("qwen3-30b-a3b") {
+            Some(QWEN3_30B_A3B_FP8)
+        } else {
+            None
+        }
+    }
+
+    /// KV bytes per token: layers × 2 (K and V) × kv heads × head dim × dtype bytes.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        u64::from(self.layers)
+            * 2
+            * u64::from(self.kv_heads)
+            * u64::from(self.head_dim)
+            * u64::from(self.dtype_bytes)
     }
 }
 

@@ -18,9 +18,9 @@ use super::engine::{
     WorkerSnapshot,
 };
 use super::kv::{TierConfig, block_hashes};
-use super::profile::{Gpu, H200, H200_DECODE, H200_PREFILL, Timing, TimingTable};
-use super::spec::{PoolSpec, SimSpec, TierSpec};
+use super::profile::{Gpu, H200, H200_DECODE, H200_PREFILL, Timing};
 use crate::config::ServingMode;
+use crate::config::sim::{PoolSpec, SimSpec, TierSpec, TimingTable};
 
 /// A request as the engine sees it: token ids and length controls.
 #[derive(Debug, Clone, PartialEq)]

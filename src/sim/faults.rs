@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::spec::FaultSpec;
+use crate::config::sim::FaultSpec;
 
 /// The faults one request gets.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,7 +62,7 @@ impl FaultPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::spec::ErrorFault;
+    use crate::config::sim::ErrorFault;
 
     #[test]
     fn rate_selects_the_expected_share() {

@@ -14,7 +14,6 @@ pub mod kv;
 mod metrics;
 pub mod profile;
 mod server;
-pub mod spec;
 pub mod text;
 
 use std::collections::HashMap;
@@ -26,13 +25,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::sim::{
+    AfterTokens, DecodeGrid, ErrorEventFault, ErrorFault, FaultSpec, ModelShape, PROFILES,
+    PoolSpec, RefuseMode, SimSpec, SlowFirstByte, StallFault, TierSpec, TimingTable, TruncateFault,
+};
 pub use cluster::{Cluster, GenerateRequest, RequestStream};
 pub use engine::{Completion, FinishReason, ServerTiming, StreamEvent, WorkerRole, WorkerSnapshot};
-pub use profile::{DecodeGrid, Gpu, ModelShape, TimingTable};
-pub use spec::{
-    AfterTokens, ErrorEventFault, ErrorFault, FaultSpec, PROFILES, PoolSpec, RefuseMode, SimSpec,
-    SlowFirstByte, StallFault, TierSpec, TruncateFault,
-};
+pub use profile::Gpu;
 
 use crate::config::ServingMode;
 

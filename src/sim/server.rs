@@ -30,10 +30,10 @@ use super::cluster::{Cluster, GenerateRequest, RequestStream};
 use super::engine::{Completion, StreamEvent};
 use super::faults::FaultPlan;
 use super::metrics::{FrontendMetrics, RequestOutcome};
-use super::spec::{FaultSpec, RefuseMode, SimSpec};
 use super::text::{self, PromptTokenizer};
 use super::{SendLog, metrics};
 use crate::config::ServingMode;
+use crate::config::sim::{FaultSpec, RefuseMode, SimSpec};
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 32 << 20;
