@@ -77,7 +77,7 @@ proptest! {
         let at = FULL.char_indices().map(|(i, _)| i).nth(at % FULL.chars().count()).unwrap_or(0);
         let end = FULL[at..].char_indices().map(|(i, _)| at + i).nth(cut).unwrap_or(FULL.len());
         let text = format!("{}{insert}{}", &FULL[..at], &FULL[end..]);
-        let _ = Config::parse(&text, "mutated.yaml", Path::new("."));
+        let _ = llm_canary::setup::Setup::parse(&text, "mutated.yaml", Path::new("."));
     }
 }
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use llm_canary::config::{Config, ConfigError};
+use llm_canary::setup::Setup;
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -22,7 +23,7 @@ fn fixtures(kind: &str) -> Vec<PathBuf> {
 #[test]
 fn good_configs_load() {
     for path in fixtures("good") {
-        if let Err(e) = Config::load(&path) {
+        if let Err(e) = Setup::load(&path) {
             panic!("{} should be valid:\n{e}", path.display());
         }
     }
@@ -37,7 +38,7 @@ fn bad_configs_report_every_error_with_position() {
         }
         let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
         let expected: Vec<&str> = expected.lines().filter(|l| !l.is_empty()).collect();
-        let err = match Config::load(&path) {
+        let err = match Setup::load(&path) {
             Ok(_) => panic!("{} should be rejected", path.display()),
             Err(e) => e,
         };

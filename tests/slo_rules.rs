@@ -86,9 +86,9 @@ fn prometheus_rule_format_wraps_the_same_groups() {
 
 #[test]
 fn le_bounds_in_the_rules_are_exposed_by_the_daemon() {
-    let cfg = Config::load(&root().join("examples/seed-plan.yaml")).unwrap();
+    let setup = llm_canary::setup::Setup::load(&root().join("examples/seed-plan.yaml")).unwrap();
     let rules = std::fs::read_to_string(root().join("rules/slo-seed-plan.yaml")).unwrap();
-    let metrics = Metrics::new(&llm_canary::slo::latency_thresholds(&cfg));
+    let metrics = Metrics::new(&setup.latency_thresholds());
     let labels = RequestLabels::new(
         "agg",
         llm_canary::config::ServingMode::Aggregated,

@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
     if let Ok(text) = std::str::from_utf8(input) {
-        let _ = llm_canary::config::Config::parse(text, "fuzz.yaml", std::path::Path::new("."));
+        let _ = llm_canary::setup::Setup::parse(text, "fuzz.yaml", std::path::Path::new("."));
     }
 });

@@ -2,12 +2,13 @@
 //! 0 success, 1 runtime failure, 2 bad usage or bad config.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, ServingMode};
+use crate::config::{ConfigError, ServingMode};
+use crate::setup::Setup;
 
 /// An always-on canary for LLM serving: synthetic streaming traffic, client-side TTFT/ITL,
 /// Prometheus/OTLP export and SLOs that compare aggregated with disaggregated serving.
@@ -164,14 +165,15 @@ pub fn report_config_error(err: &ConfigError) -> ExitCode {
 }
 
 fn check(args: &CheckArgs) -> ExitCode {
-    match Config::load(&args.config) {
-        Ok(cfg) => {
+    match Setup::load(&args.config) {
+        Ok(setup) => {
+            let cfg = &setup.config;
             match args.output {
                 CheckOutput::Summary => {
                     println!("{}: OK", args.config.display());
                     print!("{}", cfg.summary());
                 }
-                CheckOutput::Yaml => match serde_saphyr::to_string(&cfg) {
+                CheckOutput::Yaml => match serde_saphyr::to_string(cfg) {
                     Ok(text) => print!("{text}"),
                     Err(e) => {
                         eprintln!("cannot print the config: {e}");
@@ -210,47 +212,44 @@ fn runtime(command: Command) -> ExitCode {
 
 /// `llm-canary rules`: the Prometheus rules of the config's SLOs on stdout.
 fn rules(args: &RulesArgs) -> ExitCode {
-    let (cfg, source) = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(cfg) => {
+    let (setup, source) = match &args.config {
+        Some(path) => match Setup::load(path) {
+            Ok(setup) => {
                 let name = path
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| path.display().to_string());
-                (cfg, name)
+                (setup, name)
             }
             Err(e) => return report_config_error(&e),
         },
-        None => (Config::demo(), "the embedded demo config".to_owned()),
-    };
-    let defs = match crate::slo::compile_all(&cfg) {
-        Ok(defs) => defs,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        None => (Setup::demo(), "the embedded demo config".to_owned()),
     };
     let format = match args.format {
         RulesFormat::Rules => crate::slo::rules::Format::Rules,
         RulesFormat::PrometheusRule => crate::slo::rules::Format::PrometheusRule,
     };
-    let domain = crate::slo::LabelDomain::of(&cfg);
     print!(
         "{}",
-        crate::slo::rules::generate(&defs, &domain, &source, format)
+        crate::slo::rules::generate(&setup.slos, &setup.domain, &source, format)
     );
     ExitCode::SUCCESS
 }
 
+/// The setup of `--config`, or the embedded demo without one.
+fn load(config: Option<&Path>) -> Result<Setup, ExitCode> {
+    match config {
+        Some(path) => Setup::load(path).map_err(|e| report_config_error(&e)),
+        None => Ok(Setup::demo()),
+    }
+}
+
 async fn run(args: RunArgs) -> ExitCode {
-    let cfg = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(cfg) => cfg,
-            Err(e) => return report_config_error(&e),
-        },
-        None => Config::demo(),
+    let setup = match load(args.config.as_deref()) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
-    match crate::daemon::run(cfg, args.config.clone(), args.listen).await {
+    match crate::daemon::run(setup, args.listen).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -263,35 +262,20 @@ async fn run(args: RunArgs) -> ExitCode {
 /// Exit 0 when the plan ran to the end, 1 when it failed or was interrupted, 2 for bad options.
 async fn bench(args: BenchArgs) -> ExitCode {
     use std::io::IsTerminal;
-    let (config, config_label, base_dir) = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(cfg) => (
-                cfg,
-                path.display().to_string(),
-                path.parent()
-                    .unwrap_or(std::path::Path::new("."))
-                    .to_owned(),
-            ),
-            Err(e) => return report_config_error(&e),
-        },
-        None => (
-            Config::demo(),
-            "<embedded demo>".to_owned(),
-            PathBuf::from("."),
-        ),
+    let setup = match load(args.config.as_deref()) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let opts = crate::report::BenchOptions {
-        config,
-        config_label,
-        base_dir,
+        setup,
         workloads: args.workloads,
         time_scale: args.time_scale,
         out: args.out,
         record_tokens: args.record_tokens,
         live_progress: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
     };
-    let (soft_stop, hard_stop) = crate::report::bench::stop_on_signals();
-    let outcome = match crate::report::run_bench(opts, &soft_stop, &hard_stop).await {
+    let stop = crate::report::bench::stop_on_signals();
+    let outcome = match crate::report::run_bench(opts, &stop).await {
         Ok(o) => o,
         Err(e) => {
             eprintln!("llm-canary bench: {e}");

@@ -21,6 +21,21 @@ impl<T> At<T> {
     }
 }
 
+impl At<String> {
+    /// Where character `offset` of this scalar's value is in the file: the value's own position
+    /// plus the offset on a single line. A value with line breaks is a block scalar (`|` or `>`
+    /// with more-indented lines), whose content starts at `pos` on its own line: each kept line
+    /// break is one line down, at the block's indentation. (Lines a `>` scalar folded into spaces
+    /// cannot be told from spaces, so messages also name the column inside the value.)
+    pub fn position_of_char(&self, offset: usize) -> Option<(u64, u64)> {
+        let (line, col) = self.pos?;
+        let before: Vec<char> = self.value.chars().take(offset).collect();
+        let breaks = before.iter().filter(|c| **c == '\n').count() as u64;
+        let since_break = before.iter().rev().take_while(|c| **c != '\n').count() as u64;
+        Some((line + breaks, col + since_break))
+    }
+}
+
 impl<T> Deref for At<T> {
     type Target = T;
     fn deref(&self) -> &T {

@@ -26,29 +26,35 @@ pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL};
 pub const DEMO_YAML: &str = include_str!("../../examples/demo.yaml");
 
 /// Largest config file accepted; a config is a few KB, so anything near this is a mistake.
-const MAX_CONFIG_BYTES: u64 = 4 << 20;
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Reads a config file: at most [`MAX_CONFIG_BYTES`], as UTF-8.
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    let io = |source| ConfigError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigError::Invalid {
+            file: path.display().to_string(),
+            diagnostics: vec![Diagnostic::new(
+                None,
+                format!(
+                    "file is {} bytes, larger than the {MAX_CONFIG_BYTES} accepted",
+                    meta.len()
+                ),
+            )],
+        });
+    }
+    std::fs::read_to_string(path).map_err(io)
+}
 
 impl Config {
-    /// Reads, parses and validates a config file.
+    /// Reads, parses and validates a config file (its SLO expressions are compiled by
+    /// `crate::setup`, which every command loads through).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let io = |source| ConfigError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(io)?;
-        if meta.len() > MAX_CONFIG_BYTES {
-            return Err(ConfigError::Invalid {
-                file: path.display().to_string(),
-                diagnostics: vec![Diagnostic::new(
-                    None,
-                    format!(
-                        "file is {} bytes, larger than the {MAX_CONFIG_BYTES} accepted",
-                        meta.len()
-                    ),
-                )],
-            });
-        }
-        let text = std::fs::read_to_string(path).map_err(io)?;
+        let text = read_file(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
         Config::parse(&text, &path.display().to_string(), base)
     }
@@ -61,24 +67,36 @@ impl Config {
 
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative paths.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let cfg = Config::from_yaml(text, file)?;
+        let diagnostics = cfg.validate(base_dir);
+        if diagnostics.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError::Invalid {
+                file: file.to_owned(),
+                diagnostics,
+            })
+        }
+    }
+
+    /// Parses `text` strictly (unknown keys, wrong types) without checking the values.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
         let invalid = |diagnostics| ConfigError::Invalid {
             file: file.to_owned(),
             diagnostics,
         };
-        let cfg: Config = if text.trim().is_empty() {
+        if text.trim().is_empty() {
             return Err(invalid(vec![
                 Diagnostic::new(None, "the file is empty")
                     .hint("start from examples/seed-plan.yaml"),
             ]));
-        } else {
-            serde_saphyr::from_str(text).map_err(|e| invalid(vec![error::from_yaml_error(&e)]))?
-        };
-        let diagnostics = validate::validate(&cfg, base_dir);
-        if diagnostics.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(invalid(diagnostics))
         }
+        serde_saphyr::from_str(text).map_err(|e| invalid(vec![error::from_yaml_error(&e)]))
+    }
+
+    /// Every problem with the values (empty = valid); relative paths resolve against `base_dir`.
+    pub fn validate(&self, base_dir: &Path) -> Vec<Diagnostic> {
+        validate::validate(self, base_dir)
     }
 
     /// The workloads of one cycle, in order.

@@ -494,21 +494,7 @@ fn validate_schedule(c: &mut Check, cfg: &Config) {
     }
 }
 
-/// Where character `offset` of a scalar's value is in the file: the value's own position plus the
-/// offset on a single line. A value with line breaks is a block scalar (`|` or `>` with
-/// more-indented lines), whose content starts at `pos` on its own line: each kept line break is
-/// one line down, at the block's indentation. (Lines a `>` scalar folded into spaces cannot be
-/// told from spaces, so every message also names the column inside the expression.)
-fn position_in_value(pos: Option<(u64, u64)>, value: &str, offset: usize) -> Option<(u64, u64)> {
-    let (line, col) = pos?;
-    let before: Vec<char> = value.chars().take(offset).collect();
-    let breaks = before.iter().filter(|c| **c == '\n').count() as u64;
-    let since_break = before.iter().rev().take_while(|c| **c != '\n').count() as u64;
-    Some((line + breaks, col + since_break))
-}
-
 fn validate_slos(c: &mut Check, cfg: &Config) {
-    let domain = crate::slo::LabelDomain::of(cfg);
     let mut seen: HashMap<&str, ()> = HashMap::new();
     for s in &cfg.slos {
         c.label_safe_name(&s.name, "SLO name");
@@ -555,26 +541,6 @@ fn validate_slos(c: &mut Check, cfg: &Config) {
         c.positive_dur(&s.window, "window");
         if *s.min_samples == 0 {
             c.err(s.min_samples.pos, "`min_samples` must be at least 1", None);
-        }
-        let nonempty = |v: &Option<At<String>>| v.as_ref().is_some_and(|t| !t.trim().is_empty());
-        let shaped = (s.expr.is_some() && s.sli.is_none() && s.objective.is_none())
-            || (s.expr.is_none() && s.sli.is_some() && s.objective.is_some());
-        if shaped
-            && (nonempty(&s.expr) || nonempty(&s.sli))
-            && let Err(crate::slo::SloError::Expression {
-                key,
-                offset,
-                message,
-                ..
-            }) = crate::slo::compile(s, &domain)
-        {
-            let at = if key == "expr" { &s.expr } else { &s.sli };
-            let at = at.as_ref().expect("the key that failed is present");
-            c.err(
-                position_in_value(at.pos, at, offset),
-                format!("`{key}` column {}: {message}", offset + 1),
-                Some("the SLO language is described in docs/SLO.md".into()),
-            );
         }
     }
 }
