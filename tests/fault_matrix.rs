@@ -12,13 +12,13 @@ use std::time::Duration;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
 use llm_canary::model::StepResult;
-use llm_canary::schedule::{Board, Recorder, Scheduler, plan_cycle};
+use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
+use llm_canary::shutdown::Shutdown;
 use llm_canary::sim::FaultSpec;
 use llm_canary::slo::SloEngine;
 use llm_canary::slo::SloState;
 use llm_canary::slo::baseline::BaselineStore;
 use llm_canary::targets::Deployment;
-use tokio_util::sync::CancellationToken;
 
 const CONFIG: &str = r#"
 targets:
@@ -51,7 +51,7 @@ struct Row {
 
 struct Harness {
     deployment: Deployment,
-    scheduler: Scheduler,
+    scheduler: tokio::sync::Mutex<Scheduler>,
     metrics: Arc<Metrics>,
     slo: Arc<SloEngine>,
     cfg: Config,
@@ -70,15 +70,14 @@ impl Harness {
         ));
         let recorder = Arc::new(Recorder::new(vec![metrics.clone(), slo.clone()]));
         let runner = Arc::new(deployment.runner(&cfg, recorder, 11));
-        runner.calibrate(&CancellationToken::new()).await;
-        let scheduler = Scheduler {
-            runner,
-            board: Arc::new(Board::default()),
-            server_metrics: None,
-        };
+        let source = TargetSource::fixed(TargetSet {
+            targets: deployment.targets.clone(),
+            scrape: Vec::new(),
+        });
+        let scheduler = Scheduler::new(runner, source, None, Duration::from_secs(15));
         Harness {
             deployment,
-            scheduler,
+            scheduler: tokio::sync::Mutex::new(scheduler),
             metrics,
             slo,
             cfg,
@@ -86,9 +85,13 @@ impl Harness {
     }
 
     async fn step(&self, cycle: u64) -> Vec<StepResult> {
-        let never = CancellationToken::new();
         let plan = plan_cycle(&self.cfg).remove(0);
-        self.scheduler.step(&plan, cycle, &never, &never).await
+        self.scheduler
+            .lock()
+            .await
+            .step(&plan, cycle, &Shutdown::new())
+            .await
+            .expect("not cut")
     }
 
     fn faulty_sim(&self) -> &llm_canary::sim::SimHandle {

@@ -23,8 +23,9 @@ use llm_canary::client::{Endpoint, Outcome, Prompt, RequestRecord, StreamRequest
 use llm_canary::config::{Api, Config, Dialect};
 use llm_canary::export::metrics::Metrics;
 use llm_canary::model::{Phase, RecordContext, Sink, StepResult};
-use llm_canary::schedule::{Board, Recorder, Scheduler, plan_cycle};
-use llm_canary::scrape::{ScrapeTarget, ServerScraper, ServerTotals};
+use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
+use llm_canary::scrape::{ScrapeTarget, ServerTotals};
+use llm_canary::shutdown::Shutdown;
 use llm_canary::targets::Deployment;
 use tokio_util::sync::CancellationToken;
 
@@ -189,17 +190,20 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
     let recorder = Arc::new(Recorder::new(vec![metrics.clone(), capture.clone()]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 0x12));
     let scrape = ScrapeTarget::for_target(&cfg.targets[0], target.endpoint.url()).unwrap();
-    let scraper = Arc::new(ServerScraper::new(vec![scrape], metrics.clone()).unwrap());
-    let scheduler = Scheduler {
-        runner: Arc::clone(&runner),
-        board: Arc::new(Board::default()),
-        server_metrics: Some(scraper),
-    };
-    let never = CancellationToken::new();
-    runner.calibrate(&never).await;
+    let source = TargetSource::fixed(TargetSet {
+        targets: deployment.targets.clone(),
+        scrape: vec![scrape],
+    });
+    let mut scheduler = Scheduler::new(
+        Arc::clone(&runner),
+        source,
+        Some(metrics.clone()),
+        cfg.export.server_metrics_interval.0,
+    );
+    let never = Shutdown::new();
     let mut results = Vec::new();
     for step in plan_cycle(&cfg) {
-        results.extend(scheduler.step(&step, 0, &never, &never).await);
+        results.extend(scheduler.step(&step, 0, &never).await.expect("not cut"));
     }
     print_steps("vLLM CPU, qwen3-tiny: the four workloads", &results);
     let seen = capture.all();

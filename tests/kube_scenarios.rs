@@ -18,6 +18,7 @@ use llm_canary::slo::{SloReading, SloState};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 const NS: &str = "dynamo";
 /// Bounds every wait; scenarios finish far sooner.
@@ -93,6 +94,7 @@ async fn discovery_follows_deployments_live() {
             ..DiscoveryOptions::default()
         },
         stop.clone(),
+        &TaskTracker::new(),
     );
 
     // The aggregated example appears with its Pods.
@@ -214,9 +216,14 @@ fn taken_by(api: &MockApi, holder: &str, ago: f64) {
 async fn lease_is_held_lost_fenced_regained_and_released() {
     let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut rx = lease::elect(api.client(), settings("canary-0", false), stop.clone())
-        .await
-        .unwrap();
+    let mut rx = lease::elect(
+        api.client(),
+        settings("canary-0", false),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap();
 
     // Held: the Lease is created and names this replica.
     until(&mut rx, "acquire", |l| *l == Leadership::Leading).await;
@@ -278,12 +285,22 @@ async fn lease_is_held_lost_fenced_regained_and_released() {
 async fn exactly_one_replica_leads() {
     let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut a = lease::elect(api.client(), settings("canary-a", false), stop.clone())
-        .await
-        .unwrap();
-    let mut b = lease::elect(api.client(), settings("canary-b", false), stop.clone())
-        .await
-        .unwrap();
+    let mut a = lease::elect(
+        api.client(),
+        settings("canary-a", false),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap();
+    let mut b = lease::elect(
+        api.client(),
+        settings("canary-b", false),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap();
     // Whichever wins, the other stays standby while the winner renews (two lease periods).
     let winner_a = tokio::select! {
         _ = a.wait_for(|l| *l == Leadership::Leading) => true,
@@ -302,12 +319,22 @@ async fn exactly_one_replica_leads() {
 async fn sharded_replicas_split_the_targets() {
     let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut a = lease::elect(api.client(), settings("canary-a", true), stop.clone())
-        .await
-        .unwrap();
-    let mut b = lease::elect(api.client(), settings("canary-b", true), stop.clone())
-        .await
-        .unwrap();
+    let mut a = lease::elect(
+        api.client(),
+        settings("canary-a", true),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap();
+    let mut b = lease::elect(
+        api.client(),
+        settings("canary-b", true),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap();
     let two = |l: &Leadership| matches!(l, Leadership::Shard { members, .. } if members.len() == 2);
     let la = until(&mut a, "a sees both members", two).await;
     let lb = until(&mut b, "b sees both members", two).await;

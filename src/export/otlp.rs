@@ -26,6 +26,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::KeyValue;
@@ -38,10 +39,10 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter};
 use tokio::time::Instant;
 
-use super::metrics::latency_buckets;
+use super::buckets::latency_buckets;
 use crate::client::RequestRecord;
 use crate::config::{Api, Otlp, OtlpProtocol};
-use crate::model::{Phase, RecordContext, RequestLabels, Sink};
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, TargetChange};
 
 /// Longest one export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,14 +129,21 @@ pub struct OtlpExporter {
     meters: SdkMeterProvider,
     tracing: Option<(SdkTracerProvider, SdkTracer)>,
     instruments: Instruments,
-    /// Per target name: its attributes and its span name.
-    targets: HashMap<String, (Vec<KeyValue>, String)>,
+    /// Per target name: its attributes and its span name (replaced when the target set changes).
+    targets: RwLock<HashMap<String, (Vec<KeyValue>, String)>>,
 }
 
 impl std::fmt::Debug for OtlpExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OtlpExporter")
-            .field("targets", &self.targets.len())
+            .field(
+                "targets",
+                &self
+                    .targets
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len(),
+            )
             .field("spans", &self.tracing.is_some())
             .finish()
     }
@@ -231,6 +239,27 @@ impl Sink for OtlpExporter {
     fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         self.record(ctx.labels, ctx.phase == Phase::Steady, rec);
     }
+
+    fn targets(&self, change: &TargetChange<'_>) {
+        let known = change.now.iter().filter_map(|t| {
+            let url = url::Url::parse(&t.url).ok()?;
+            Some(OtlpTarget::new(&t.name, t.api, &t.model, &url))
+        });
+        *self.targets.write().unwrap_or_else(PoisonError::into_inner) = attributes_by_name(known);
+    }
+}
+
+/// Per target name: its attributes and its span name.
+fn attributes_by_name(
+    targets: impl IntoIterator<Item = OtlpTarget>,
+) -> HashMap<String, (Vec<KeyValue>, String)> {
+    targets
+        .into_iter()
+        .map(|t| {
+            let span_name = format!("{} {}", t.operation, t.model);
+            (t.name.clone(), (t.attributes(), span_name))
+        })
+        .collect()
 }
 
 impl OtlpExporter {
@@ -302,31 +331,27 @@ impl OtlpExporter {
                 .with_description("Prompt tokens served from the prefix cache")
                 .build(),
         };
-        let targets = targets
-            .iter()
-            .map(|t| {
-                let span_name = format!("{} {}", t.operation, t.model);
-                (t.name.clone(), (t.attributes(), span_name))
-            })
-            .collect();
         Ok(OtlpExporter {
             meters,
             tracing,
             instruments,
-            targets,
+            targets: RwLock::new(attributes_by_name(targets)),
         })
     }
 
-    /// Records one finished request (of the target its labels name; a target the exporter was
-    /// not started with — added by a reload — gets the label attributes only). Warmup requests
-    /// only count in
+    /// Records one finished request (of the target its labels name; a target the exporter does
+    /// not know gets the label attributes only). Warmup requests only count in
     /// `llm_canary.requests`, as they only count in `llm_canary_requests_total`.
     pub fn record(&self, labels: &RequestLabels, steady: bool, rec: &RequestRecord) {
         let mut attrs = label_attributes(labels);
-        let target = self.targets.get(&labels.target);
-        if let Some((t, _)) = target {
-            attrs.extend(t.iter().cloned());
-        }
+        let span_name = {
+            let targets = self.targets.read().unwrap_or_else(PoisonError::into_inner);
+            let target = targets.get(&labels.target);
+            if let Some((t, _)) = target {
+                attrs.extend(t.iter().cloned());
+            }
+            target.map(|(_, n)| n.clone())
+        };
         let ok = rec.outcome.is_ok();
         let mut with_outcome = attrs.clone();
         with_outcome.push(KeyValue::new("llm_canary.outcome", rec.outcome.as_str()));
@@ -366,9 +391,7 @@ impl OtlpExporter {
                 .add(rec.cached_tokens().unwrap_or(0), &attrs);
         }
         if let Some((_, tracer)) = &self.tracing {
-            let name = target
-                .map(|(_, n)| n.clone())
-                .unwrap_or_else(|| "chat".to_owned());
+            let name = span_name.unwrap_or_else(|| "chat".to_owned());
             self.span(tracer, name, attrs, rec);
         }
     }

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use super::metrics::Metrics;
 use crate::client::{Outcome, RequestRecord};
-use crate::model::{Phase, RecordContext, ServerSnapshot, Sink, StepResult};
+use crate::model::{
+    Phase, RecordContext, ServerSnapshot, Sink, StepInfo, StepResult, TargetChange,
+};
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading};
 
@@ -59,8 +61,19 @@ impl Sink for Metrics {
         }
     }
 
-    fn step_finished(&self, results: &[StepResult]) {
-        for r in results {
+    fn targets(&self, change: &TargetChange<'_>) {
+        for gone in change.removed {
+            self.remove_target(gone);
+        }
+        // A new target is up until its first request says otherwise; the others keep what their
+        // last request said.
+        for new in change.added {
+            self.set_target_up(new, true);
+        }
+    }
+
+    fn step_finished(&self, _step: &StepInfo, results: Option<&[StepResult]>) {
+        for r in results.unwrap_or_default() {
             self.set_step(&r.request_labels, &r.summary());
         }
     }

@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::keys;
 use crate::config::ServingMode;
@@ -264,6 +265,7 @@ pub fn start(
     client: Client,
     opts: DiscoveryOptions,
     stop: CancellationToken,
+    tasks: &TaskTracker,
 ) -> watch::Receiver<Vec<DiscoveredTarget>> {
     let (tx, rx) = watch::channel(Vec::new());
     let resource = dgd_resource();
@@ -289,7 +291,7 @@ pub fn start(
                 .boxed(),
         );
     }
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut dgds: Vec<Cache<DynamicObject>> =
             opts.namespaces.iter().map(|_| Cache::new()).collect();
         let mut pods: Vec<Cache<Pod>> = opts.namespaces.iter().map(|_| Cache::new()).collect();

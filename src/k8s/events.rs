@@ -12,7 +12,9 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
+use crate::client::RequestRecord;
 use crate::config::ServingMode;
+use crate::model::{RecordContext, Sink, TargetChange};
 use crate::slo::{SloDef, SloKind, StateChangeHook, matcher_accepts};
 use crate::slo::{SloReading, SloState};
 
@@ -39,6 +41,8 @@ pub struct SloEvents {
     queue: mpsc::Sender<(ObjectReference, Event)>,
     own_pod: ObjectReference,
     targets: RwLock<Vec<EventTarget>>,
+    /// The DynamoGraphDeployment of each discovered target, by target name.
+    objects: RwLock<BTreeMap<String, ObjectReference>>,
     scopes: RwLock<BTreeMap<String, Scope>>,
 }
 
@@ -72,6 +76,7 @@ impl SloEvents {
             queue,
             own_pod,
             targets: RwLock::new(Vec::new()),
+            objects: RwLock::new(BTreeMap::new()),
             scopes: RwLock::new(BTreeMap::new()),
         })
     }
@@ -107,6 +112,11 @@ impl SloEvents {
             })
             .collect();
         *self.scopes.write().unwrap_or_else(PoisonError::into_inner) = scopes;
+    }
+
+    /// The objects of the discovered targets (their DynamoGraphDeployments), by target name.
+    pub fn set_objects(&self, objects: BTreeMap<String, ObjectReference>) {
+        *self.objects.write().unwrap_or_else(PoisonError::into_inner) = objects;
     }
 
     /// The targets being measured now.
@@ -171,6 +181,27 @@ pub fn event_for(slo: &str, old: SloState, new: SloState, reading: &SloReading) 
         note: Some(note),
         action: "EvaluateSlo".into(),
         secondary: None,
+    }
+}
+
+/// The targets being measured, as the schedule reports them.
+impl Sink for SloEvents {
+    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+
+    fn targets(&self, change: &TargetChange<'_>) {
+        let targets = {
+            let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
+            change
+                .now
+                .iter()
+                .map(|t| EventTarget {
+                    name: t.name.clone(),
+                    mode: t.serving_mode,
+                    object: objects.get(&t.name).cloned(),
+                })
+                .collect()
+        };
+        self.set_targets(targets);
     }
 }
 

@@ -22,58 +22,11 @@ use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::KubeError;
 
-/// How this replica takes part in sending traffic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Leadership {
-    /// Another replica leads (or the Lease is not confirmed): send nothing.
-    Standby,
-    /// This replica holds the Lease: send to every target.
-    Leading,
-    /// Sharding: send to the targets whose owner among `members` (sorted) is `me`.
-    Shard { me: String, members: Vec<String> },
-}
-
-impl Leadership {
-    /// Whether this replica sends traffic to `target`.
-    pub fn sends_to(&self, target: &str) -> bool {
-        match self {
-            Leadership::Standby => false,
-            Leadership::Leading => true,
-            Leadership::Shard { me, members } => owner(target, members) == Some(me.as_str()),
-        }
-    }
-
-    pub fn is_active(&self) -> bool {
-        !matches!(self, Leadership::Standby)
-    }
-}
-
-/// The member a target belongs to: the highest rendezvous hash of (member, target).
-pub fn owner<'a>(target: &str, members: &'a [String]) -> Option<&'a str> {
-    members
-        .iter()
-        .max_by_key(|m| fnv1a(m.as_bytes(), target.as_bytes()))
-        .map(String::as_str)
-}
-
-/// FNV-1a over both strings, then the splitmix64 finaliser: stable across processes and
-/// versions (unlike `DefaultHasher`), and names differing in one byte still spread evenly (plain
-/// FNV-1a ranks them the same way for every target).
-fn fnv1a(a: &[u8], b: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in a.iter().chain(&[0xff]).chain(b) {
-        h ^= u64::from(*byte);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
+pub use crate::schedule::source::{Leadership, owner};
 
 /// The Lease and timing of one election.
 #[derive(Debug, Clone)]
@@ -157,6 +110,7 @@ pub async fn elect(
     client: Client,
     settings: LeaseSettings,
     stop: CancellationToken,
+    tasks: &TaskTracker,
 ) -> Result<watch::Receiver<Leadership>, KubeError> {
     let held = settings.held_lease();
     let manager = LeaseManagerBuilder::new(client.clone(), &held)
@@ -174,7 +128,7 @@ pub async fn elect(
     let (mut manager_rx, manager_task) = manager.watch().await;
     let (tx, rx) = watch::channel(Leadership::Standby);
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut deadline: Option<Instant> = None;
         let mut members: Vec<String> = Vec::new();
         let mut manager_alive = true;

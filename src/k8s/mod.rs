@@ -93,22 +93,23 @@ pub struct KubeParts {
 }
 
 impl KubeParts {
-    /// Connects and starts what `cfg` asks for; everything stops with `stop` (the Lease is
-    /// released then).
+    /// Connects and starts what `cfg` asks for; everything stops with the run's services (the
+    /// Lease is released then), and the run's shutdown awaits its tasks.
     pub async fn start(
         cfg: &crate::config::KubeDiscovery,
-        stop: tokio_util::sync::CancellationToken,
+        shutdown: &crate::shutdown::Shutdown,
     ) -> Result<KubeParts, KubeError> {
         let client = client().await?;
-        Self::start_with(client, cfg, stop).await
+        Self::start_with(client, cfg, shutdown).await
     }
 
     /// As [`KubeParts::start`], with a given client (tests pass one to a mock API server).
     pub async fn start_with(
         client: kube::Client,
         cfg: &crate::config::KubeDiscovery,
-        stop: tokio_util::sync::CancellationToken,
+        shutdown: &crate::shutdown::Shutdown,
     ) -> Result<KubeParts, KubeError> {
+        let stop = shutdown.service();
         let identity = Identity::from_env(client.default_namespace());
         let discovered = cfg.dynamo_graph_deployments.then(|| {
             let opts = discovery::DiscoveryOptions {
@@ -117,7 +118,7 @@ impl KubeParts {
                 opt_in: cfg.opt_in,
             };
             tracing::info!(namespaces = ?opts.namespaces, selector = ?opts.label_selector, opt_in = opts.opt_in, "watching DynamoGraphDeployments");
-            discovery::start(client.clone(), opts, stop.clone())
+            discovery::start(client.clone(), opts, stop.clone(), shutdown.tracker())
         });
         let leadership = match &cfg.leader_election {
             Some(le) => {
@@ -129,7 +130,10 @@ impl KubeParts {
                     le.sharding,
                 )?;
                 tracing::info!(lease = %settings.held_lease(), namespace = %settings.namespace, identity = %settings.identity, sharding = settings.sharding, "leader election on");
-                Some(lease::elect(client.clone(), settings, stop.clone()).await?)
+                Some(
+                    lease::elect(client.clone(), settings, stop.clone(), shutdown.tracker())
+                        .await?,
+                )
             }
             None => None,
         };

@@ -8,5 +8,5 @@ mod sink;
 mod step;
 
 pub use labels::{REQUEST_LABELS, RequestLabels, STEP_LABELS, StepLabels};
-pub use sink::{Phase, RecordContext, Sink};
+pub use sink::{Phase, RecordContext, Sink, StepInfo, TargetChange, TargetInfo};
 pub use step::{Quantiles, ServerSnapshot, ServerStep, StepResult, StepSummary};

@@ -7,37 +7,28 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use super::analysis::Report;
 use super::progress::Progress;
 use super::records::BenchSink;
 use super::{BenchData, ReportError, RunInfo, SloVerdict, TargetInfo};
-use crate::config::{At, Config, WORKLOAD_NAMES};
+use crate::config::{At, WORKLOAD_NAMES};
 use crate::export::metrics::Metrics;
 use crate::model::Sink;
-use crate::schedule::{Recorder, plan_cycle};
-use crate::scrape::{ScrapeTarget, ServerScraper};
+use crate::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
+use crate::scrape::{ScrapeTarget, ServerMetricsSink};
+use crate::setup::Setup;
+use crate::shutdown::Shutdown;
 use crate::slo::SloEngine;
 use crate::targets::Deployment;
 
 /// Largest `--time-scale` accepted (a thousand times the document's plan is weeks).
 const MAX_TIME_SCALE: f64 = 1000.0;
 
-/// KV usage is sampled at least this many times per step (more often than the daemon's
-/// `server_metrics_interval` when steps are short), and never more often than every
-/// [`MIN_SCRAPE_INTERVAL`].
-const SCRAPES_PER_STEP: u32 = 4;
-const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(250);
-
 /// What to run and where the files go.
 pub struct BenchOptions {
-    /// The validated config (the embedded demo when no `--config`).
-    pub config: Config,
-    /// Where the config came from, for the report: a path or `<embedded demo>`.
-    pub config_label: String,
-    /// Relative paths in the config (tokenizer, key files) resolve against this.
-    pub base_dir: PathBuf,
+    /// The validated setup (the embedded demo when no `--config`); its path names the config in
+    /// the report and resolves its relative paths.
+    pub setup: Setup,
     /// Only these workloads (empty: the config's whole cycle), in the cycle's order.
     pub workloads: Vec<String>,
     /// Overrides the config's `time_scale`.
@@ -58,12 +49,16 @@ pub struct BenchOutcome {
     pub files: Vec<PathBuf>,
 }
 
-/// The config with `--time-scale` and `--workload` applied; a bad value is a usage error (exit 2).
-pub fn effective_config(
-    mut cfg: Config,
+/// The setup with `--time-scale` and `--workload` applied; a bad value is a usage error (exit 2).
+pub fn effective_setup(
+    setup: Setup,
     workloads: &[String],
     time_scale: Option<f64>,
-) -> Result<Config, ReportError> {
+) -> Result<Setup, ReportError> {
+    if time_scale.is_none() && workloads.is_empty() {
+        return Ok(setup);
+    }
+    let mut cfg = setup.config.clone();
     if let Some(f) = time_scale {
         if !(f.is_finite() && f > 0.0 && f <= MAX_TIME_SCALE) {
             return Err(ReportError::Usage(format!(
@@ -94,7 +89,9 @@ pub fn effective_config(
             .map(|w| At::dflt(w.to_owned()))
             .collect();
     }
-    Ok(cfg)
+    setup
+        .with_config(cfg)
+        .map_err(|e| ReportError::Usage(format!("SLOs: {e}")))
 }
 
 fn unix_now() -> f64 {
@@ -104,14 +101,12 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Runs the bench. `soft_stop` ends it after draining the running step; `hard_stop` also cuts
-/// the requests in flight. Nothing is sent and no file is created when the options are bad.
-pub async fn run_bench(
-    opts: BenchOptions,
-    soft_stop: &CancellationToken,
-    hard_stop: &CancellationToken,
-) -> Result<BenchOutcome, ReportError> {
-    let cfg = effective_config(opts.config, &opts.workloads, opts.time_scale)?;
+/// Runs the bench: one cycle of the plan through the same scheduler as the daemon. A stop
+/// ([`stop_on_signals`]) ends it after draining the running step (or, cut, at once). Nothing is
+/// sent and no file is created when the options are bad.
+pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutcome, ReportError> {
+    let setup = effective_setup(opts.setup, &opts.workloads, opts.time_scale)?;
+    let cfg = &setup.config;
     if let Some(dir) = &opts.out {
         std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
     }
@@ -122,41 +117,15 @@ pub async fn run_bench(
         opts.record_tokens,
     )?);
     let started_unix = unix_now();
-    let deployment = Deployment::start(&cfg, &opts.base_dir).await?;
-    let metrics = Arc::new(Metrics::new(&crate::slo::latency_thresholds(&cfg)));
+    let deployment = Deployment::start(cfg, setup.base_dir()).await?;
+    let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
     // The config's SLOs, evaluated over this run only (no baselines from the daemon's runs).
-    let slo_defs =
-        crate::slo::compile_all(&cfg).map_err(|e| ReportError::Usage(format!("SLOs: {e}")))?;
-    let slo_texts: Vec<(String, String)> = slo_defs
-        .iter()
-        .map(|d| (d.name.clone(), d.text()))
-        .collect();
     let slo = Arc::new(SloEngine::new(
-        slo_defs,
-        crate::slo::LabelDomain::of(&cfg),
+        setup.slos.clone(),
+        setup.domain.clone(),
         crate::slo::baseline::BaselineStore::in_memory(),
         None,
     ));
-    let recorder = Recorder::new(vec![
-        Arc::clone(&sink) as Arc<dyn Sink>,
-        Arc::clone(&metrics) as Arc<dyn Sink>,
-        Arc::clone(&slo) as Arc<dyn Sink>,
-    ]);
-    let runner = Arc::new(deployment.runner(&cfg, Arc::new(recorder), rand::random()));
-    // The servers' own metrics: as configured, and the embedded simulators' endpoints.
-    let scrape_targets: Vec<ScrapeTarget> = cfg
-        .targets
-        .iter()
-        .zip(&deployment.targets)
-        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
-        .collect();
-    let scraper = match scrape_targets.is_empty() {
-        true => None,
-        false => Some(Arc::new(
-            ServerScraper::new(scrape_targets, metrics.clone())
-                .map_err(|e| ReportError::Usage(format!("server metrics: {e}")))?,
-        )),
-    };
     let targets: Vec<TargetInfo> = deployment
         .targets
         .iter()
@@ -166,89 +135,67 @@ pub async fn run_bench(
             cost_per_hour_usd: t.cost_per_hour_usd,
         })
         .collect();
-    let steps = plan_cycle(&cfg);
-    let progress = Progress::new(
+    let steps = plan_cycle(cfg);
+    let progress = Arc::new(Progress::new(
         opts.live_progress,
         steps.len(),
         targets.iter().map(|t| t.name.clone()).collect(),
         Arc::clone(&sink),
+    ));
+    let recorder = Recorder::new(vec![
+        Arc::clone(&sink) as Arc<dyn Sink>,
+        Arc::clone(&metrics) as Arc<dyn Sink>,
+        Arc::clone(&slo) as Arc<dyn Sink>,
+        Arc::clone(&progress) as Arc<dyn Sink>,
+    ]);
+    let runner = Arc::new(deployment.runner(cfg, Arc::new(recorder), rand::random()));
+    // The servers' own metrics: as configured, and the embedded simulators' endpoints.
+    let scrape: Vec<ScrapeTarget> = cfg
+        .targets
+        .iter()
+        .zip(&deployment.targets)
+        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
+        .collect();
+    let source = TargetSource::fixed(TargetSet {
+        targets: deployment.targets.clone(),
+        scrape,
+    });
+    let server_metrics: Arc<dyn ServerMetricsSink> = metrics.clone();
+    let mut scheduler = Scheduler::new(
+        runner,
+        source,
+        Some(server_metrics),
+        cfg.export.server_metrics_interval.0,
     );
-    runner.calibrate(hard_stop).await;
-    let stop_scraping = CancellationToken::new();
-    if let Some(scraper) = &scraper {
-        let shortest = steps
-            .iter()
-            .map(|p| p.warmup + p.steady)
-            .min()
-            .unwrap_or_default();
-        let every = cfg
-            .export
-            .server_metrics_interval
-            .0
-            .min(shortest / SCRAPES_PER_STEP)
-            .max(MIN_SCRAPE_INTERVAL);
-        tokio::spawn(Arc::clone(scraper).run(every, stop_scraping.clone()));
-    }
-
-    let mut results = Vec::new();
-    let mut finished = 0;
-    let mut interrupted = false;
-    for (i, plan) in steps.iter().enumerate() {
-        if soft_stop.is_cancelled() {
-            interrupted = true;
-            break;
-        }
-        let shown = progress.start(i, steps.len(), plan);
-        let mark = match &scraper {
-            Some(s) => Some(s.begin_step().await),
-            None => None,
-        };
-        let mut step_results = runner.run_step(plan, 0, soft_stop, hard_stop).await;
-        if let (Some(s), Some(mark)) = (&scraper, mark) {
-            let server = s.end_step(mark).await;
-            for r in &mut step_results {
-                r.server = server.get(&r.target).copied();
-            }
-        }
-        // A step cut short measured a shorter window than planned: it is not reported, and its
-        // requests do not reach the SLO windows.
-        let cut = soft_stop.is_cancelled();
-        progress.finish(shown, &step_results, cut);
-        if cut {
-            runner.recorder.step_finished(&[]);
-            interrupted = true;
-            break;
-        }
-        runner.recorder.step_finished(&step_results);
-        results.extend(step_results);
-        finished += 1;
-    }
-    stop_scraping.cancel();
-    progress.done(finished);
+    let run = scheduler
+        .run(|| steps.clone(), Duration::default, Some(1), stop)
+        .await;
+    progress.done(run.steps_finished);
     deployment.stop().await;
     sink.finish()?;
 
     let data = BenchData {
         run: RunInfo {
             version: env!("CARGO_PKG_VERSION"),
-            config: opts.config_label,
+            config: setup.label(),
             time_scale: *cfg.time_scale,
             workloads: cfg.cycle().iter().map(|w| (*w).to_owned()).collect(),
             targets,
             started_unix,
             ended_unix: unix_now(),
             steps_planned: steps.len(),
-            steps_finished: finished,
-            interrupted,
+            steps_finished: run.steps_finished,
+            interrupted: run.interrupted,
         },
         slo: slo
             .evaluate_now()
             .into_iter()
             .map(|(name, status)| SloVerdict {
-                expr: slo_texts
+                expr: setup
+                    .slos
                     .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, t)| t.clone())
+                    .find(|d| d.name == name)
+                    .map(|d| d.text())
                     .unwrap_or_default(),
                 name,
                 state: status.reading.state.as_str().to_owned(),
@@ -257,7 +204,7 @@ pub async fn run_bench(
                 reason: status.reason,
             })
             .collect(),
-        steps: results,
+        steps: sink.take_results(),
         ttft_by_distribution: sink.take_ttft_by_distribution(),
     };
     let report = Report::build(&data);
@@ -300,13 +247,12 @@ pub fn write_files(
     Ok(files)
 }
 
-/// Stop tokens driven by SIGINT / SIGTERM: the first signal stops sending and drains the running
-/// step, the second also cuts the requests in flight.
-pub fn stop_on_signals() -> (CancellationToken, CancellationToken) {
+/// The bench's stop, driven by SIGINT / SIGTERM: the first signal stops sending and drains the
+/// running step, the second also cuts the requests in flight.
+pub fn stop_on_signals() -> Shutdown {
     use tokio::signal::unix::{SignalKind, signal};
-    let soft = CancellationToken::new();
-    let hard = CancellationToken::new();
-    let (s, h) = (soft.clone(), hard.clone());
+    let stop = Shutdown::new();
+    let s = stop.clone();
     tokio::spawn(async move {
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
@@ -320,18 +266,18 @@ pub fn stop_on_signals() -> (CancellationToken, CancellationToken) {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            if s.is_cancelled() {
+            if s.stopping() {
                 tracing::warn!("second signal: cutting the requests in flight");
-                h.cancel();
+                s.cut().cancel();
                 return;
             }
             tracing::warn!(
                 "signal received: draining the running step, then reporting the finished steps (again to cut now)"
             );
-            s.cancel();
+            s.stop_sending().cancel();
         }
     });
-    (soft, hard)
+    stop
 }
 
 #[cfg(test)]
@@ -340,12 +286,13 @@ mod tests {
 
     #[test]
     fn overrides_apply_and_bad_ones_are_usage_errors() {
-        let cfg = effective_config(
-            Config::demo(),
+        let setup = effective_setup(
+            Setup::demo(),
             &["prefix_cache".into(), "concurrency_sweep".into()],
             Some(0.01),
         )
         .unwrap();
+        let cfg = &setup.config;
         assert_eq!(*cfg.time_scale, 0.01);
         // The cycle's order, not the command line's.
         assert_eq!(cfg.cycle(), vec!["concurrency_sweep", "prefix_cache"]);
@@ -354,12 +301,12 @@ mod tests {
             (vec![], Some(f64::NAN)),
             (vec!["nope".to_owned()], None),
         ] {
-            let e = effective_config(Config::demo(), &w, f).unwrap_err();
+            let e = effective_setup(Setup::demo(), &w, f).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{e}");
         }
-        let mut only_sweep = Config::demo();
-        only_sweep.workloads.multi_turn = None;
-        let e = effective_config(only_sweep, &["multi_turn".into()], None).unwrap_err();
+        let mut only_sweep = Setup::demo();
+        only_sweep.config.workloads.multi_turn = None;
+        let e = effective_setup(only_sweep, &["multi_turn".into()], None).unwrap_err();
         assert!(e.to_string().contains("does not run"), "{e}");
     }
 }

@@ -2,7 +2,7 @@
 //! (workload and step, elapsed / scheduled duration, requests, errors) under a bar of the whole
 //! plan; otherwise one plain log line when a step starts and one per target when it ends.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,9 +10,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::records::BenchSink;
+use crate::client::RequestRecord;
 use crate::measure::step::StepMeasurements;
-use crate::model::StepResult;
-use crate::schedule::StepPlan;
+use crate::model::{RecordContext, Sink, StepInfo, StepResult};
 
 /// How often the live bars are refreshed.
 const TICK: Duration = Duration::from_millis(200);
@@ -22,6 +22,8 @@ pub(crate) struct Progress {
     plan_bar: Option<ProgressBar>,
     targets: Vec<String>,
     sink: Arc<BenchSink>,
+    /// The display of the step running now.
+    running: Mutex<Option<StepProgress>>,
 }
 
 /// The display of one running step.
@@ -65,17 +67,19 @@ impl Progress {
             plan_bar,
             targets,
             sink,
+            running: Mutex::new(None),
         }
     }
 
-    /// Shows step `index` (0-based) starting.
-    pub fn start(&self, index: usize, total: usize, plan: &StepPlan) -> StepProgress {
+    /// Shows a step starting.
+    fn start(&self, plan: &StepInfo) -> StepProgress {
         let length = plan.warmup + plan.steady;
         let Some(multi) = &self.live else {
             tracing::info!(
-                "[{}/{total}] {}: {} warmup + {} steady on {} targets",
-                index + 1,
-                plan.name(),
+                "[{}/{}] {}: {} warmup + {} steady on {} targets",
+                plan.position + 1,
+                plan.steps,
+                plan.name,
                 secs(plan.warmup),
                 secs(plan.steady),
                 self.targets.len()
@@ -86,8 +90,8 @@ impl Progress {
             };
         };
         if let Some(b) = &self.plan_bar {
-            b.set_position(index as u64);
-            b.set_message(plan.name());
+            b.set_position(plan.position as u64);
+            b.set_message(plan.name.clone());
         }
         let millis = u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1);
         let bars: Vec<ProgressBar> = self
@@ -96,7 +100,7 @@ impl Progress {
             .map(|t| {
                 let bar = multi.add(ProgressBar::new(millis));
                 bar.set_style(style("{prefix} [{bar:24}] {msg}"));
-                bar.set_prefix(format!("{} [{t}]", plan.name()));
+                bar.set_prefix(format!("{} [{t}]", plan.name));
                 bar
             })
             .collect();
@@ -133,7 +137,7 @@ impl Progress {
     }
 
     /// Shows the step's results (per target: its total, or its only label set).
-    pub fn finish(&self, step: StepProgress, results: &[StepResult], cut: bool) {
+    fn finish(&self, step: StepProgress, results: &[StepResult], cut: bool) {
         if let Some(t) = step.ticker {
             t.abort();
         }
@@ -158,11 +162,33 @@ impl Progress {
         }
     }
 
+    fn running(&self) -> std::sync::MutexGuard<'_, Option<StepProgress>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Closes the display.
     pub fn done(&self, finished: usize) {
         if let Some(b) = &self.plan_bar {
             b.set_position(finished as u64);
             b.finish_with_message("done");
+        }
+    }
+}
+
+/// The display follows the schedule as every other consumer does.
+impl Sink for Progress {
+    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+
+    fn step_started(&self, step: &StepInfo) {
+        let shown = self.start(step);
+        if let Some(previous) = self.running().replace(shown) {
+            self.finish(previous, &[], true);
+        }
+    }
+
+    fn step_finished(&self, _step: &StepInfo, results: Option<&[StepResult]>) {
+        if let Some(shown) = self.running().take() {
+            self.finish(shown, results.unwrap_or_default(), results.is_none());
         }
     }
 }

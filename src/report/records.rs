@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::ReportError;
 use crate::client::RequestRecord;
-use crate::model::{Phase, RecordContext, Sink};
+use crate::model::{Phase, RecordContext, Sink, StepInfo, StepResult};
 
 /// Ties `tokio::time::Instant` to CLOCK_MONOTONIC and to Unix time. On Linux tokio's (and std's)
 /// `Instant` reads CLOCK_MONOTONIC, so one reading of each next to the other gives the offset of
@@ -134,6 +134,8 @@ pub struct BenchSink {
     jsonl: Option<Mutex<Jsonl>>,
     counts: Vec<Counts>,
     ttft_by_distribution: Mutex<BTreeMap<(String, String), Vec<f64>>>,
+    /// Every reported step's results, in order.
+    results: Mutex<Vec<StepResult>>,
 }
 
 impl BenchSink {
@@ -163,6 +165,7 @@ impl BenchSink {
             jsonl,
             counts: (0..targets).map(|_| Counts::default()).collect(),
             ttft_by_distribution: Mutex::new(BTreeMap::new()),
+            results: Mutex::new(Vec::new()),
         })
     }
 
@@ -196,6 +199,11 @@ impl BenchSink {
     }
 
     /// The TTFT samples (seconds) of successful steady requests per (target, distribution).
+    /// The results of every reported step, in order.
+    pub fn take_results(&self) -> Vec<StepResult> {
+        std::mem::take(&mut *self.results.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     pub fn take_ttft_by_distribution(&self) -> BTreeMap<(String, String), Vec<f64>> {
         std::mem::take(
             &mut *self
@@ -249,6 +257,15 @@ impl BenchSink {
 }
 
 impl Sink for BenchSink {
+    fn step_finished(&self, _step: &StepInfo, results: Option<&[StepResult]>) {
+        if let Some(r) = results {
+            self.results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(r);
+        }
+    }
+
     fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         let ok = rec.outcome.is_ok();
         if let Some(c) = self.counts.get(ctx.target_index) {

@@ -1,5 +1,6 @@
-//! Where finished requests go: every [`Sink`] (Prometheus, OTLP, the SLO engine, the bench's
-//! files, in the order given) and the current step's accumulators (steady-window requests only).
+//! Where the schedule's data goes: every [`Sink`] (Prometheus, OTLP, the SLO engine, the bench's
+//! files, the status board, in the order given) and the current step's accumulators
+//! (steady-window requests only).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use crate::client::RequestRecord;
 use crate::measure::step::{Sample, StepAccumulator};
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepResult};
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
 type Key = (usize, RequestLabels);
 
@@ -51,17 +52,38 @@ impl Recorder {
         }
     }
 
-    /// A step ended with these results (called by the scheduler after publishing them).
-    pub fn step_finished(&self, results: &[StepResult]) {
+    /// The target set changed (see [`Sink::targets`]).
+    pub fn targets(&self, change: &TargetChange<'_>) {
         for s in &self.sinks {
-            s.step_finished(results);
+            s.targets(change);
+        }
+    }
+
+    /// A cycle of these steps begins.
+    pub fn cycle_started(&self, steps: &[StepInfo]) {
+        for s in &self.sinks {
+            s.cycle_started(steps);
+        }
+    }
+
+    /// A step begins.
+    pub fn step_started(&self, step: &StepInfo) {
+        for s in &self.sinks {
+            s.step_started(step);
+        }
+    }
+
+    /// A step ended with these results (`None`: cut short, not reported).
+    pub fn step_finished(&self, step: &StepInfo, results: Option<&[StepResult]>) {
+        for s in &self.sinks {
+            s.step_finished(step, results);
         }
     }
 
     /// A cycle of the schedule completed.
-    pub fn cycle_finished(&self) {
+    pub fn cycle_finished(&self, cycle: u64) {
         for s in &self.sinks {
-            s.cycle_finished();
+            s.cycle_finished(cycle);
         }
     }
 

@@ -22,7 +22,7 @@ use crate::client::{
 };
 use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
-use crate::model::{Phase, RecordContext, RequestLabels, StepResult};
+use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
 use crate::workload::prompt::{
     OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
@@ -43,6 +43,19 @@ pub struct Target {
     pub mode: ServingMode,
     pub endpoint: Endpoint,
     pub cost_per_hour_usd: Option<f64>,
+}
+
+impl Target {
+    /// The target as the sinks know it.
+    pub fn info(&self) -> TargetInfo {
+        TargetInfo {
+            name: self.name.clone(),
+            serving_mode: self.mode,
+            url: self.endpoint.url().to_string(),
+            model: self.endpoint.model().to_owned(),
+            api: self.endpoint.api(),
+        }
+    }
 }
 
 /// Everything a step needs, shared by all steps of a run.
@@ -162,6 +175,22 @@ fn as_prompt(api: Api, text: String) -> Prompt {
 }
 
 impl Runner {
+    /// The same runner (client, prompt learner, recorder) on other targets.
+    pub fn with_targets(&self, targets: Vec<Arc<Target>>) -> Runner {
+        Runner {
+            targets,
+            client: self.client.clone(),
+            tokens: Arc::clone(&self.tokens),
+            overhead: Arc::clone(&self.overhead),
+            recorder: Arc::clone(&self.recorder),
+            seed: self.seed,
+            run_salt: self.run_salt,
+            drain_grace: self.drain_grace,
+            max_lag_p99: self.max_lag_p99,
+            pairing: self.pairing,
+        }
+    }
+
     /// Learns the servers' prompt overhead (the chat template) before the first step, from two
     /// short probes of different lengths per target, so that even the first step's prompts are
     /// exact and every target receives the same prompt for the same slot.

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepResult};
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult};
 
 use super::ast::{Cond, Objective, Value};
 use super::baseline::{BaselineStore, Entry};
@@ -540,11 +540,12 @@ impl Sink for SloEngine {
         }
     }
 
-    fn step_finished(&self, results: &[StepResult]) {
-        SloEngine::step_finished(self, results);
+    /// A step cut short leaves its samples out of the windows.
+    fn step_finished(&self, _step: &StepInfo, results: Option<&[StepResult]>) {
+        SloEngine::step_finished(self, results.unwrap_or_default());
     }
 
-    fn cycle_finished(&self) {
+    fn cycle_finished(&self, _cycle: u64) {
         SloEngine::cycle_finished(self);
     }
 }
@@ -570,22 +571,15 @@ pub fn default_state_file(config_path: Option<&std::path::Path>) -> std::path::P
     std::env::temp_dir().join(format!("llm-canary-baseline-{tag}.json"))
 }
 
-/// Evaluates every SLO each [`EVALUATION_INTERVAL`] until `stop`; `definitions` is read at every
-/// tick so a reloaded config's SLOs apply from the next evaluation.
-pub async fn run_evaluations(
-    engine: Arc<SloEngine>,
-    definitions: impl Fn() -> Option<(Vec<SloDef>, LabelDomain)>,
-    stop: tokio_util::sync::CancellationToken,
-) {
+/// Evaluates every SLO each [`EVALUATION_INTERVAL`] until `stop` (a reload replaces the
+/// definitions through [`SloEngine::set_definitions`]).
+pub async fn run_evaluations(engine: Arc<SloEngine>, stop: tokio_util::sync::CancellationToken) {
     let mut tick = tokio::time::interval(EVALUATION_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
-        }
-        if let Some((defs, domain)) = definitions() {
-            engine.set_definitions(defs, domain);
         }
         engine.evaluate_now();
     }

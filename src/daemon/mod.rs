@@ -1,0 +1,318 @@
+//! The `run` daemon: binds the HTTP surface, starts embedded simulators, resolves targets,
+//! drives the schedule forever, reloads the config on SIGHUP, `POST /-/reload` or a change of
+//! the file ([`live`]), and shuts down on SIGTERM with a bounded drain (a second signal exits at
+//! once).
+
+mod live;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::client::RequestRecord;
+use crate::export::http::{AppState, HttpServer, StatusSource};
+use crate::export::metrics::Metrics;
+use crate::export::otlp::OtlpExporter;
+use crate::k8s::traffic::DiscoveredTargets;
+use crate::model::{RecordContext, Sink, TargetChange, TargetInfo};
+use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
+use crate::scrape::ServerMetricsSink;
+use crate::setup::Setup;
+use crate::shutdown::Shutdown;
+use crate::slo::SloEngine;
+use crate::slo::baseline::BaselineStore;
+use crate::targets::Deployment;
+use live::{Live, LiveTarget, Reload};
+
+pub use live::CONFIG_POLL_INTERVAL;
+
+/// Longest a shutdown waits for in-flight requests before cutting them (they count as `timeout`).
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
+
+/// Longest the services (HTTP surface, watches, discovery, the Lease) get to stop once the
+/// schedule has drained.
+const SERVICES_STOP: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Targets(#[from] crate::targets::TargetError),
+    #[error("OTLP: {0}")]
+    Otlp(#[from] crate::export::otlp::OtlpError),
+    #[error("Kubernetes: {0}")]
+    Kube(#[from] crate::k8s::KubeError),
+}
+
+/// The targets measured now, as the schedule reports them (discovery, leader election and
+/// reloads change them), for `/api/v1/status`.
+struct CurrentTargets(RwLock<Vec<TargetInfo>>);
+
+impl Sink for CurrentTargets {
+    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+
+    fn targets(&self, change: &TargetChange<'_>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = change.now.to_vec();
+    }
+}
+
+struct Status {
+    board: Arc<Board>,
+    targets: Arc<CurrentTargets>,
+    live: Arc<Live>,
+    slo: Arc<SloEngine>,
+}
+
+impl StatusSource for Status {
+    fn status_json(&self) -> serde_json::Value {
+        let setup = self.live.setup();
+        let cfg = &setup.config;
+        let mut v = self.board.status_json();
+        v["version"] = json!(env!("CARGO_PKG_VERSION"));
+        v["config"] = json!(
+            setup
+                .path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "<embedded demo>".into())
+        );
+        v["time_scale"] = json!(*cfg.time_scale);
+        v["cycle"] = json!(cfg.cycle());
+        v["targets"] = self
+            .targets
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|t| json!({"name": t.name, "serving_mode": t.serving_mode.as_str(), "url": t.url, "model": t.model}))
+            .collect();
+        v["slos"] = self.slo.status_json();
+        v
+    }
+}
+
+/// The SLO engine of `setup`, with its baselines in the state file (in memory if it cannot be
+/// read).
+fn slo_engine(setup: &Setup, metrics: &Arc<Metrics>) -> SloEngine {
+    let path = crate::slo::engine::default_state_file(setup.path.as_deref());
+    let baselines = BaselineStore::open(&path).unwrap_or_else(|e| {
+        tracing::warn!("{e}; starting with no baselines");
+        BaselineStore::in_memory()
+    });
+    tracing::info!(slos = setup.slos.len(), state_file = %path.display(), "SLO engine ready");
+    SloEngine::new(
+        setup.slos.clone(),
+        setup.domain.clone(),
+        baselines,
+        Some(metrics.clone()),
+    )
+}
+
+/// Runs the daemon until SIGTERM/SIGINT. `setup` is already validated.
+pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonError> {
+    let setup = Arc::new(setup);
+    let cfg = &setup.config;
+    let addr = listen.unwrap_or_else(|| cfg.export.listen.parse().expect("validated"));
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| DaemonError::Bind { addr, source })?;
+    tracing::info!("listening on {local}");
+
+    // Every SLO latency threshold becomes an exact bucket bound (fixed for the process:
+    // histograms survive reloads).
+    let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
+    metrics.record_config_reload(true);
+
+    let shutdown = Shutdown::new();
+    // Installed before the (possibly slow) start so a signal during it is a drain, not a kill.
+    let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
+    spawn_signal_handlers(live_rx, shutdown.clone());
+
+    let mut deployment = Deployment::start(cfg, setup.base_dir()).await?;
+    let mut sims: Vec<_> = std::mem::take(&mut deployment.sims)
+        .into_iter()
+        .map(Some)
+        .collect();
+    let live_targets: Vec<LiveTarget> = cfg
+        .targets
+        .iter()
+        .zip(&deployment.targets)
+        .zip(&deployment.sim_of)
+        .map(|((c, t), s)| LiveTarget::new(c, Arc::clone(t), s.and_then(|i| sims[i].take())))
+        .collect();
+
+    let otlp = match &cfg.export.otlp {
+        Some(o) => {
+            let exporter = OtlpExporter::start(o, Vec::new()).await?;
+            tracing::info!(endpoint = %*o.endpoint, interval = ?o.interval.0, spans = o.spans, "OTLP export on");
+            Some(Arc::new(exporter))
+        }
+        None => None,
+    };
+    let slo = Arc::new(slo_engine(&setup, &metrics));
+    // In a cluster: discovery, leader election and Events (docs/DESIGN.md §9).
+    let kube = match &cfg.discovery {
+        Some(d) => Some(crate::k8s::KubeParts::start(&d.kubernetes, &shutdown).await?),
+        None => None,
+    };
+    let events = kube.as_ref().and_then(|k| k.events.clone());
+    if let Some(events) = &events {
+        events.set_slos(&setup.slos);
+        slo.add_hook(events.clone());
+    }
+    let (live, statics) = Live::new(
+        Arc::clone(&setup),
+        Arc::clone(&metrics),
+        deployment.client.clone(),
+        live_targets,
+        Arc::clone(&slo),
+        events.clone(),
+        shutdown.tracker().clone(),
+    );
+    let live = Arc::new(live);
+    let _ = live_tx.send(Arc::clone(&live));
+
+    let board = Arc::new(Board::default());
+    let current = Arc::new(CurrentTargets(RwLock::new(
+        deployment.targets.iter().map(|t| t.info()).collect(),
+    )));
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+    if let Some(o) = &otlp {
+        sinks.push(o.clone());
+    }
+    sinks.push(metrics.clone());
+    sinks.push(slo.clone());
+    sinks.push(board.clone());
+    sinks.push(current.clone());
+    sinks.push(live.clone());
+    if let Some(e) = &events {
+        sinks.push(e.clone());
+    }
+    let recorder = Arc::new(Recorder::new(sinks));
+    let runner = Arc::new(deployment.runner(cfg, recorder, rand::random()));
+
+    let state = AppState::new(
+        Arc::clone(&metrics),
+        Arc::new(Status {
+            board: Arc::clone(&board),
+            targets: current,
+            live: Arc::clone(&live),
+            slo: Arc::clone(&slo),
+        }),
+    );
+    let state = if cfg.export.reload_endpoint {
+        state.with_reload(Arc::new(Reload(Arc::clone(&live))))
+    } else {
+        state
+    };
+    let readiness = state.readiness();
+    let server = HttpServer::from_listener(listener, state);
+    shutdown.spawn(server.serve(shutdown.service()));
+    shutdown.spawn(Arc::clone(&live).watch_file(shutdown.service()));
+    shutdown.spawn(crate::slo::engine::run_evaluations(
+        Arc::clone(&slo),
+        shutdown.service(),
+    ));
+
+    // The configured targets (a reload replaces them) and, in a cluster, the discovered ones,
+    // gated by leader election.
+    let mut sets = vec![statics];
+    let mut leadership = None;
+    if let Some(k) = kube {
+        if let Some(discovered) = k.discovered {
+            let resolver = DiscoveredTargets {
+                discovered,
+                client: deployment.client.clone(),
+                base_dir: setup.base_dir().to_owned(),
+                events: k.events,
+            };
+            sets.push(resolver.spawn(shutdown.service()));
+        }
+        leadership = k.leadership;
+    }
+    let server_metrics: Arc<dyn ServerMetricsSink> = metrics.clone();
+    let mut scheduler = Scheduler::new(
+        runner,
+        TargetSource::new(sets, leadership),
+        Some(server_metrics),
+        cfg.export.server_metrics_interval.0,
+    );
+    readiness.set_ready();
+    let plan_live = Arc::clone(&live);
+    let pause_live = Arc::clone(&live);
+    scheduler
+        .run(
+            move || plan_cycle(&plan_live.setup().config),
+            move || pause_live.setup().config.schedule.cycle_pause.0,
+            None,
+            &shutdown,
+        )
+        .await;
+    tracing::info!("schedule stopped; shutting down");
+    if !shutdown.finish(SERVICES_STOP).await {
+        tracing::warn!(bound = ?SERVICES_STOP, "some services did not stop in time");
+    }
+    if let Some(otlp) = otlp {
+        otlp.shutdown().await;
+    }
+    live.stop_sims().await;
+    deployment.stop().await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+/// SIGTERM/SIGINT: stop sending and drain (bounded by [`SHUTDOWN_DRAIN`]); a second one exits at
+/// once. SIGHUP: reload (once the daemon has started; before, it is ignored with a warning).
+/// The handler lives as long as the process, to hear a second signal at any point of the stop.
+fn spawn_signal_handlers(live: tokio::sync::oneshot::Receiver<Arc<Live>>, shutdown: Shutdown) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::spawn(async move {
+        let mut live = live;
+        let mut started: Option<Arc<Live>> = None;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {
+                    if started.is_none() {
+                        started = live.try_recv().ok();
+                    }
+                    match &started {
+                        // Off the signal loop, so a second SIGTERM is heard during a long reload.
+                        Some(l) => {
+                            let l = Arc::clone(l);
+                            shutdown.spawn(async move { let _ = l.reload().await; });
+                        }
+                        None => tracing::warn!("SIGHUP before the daemon started: ignored"),
+                    }
+                    continue;
+                }
+            }
+            if shutdown.stopping() {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(130);
+            }
+            tracing::info!(drain = ?SHUTDOWN_DRAIN, "signal received: draining in-flight requests");
+            shutdown.drain(SHUTDOWN_DRAIN);
+        }
+    });
+}
