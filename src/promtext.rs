@@ -1,5 +1,6 @@
-//! A parser of the sample lines of the Prometheus text exposition format (0.0.4) and of
-//! OpenMetrics text, for reading a serving engine's own `/metrics`.
+//! The Prometheus text exposition format (0.0.4) and OpenMetrics text, both ways: the escaping
+//! of label values every writer of an exposition or a PromQL string uses ([`escape_into`],
+//! [`quoted`]), and a parser of sample lines for reading a serving engine's own `/metrics`.
 //!
 //! Only what the server-metrics scrape needs is kept: each sample's name, labels and value.
 //! `# HELP`/`# TYPE`/`# UNIT` lines, timestamps and exemplars are skipped. The input is
@@ -11,6 +12,28 @@
 //! parser borrows from the input and allocates only for escaped label values.
 
 use std::borrow::Cow;
+
+/// Appends `value` escaped as a label value of the text formats (and a PromQL string): `\\`,
+/// `\"` and a line break as `\n`; everything else as it is.
+pub fn escape_into(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// `value` escaped and in double quotes.
+pub fn quoted(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    escape_into(&mut out, value);
+    out.push('"');
+    out
+}
 
 /// One sample line: `name{label="value",...} value [timestamp] [# exemplar]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -223,9 +246,9 @@ mod tests {
     }
 
     fn escape(v: &str) -> String {
-        v.replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n")
+        let mut out = String::new();
+        escape_into(&mut out, v);
+        out
     }
 
     proptest! {

@@ -21,7 +21,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use llm_canary::client::{Outcome, RequestRecord, Usage};
 use llm_canary::config::{Api, At, Dur, Otlp, OtlpProtocol, ServingMode};
-use llm_canary::export::metrics::latency_buckets;
+use llm_canary::export::buckets::latency_buckets;
 use llm_canary::export::otlp::{OtlpExporter, OtlpTarget};
 use llm_canary::model::RequestLabels;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;

@@ -2,14 +2,43 @@
 //! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]) and the OTLP push
 //! ([`otlp`]). Each is a [`crate::model::Sink`] of the schedule's data.
 
+pub mod buckets;
+pub mod histogram;
 pub mod http;
 pub mod metrics;
 pub mod otlp;
 mod record;
 
+pub use buckets::latency_buckets;
 pub use http::{
     AppState, HttpError, HttpServer, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
     ShutdownOutcome, StatusSource,
 };
-pub use metrics::{Metrics, MetricsError, OUTCOME_OK, latency_buckets};
+pub use metrics::{Metrics, MetricsError, OUTCOME_OK};
 pub use otlp::{OtlpError, OtlpExporter, OtlpTarget};
+
+/// Helpers of the module's unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::config::ServingMode;
+    use crate::model::RequestLabels;
+
+    pub fn agg(workload: &str) -> RequestLabels {
+        RequestLabels::new("agg", ServingMode::Aggregated, workload)
+    }
+
+    /// The value of the sample `name{labels...}` in `text`, matching every given label pair.
+    pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (label_part, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let all = labels
+                .iter()
+                .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")));
+            all.then(|| value.parse().ok()).flatten()
+        })
+    }
+}

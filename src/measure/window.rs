@@ -7,6 +7,7 @@
 //! resolution (seconds: microseconds, 3 significant digits, at most one hour); values outside the
 //! scale are clamped to it and counted, never a panic.
 
+use super::stats::{confidence_ranks, point_rank};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -18,14 +19,6 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30 * 60);
 /// Default slots per window: 5-minute slots for 30 minutes. Each slot is one histogram (about
 /// 94 KiB at the seconds scale), so the slot count is the memory/time-granularity trade-off.
 pub const DEFAULT_SLOTS: usize = 6;
-
-/// Below this many samples the interval ranks come from the exact binomial distribution; above
-/// it the normal approximation is accurate to well under a rank.
-const EXACT_BINOMIAL_MAX_SAMPLES: u64 = 1000;
-
-/// Two-sided 95 %: each tail may hold 2.5 % of the probability.
-const TAIL_PROBABILITY: f64 = 0.025;
-const Z_95: f64 = 1.959_963_984_540_054;
 
 /// Why a window could not be built or merged.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -398,53 +391,6 @@ impl WindowSnapshot {
     }
 }
 
-/// The rank of the sample quantile: ⌈q·n⌉, at least 1.
-fn point_rank(samples: u64, q: f64) -> u64 {
-    ((q * samples as f64).ceil() as u64).clamp(1, samples)
-}
-
-/// The 1-based ranks (j, k) with P(X₍ⱼ₎ ≤ ξ_q ≤ X₍ₖ₎) ≥ 95 % for a continuous distribution, from
-/// the number of samples below the true quantile being Binomial(n, q): exact up to
-/// [`EXACT_BINOMIAL_MAX_SAMPLES`], else the normal approximation n·q ± 1.96·√(n·q·(1−q)). A rank
-/// that would fall outside [1, n] is `None`: that side cannot be bounded with these samples.
-pub fn confidence_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
-    if samples == 0 || !(q > 0.0 && q < 1.0) {
-        return (None, None);
-    }
-    if samples <= EXACT_BINOMIAL_MAX_SAMPLES {
-        return exact_binomial_ranks(samples, q);
-    }
-    let n = samples as f64;
-    let spread = Z_95 * (n * q * (1.0 - q)).sqrt();
-    let lower = (n * q - spread).floor();
-    let upper = (n * q + spread).ceil();
-    let in_range = |rank: f64| (rank >= 1.0 && rank <= n).then_some(rank as u64);
-    (in_range(lower), in_range(upper))
-}
-
-/// Exact ranks: j − 1 is the largest count with P(B ≤ j − 1) ≤ 2.5 % and k − 1 the smallest with
-/// P(B ≤ k − 1) ≥ 97.5 %, B ~ Binomial(n, q). The probabilities are summed from log-space terms so
-/// that (1 − q)ⁿ underflowing for large n costs nothing but negligible mass.
-fn exact_binomial_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
-    let n = samples as f64;
-    let log_odds = (q / (1.0 - q)).ln();
-    let mut log_pmf = n * (1.0 - q).ln();
-    let mut cdf = 0.0;
-    let mut lower = None;
-    for below in 0..samples {
-        cdf += log_pmf.exp();
-        if cdf <= TAIL_PROBABILITY {
-            lower = Some(below + 1);
-        }
-        if cdf >= 1.0 - TAIL_PROBABILITY {
-            return (lower, Some(below + 1));
-        }
-        let i = below as f64;
-        log_pmf += ((n - i) / (i + 1.0)).ln() + log_odds;
-    }
-    (lower, None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -625,22 +571,6 @@ mod tests {
         assert!(ValueScale::new(1.0, 1.0, 3).is_err());
         assert!(ValueScale::new(1e-3, 10.0, 6).is_err());
         assert!(ValueScale::new(1e-3, 10.0, 2).is_ok());
-    }
-
-    #[test]
-    fn confidence_ranks_follow_the_binomial() {
-        // n = 100, median: the classic table gives ranks 40 and 61.
-        assert_eq!(confidence_ranks(100, 0.5), (Some(40), Some(61)));
-        // Too few samples to bound the median from below at 95 %: (1/2)^5 > 2.5 %.
-        assert_eq!(confidence_ranks(5, 0.5).0, None);
-        assert!(confidence_ranks(6, 0.5).0.is_some());
-        // p99's upper side needs 0.99^n ≤ 2.5 %, i.e. n ≥ 368.
-        assert_eq!(confidence_ranks(367, 0.99).1, None);
-        assert_eq!(confidence_ranks(368, 0.99).1, Some(368));
-        // Large n: the normal approximation, symmetric around n·q.
-        assert_eq!(confidence_ranks(10_000, 0.5), (Some(4902), Some(5098)));
-        assert_eq!(confidence_ranks(0, 0.5), (None, None));
-        assert_eq!(confidence_ranks(10, 1.0), (None, None));
     }
 
     /// Fraction of seeded trials whose interval contains the true quantile of Exp(1).

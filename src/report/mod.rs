@@ -8,6 +8,7 @@ pub mod analysis;
 pub mod bench;
 mod html;
 mod progress;
+mod questions;
 pub mod records;
 mod svg;
 pub mod table;

@@ -10,7 +10,7 @@
 //! KVBM has none, and its offloads stay `None`.
 //!
 //! Every `export.server_metrics_interval` each target's endpoints are fetched (response size and
-//! time bounded), parsed with [`promtext`] and summed over their series into
+//! time bounded), parsed with [`crate::promtext`] and summed over their series into
 //! [`ServerTotals`]. Counters are turned into rates between two scrapes (the
 //! `llm_canary_server_*` families) and into per-step deltas: the scheduler takes a fresh scrape at
 //! the start and the end of every step ([`ServerScraper::begin_step`], [`ServerScraper::end_step`])
@@ -29,8 +29,6 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-pub mod promtext;
 
 use crate::config::TargetConfig;
 use crate::model::{ServerSnapshot, ServerStep};
@@ -152,7 +150,7 @@ struct TotalsBuilder {
 
 impl TotalsBuilder {
     fn add_text(&mut self, text: &str) {
-        for s in promtext::parse(text).samples {
+        for s in crate::promtext::parse(text).samples {
             let acc = match s.name {
                 "vllm:prefix_cache_queries_total" => &mut self.queries,
                 "vllm:prefix_cache_hits_total" => &mut self.hits,

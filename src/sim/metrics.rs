@@ -162,9 +162,9 @@ impl FrontendMetrics {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    let mut out = String::with_capacity(v.len());
+    crate::promtext::escape_into(&mut out, v);
+    out
 }
 
 /// Renders every metric family.

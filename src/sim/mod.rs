@@ -14,6 +14,7 @@ pub mod kv;
 mod metrics;
 pub mod profile;
 mod server;
+mod sse;
 pub mod text;
 
 use std::collections::HashMap;

@@ -3,16 +3,13 @@
 //! injected faults on the wire.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -22,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,6 +27,7 @@ use super::cluster::{Cluster, GenerateRequest, RequestStream};
 use super::engine::{Completion, StreamEvent};
 use super::faults::FaultPlan;
 use super::metrics::{FrontendMetrics, RequestOutcome};
+use super::sse::{ChunkFormat, SimBody, SseBody, SseState};
 use super::text::{self, PromptTokenizer};
 use super::{SendLog, metrics};
 use crate::config::ServingMode;
@@ -42,9 +40,9 @@ const DEFAULT_MAX_TOKENS: u32 = 256;
 /// How long shutdown waits for open responses.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// Pause before an injected reset, so the bytes before it reach the client.
-const ABORT_FLUSH: Duration = Duration::from_millis(20);
+pub(super) const ABORT_FLUSH: Duration = Duration::from_millis(20);
 /// Above this many buffered bytes a frame is handed over even if more tokens are ready.
-const FRAME_BYTES: usize = 64 * 1024;
+pub(super) const FRAME_BYTES: usize = 64 * 1024;
 
 /// Everything the handlers share.
 #[derive(Debug)]
@@ -249,7 +247,7 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Sim
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
+pub(super) enum Endpoint {
     Chat,
     Completions,
 }
@@ -362,7 +360,7 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-fn usage_json(c: &Completion) -> Value {
+pub(super) fn usage_json(c: &Completion) -> Value {
     let mut usage = json!({
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
@@ -375,7 +373,7 @@ fn usage_json(c: &Completion) -> Value {
     usage
 }
 
-fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -> Option<Value> {
+pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -> Option<Value> {
     if !want_timing && !want_worker {
         return None;
     }
@@ -623,21 +621,21 @@ async fn unary(
 
 /// Request-level bookkeeping shared by both answer shapes; records metrics once, even when the
 /// client disconnects mid-stream (on drop).
-struct RequestTracker {
-    state: Arc<ServerState>,
-    outcome: RequestOutcome,
-    received: Instant,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    tokens: u32,
-    queued: bool,
-    finished: bool,
-    send_times: Option<Vec<Instant>>,
-    log_key: String,
+pub(super) struct RequestTracker {
+    pub(super) state: Arc<ServerState>,
+    pub(super) outcome: RequestOutcome,
+    pub(super) received: Instant,
+    pub(super) first_token: Option<Instant>,
+    pub(super) last_token: Option<Instant>,
+    pub(super) tokens: u32,
+    pub(super) queued: bool,
+    pub(super) finished: bool,
+    pub(super) send_times: Option<Vec<Instant>>,
+    pub(super) log_key: String,
 }
 
 impl RequestTracker {
-    fn token(&mut self, now: Instant) {
+    pub(super) fn token(&mut self, now: Instant) {
         self.tokens += 1;
         if self.first_token.is_none() {
             self.first_token = Some(now);
@@ -652,7 +650,7 @@ impl RequestTracker {
         }
     }
 
-    fn finish(&mut self, success: bool, completion: Option<&Completion>) {
+    pub(super) fn finish(&mut self, success: bool, completion: Option<&Completion>) {
         if self.finished {
             return;
         }
@@ -686,286 +684,5 @@ impl Drop for RequestTracker {
     fn drop(&mut self) {
         // A client that hung up mid-stream: count it as an error, keep the gauges balanced.
         self.finish(false, None);
-    }
-}
-
-/// Precomputed pieces of the per-token chunk, so a token costs two copies and a word.
-struct ChunkFormat {
-    endpoint: Endpoint,
-    id: String,
-    created: u64,
-    model: String,
-    head: String,
-    token_prefix: String,
-    token_suffix: &'static str,
-}
-
-impl ChunkFormat {
-    fn new(endpoint: Endpoint, id: &str, created: u64, model: &str) -> Self {
-        let object = match endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
-        };
-        let model_json = Value::String(model.to_string()).to_string();
-        let head = format!(
-            "{{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model_json},"
-        );
-        let (token_prefix, token_suffix) = match endpoint {
-            Endpoint::Chat => (
-                format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\""),
-                "\"},\"finish_reason\":null}]}\n\n",
-            ),
-            Endpoint::Completions => (
-                format!("data: {head}\"choices\":[{{\"index\":0,\"text\":\""),
-                "\",\"logprobs\":null,\"finish_reason\":null}]}\n\n",
-            ),
-        };
-        ChunkFormat {
-            endpoint,
-            id: id.to_string(),
-            created,
-            model: model.to_string(),
-            head,
-            token_prefix,
-            token_suffix,
-        }
-    }
-
-    fn role_chunk(&self, buf: &mut BytesMut) {
-        let _ = write!(
-            buf,
-            "data: {}\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"finish_reason\":null}}]}}\n\n",
-            self.head
-        );
-    }
-
-    fn token(&self, buf: &mut BytesMut, word: &str) {
-        buf.extend_from_slice(self.token_prefix.as_bytes());
-        buf.extend_from_slice(b" ");
-        buf.extend_from_slice(word.as_bytes());
-        buf.extend_from_slice(self.token_suffix.as_bytes());
-    }
-
-    fn data(&self, buf: &mut BytesMut, value: &Value) {
-        let _ = write!(buf, "data: {value}\n\n");
-    }
-
-    fn finish_chunk(&self, c: &Completion, nvext: Option<Value>) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                json!({"index": 0, "delta": {}, "finish_reason": c.finish_reason.as_str()})
-            }
-            Endpoint::Completions => {
-                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": c.finish_reason.as_str()})
-            }
-        };
-        let mut v = self.envelope(vec![choice]);
-        if let Some(nvext) = nvext {
-            v["nvext"] = nvext;
-        }
-        v
-    }
-
-    fn envelope(&self, choices: Vec<Value>) -> Value {
-        let object = match self.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
-        };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
-    }
-}
-
-enum SseState {
-    Streaming,
-    /// The next poll resets the connection (abrupt truncation).
-    Abort,
-    Done,
-}
-
-/// The SSE body: one `data:` event per token, written as soon as the engine emits it. Tokens that
-/// are already waiting when the connection polls share a frame, which changes nothing on the wire
-/// (each still is its own event) but saves syscalls when the client is slower than the engine.
-pub(crate) struct SseBody {
-    stream: RequestStream,
-    format: ChunkFormat,
-    tracker: RequestTracker,
-    plan: FaultPlan,
-    include_usage: bool,
-    want_timing: bool,
-    want_worker: bool,
-    stall: Option<Pin<Box<Sleep>>>,
-    state: SseState,
-}
-
-/// The error that makes hyper drop the connection mid-body.
-#[derive(Debug, thiserror::Error)]
-pub enum BodyError {
-    #[error("simulated connection reset")]
-    InjectedReset,
-    #[error("the engine stopped")]
-    EngineGone,
-}
-
-impl SseBody {
-    fn poll_frame_inner(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        if let Some(sleep) = self.stall.as_mut() {
-            ready!(sleep.as_mut().poll(cx));
-            self.stall = None;
-        }
-        match self.state {
-            SseState::Done => return Poll::Ready(None),
-            SseState::Abort => {
-                self.state = SseState::Done;
-                return Poll::Ready(Some(Err(BodyError::InjectedReset)));
-            }
-            SseState::Streaming => {}
-        }
-        let mut buf = BytesMut::new();
-        loop {
-            let event = match self.stream.poll_next(cx) {
-                Poll::Ready(e) => e,
-                Poll::Pending if buf.is_empty() => return Poll::Pending,
-                Poll::Pending => break,
-            };
-            match event {
-                Some(StreamEvent::Token { .. }) => {
-                    let now = Instant::now();
-                    if self.tracker.tokens == 0 && self.format.endpoint == Endpoint::Chat {
-                        self.format.role_chunk(&mut buf);
-                    }
-                    let word = text::output_word(self.stream.word_offset, self.tracker.tokens);
-                    self.format.token(&mut buf, word);
-                    self.tracker.token(now);
-                    if self.apply_faults(&mut buf) || buf.len() >= FRAME_BYTES {
-                        break;
-                    }
-                }
-                Some(StreamEvent::Done(c)) => {
-                    let nvext = nvext_json(&c, self.want_timing, self.want_worker);
-                    self.format
-                        .data(&mut buf, &self.format.finish_chunk(&c, nvext));
-                    if self.include_usage {
-                        let mut usage = self.format.envelope(Vec::new());
-                        usage["usage"] = usage_json(&c);
-                        self.format.data(&mut buf, &usage);
-                    }
-                    buf.extend_from_slice(b"data: [DONE]\n\n");
-                    self.tracker.finish(true, Some(&c));
-                    self.state = SseState::Done;
-                    break;
-                }
-                Some(StreamEvent::Rejected(message)) => {
-                    self.error_event(&mut buf, &message);
-                    break;
-                }
-                None => {
-                    if buf.is_empty() {
-                        self.state = SseState::Done;
-                        return Poll::Ready(Some(Err(BodyError::EngineGone)));
-                    }
-                    self.state = SseState::Abort;
-                    break;
-                }
-            }
-        }
-        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
-    }
-
-    /// Applies the faults due after the token just written; true when the frame must go now.
-    fn apply_faults(&mut self, buf: &mut BytesMut) -> bool {
-        let n = self.tracker.tokens;
-        if self.plan.malformed_after == Some(n) {
-            let _ = write!(
-                buf,
-                "data: {}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"\n\n",
-                self.format.head
-            );
-        }
-        if let Some((after, message)) = &self.plan.error_event
-            && *after == n
-        {
-            let message = message.clone();
-            self.error_event(buf, &message);
-            return true;
-        }
-        if let Some((after, abrupt)) = self.plan.truncate
-            && after == n
-        {
-            self.tracker.finish(false, None);
-            if abrupt {
-                // Hyper drops buffered bytes when a body fails, so let it flush the last tokens
-                // (it does when the body is pending) before the reset.
-                self.stall = Some(Box::pin(tokio::time::sleep(ABORT_FLUSH)));
-                self.state = SseState::Abort;
-            } else {
-                self.state = SseState::Done;
-            }
-            return true;
-        }
-        if let Some((after, duration)) = self.plan.stall
-            && after == n
-        {
-            self.stall = Some(Box::pin(tokio::time::sleep(duration)));
-            return true;
-        }
-        false
-    }
-
-    fn error_event(&mut self, buf: &mut BytesMut, message: &str) {
-        let payload =
-            json!({"error": {"message": message, "type": "internal_server_error", "code": 500}});
-        let comment = message.replace(['\r', '\n'], " ");
-        let _ = write!(buf, "event: error\n: {comment}\ndata: {payload}\n\n");
-        self.tracker.finish(false, None);
-        self.state = SseState::Done;
-    }
-}
-
-/// Every response body the simulator sends.
-pub(crate) enum SimBody {
-    Full(Option<Bytes>),
-    /// Part of a body announced with a larger Content-Length, then a reset.
-    Truncated(Option<Bytes>, u64),
-    Sse(Box<SseBody>),
-}
-
-impl SimBody {
-    fn full(text: impl Into<Bytes>) -> Self {
-        SimBody::Full(Some(text.into()))
-    }
-}
-
-impl Body for SimBody {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match self.get_mut() {
-            SimBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            SimBody::Truncated(bytes, _) => Poll::Ready(Some(match bytes.take() {
-                Some(b) => Ok(Frame::data(b)),
-                None => Err(BodyError::InjectedReset),
-            })),
-            SimBody::Sse(sse) => sse.poll_frame_inner(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self, SimBody::Full(None))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            SimBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            SimBody::Full(None) => SizeHint::with_exact(0),
-            SimBody::Truncated(_, announced) => SizeHint::with_exact(*announced),
-            SimBody::Sse(_) => SizeHint::default(),
-        }
     }
 }

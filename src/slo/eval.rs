@@ -7,101 +7,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use crate::measure::stats::{Interval, wilson};
+use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
 use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
 use crate::model::RequestLabels;
 
 use super::ast::*;
 use super::baseline::BaselineStore;
 use super::{LabelDomain, fit_groups, pin_label};
-
-/// Two-sided 95 % normal quantile.
-const Z: f64 = 1.959_963_984_540_054;
-
-/// A value with its 95 % confidence interval; the bounds may be infinite (unbounded).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Interval {
-    pub estimate: f64,
-    pub lower: f64,
-    pub upper: f64,
-}
-
-impl Interval {
-    pub fn point(v: f64) -> Self {
-        Interval {
-            estimate: v,
-            lower: v,
-            upper: v,
-        }
-    }
-
-    fn neg(self) -> Self {
-        Interval {
-            estimate: -self.estimate,
-            lower: -self.upper,
-            upper: -self.lower,
-        }
-    }
-
-    fn add(self, o: Self) -> Self {
-        Interval {
-            estimate: self.estimate + o.estimate,
-            lower: self.lower + o.lower,
-            upper: self.upper + o.upper,
-        }
-    }
-
-    fn mul(self, o: Self) -> Self {
-        // 0 × ∞ is 0 here: an endpoint at exactly 0 bounds the product at 0 (extended interval
-        // arithmetic), which keeps e.g. [0, 1] × [5, ∞] = [0, ∞] instead of NaN.
-        let p = |a: f64, b: f64| if a == 0.0 || b == 0.0 { 0.0 } else { a * b };
-        let c = [
-            p(self.lower, o.lower),
-            p(self.lower, o.upper),
-            p(self.upper, o.lower),
-            p(self.upper, o.upper),
-        ];
-        Interval {
-            estimate: self.estimate * o.estimate,
-            lower: c.iter().copied().fold(f64::INFINITY, f64::min),
-            upper: c.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        }
-    }
-
-    fn div(self, o: Self) -> Self {
-        let estimate = self.estimate / o.estimate;
-        if o.lower <= 0.0 && o.upper >= 0.0 {
-            // A divisor that may be zero bounds nothing.
-            return Interval {
-                estimate,
-                lower: f64::NEG_INFINITY,
-                upper: f64::INFINITY,
-            };
-        }
-        let inv = Interval {
-            estimate: 1.0 / o.estimate,
-            lower: 1.0 / o.upper,
-            upper: 1.0 / o.lower,
-        };
-        Interval {
-            estimate,
-            ..self.mul(inv)
-        }
-    }
-
-    fn finite_or_none(x: f64) -> Option<f64> {
-        x.is_finite().then_some(x)
-    }
-
-    /// The lower bound, `None` when unbounded.
-    pub fn lower_bound(&self) -> Option<f64> {
-        Self::finite_or_none(self.lower)
-    }
-
-    /// The upper bound, `None` when unbounded.
-    pub fn upper_bound(&self) -> Option<f64> {
-        Self::finite_or_none(self.upper)
-    }
-}
 
 /// Why a value could not be computed: too few samples, no data, or no baseline yet.
 #[derive(Debug, Clone, PartialEq)]
@@ -400,32 +313,6 @@ pub struct Totals {
     pub good: BTreeMap<String, u64>,
 }
 
-/// Wilson score interval of a proportion.
-pub fn wilson(successes: u64, n: u64) -> Interval {
-    let nf = n as f64;
-    let p = successes as f64 / nf;
-    let z2 = Z * Z;
-    let denom = 1.0 + z2 / nf;
-    let center = (p + z2 / (2.0 * nf)) / denom;
-    let half = Z * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt() / denom;
-    Interval {
-        estimate: p,
-        lower: (center - half).max(0.0),
-        upper: (center + half).min(1.0),
-    }
-}
-
-/// A rate `count / seconds` with the normal approximation of a Poisson count's interval.
-fn poisson_rate(count: u64, seconds: f64) -> Interval {
-    let c = count as f64;
-    let half = Z * c.sqrt();
-    Interval {
-        estimate: c / seconds,
-        lower: (c - half).max(0.0) / seconds,
-        upper: (c + half + Z * Z / 2.0) / seconds,
-    }
-}
-
 /// Everything an evaluation reads.
 pub struct Ctx<'a> {
     pub store: &'a Store,
@@ -528,14 +415,14 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
 pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
     match v {
         Value::Number(n) | Value::Duration(n) => Ok(Interval::point(*n)),
-        Value::Neg(a) => Ok(value(ctx, a)?.neg()),
+        Value::Neg(a) => Ok(-value(ctx, a)?),
         Value::Binary(op, a, b) => {
             let (a, b) = (value(ctx, a)?, value(ctx, b)?);
             Ok(match op {
-                BinOp::Add => a.add(b),
-                BinOp::Sub => a.add(b.neg()),
-                BinOp::Mul => a.mul(b),
-                BinOp::Div => a.div(b),
+                BinOp::Add => a + b,
+                BinOp::Sub => a + -b,
+                BinOp::Mul => a * b,
+                BinOp::Div => a / b,
             })
         }
         Value::Agg(agg, sel) => aggregate(ctx, *agg, sel),
@@ -652,7 +539,7 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
         ));
     }
     // Relative spread of a count of n independent completions.
-    let rel = Z / (t.ok.max(1) as f64).sqrt();
+    let rel = Z_95 / (t.ok.max(1) as f64).sqrt();
     let scaled = |v: f64| Interval {
         estimate: v,
         lower: (v * (1.0 - rel)).max(0.0),
@@ -697,174 +584,6 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
     }
 }
 
-/// Slope of the least-squares line: linear in the ys, so its bounds are exact.
-pub fn slope_interval(xs: &[f64], ys: &[Interval]) -> Interval {
-    let coef = slope_coefficients(xs);
-    let mut out = Interval::point(0.0);
-    for (c, y) in coef.iter().zip(ys) {
-        out = out.add(Interval::point(*c).mul(*y));
-    }
-    out
-}
-
-fn slope_coefficients(xs: &[f64]) -> Vec<f64> {
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
-    xs.iter().map(|x| (x - mean) / sxx).collect()
-}
-
-fn r2_of(xs: &[f64], ys: &[f64]) -> f64 {
-    let (sse, sst) = (sse(xs, ys), sst(ys));
-    if sst == 0.0 { 1.0 } else { 1.0 - sse / sst }
-}
-
-fn sst(ys: &[f64]) -> f64 {
-    let mean = ys.iter().sum::<f64>() / ys.len() as f64;
-    ys.iter().map(|y| (y - mean).powi(2)).sum()
-}
-
-/// Residual sum of squares of the least-squares line through (xs, ys).
-fn sse(xs: &[f64], ys: &[f64]) -> f64 {
-    let fitted = fit_line(xs, ys);
-    ys.iter().zip(&fitted).map(|(y, f)| (y - f).powi(2)).sum()
-}
-
-fn fit_line(xs: &[f64], ys: &[f64]) -> Vec<f64> {
-    let n = xs.len() as f64;
-    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
-    let b: f64 = slope_coefficients(xs)
-        .iter()
-        .zip(ys)
-        .map(|(c, y)| c * y)
-        .sum();
-    xs.iter().map(|x| my + b * (x - mx)).collect()
-}
-
-/// Above this many groups the corners of the box are not enumerated; a greedy search over
-/// corners gives the maxima instead.
-const MAX_ENUMERATED_GROUPS: usize = 12;
-
-/// The largest value of a convex function over the box: it lies at a corner.
-fn max_over_corners(lo: &[f64], hi: &[f64], f: &dyn Fn(&[f64]) -> f64) -> f64 {
-    let n = lo.len();
-    if n <= MAX_ENUMERATED_GROUPS {
-        let mut y = lo.to_vec();
-        let mut best = f64::NEG_INFINITY;
-        for mask in 0u32..(1 << n) {
-            for i in 0..n {
-                y[i] = if mask & (1 << i) != 0 { hi[i] } else { lo[i] };
-            }
-            best = best.max(f(&y));
-        }
-        return best;
-    }
-    let mut y = lo.to_vec();
-    let mut best = f(&y);
-    loop {
-        let mut improved = false;
-        for i in 0..n {
-            let keep = y[i];
-            y[i] = if keep == lo[i] { hi[i] } else { lo[i] };
-            let v = f(&y);
-            if v > best {
-                best = v;
-                improved = true;
-            } else {
-                y[i] = keep;
-            }
-        }
-        if !improved {
-            return best;
-        }
-    }
-}
-
-/// The smallest spread Σ(y − ȳ)² over the box: every y is its interval's point nearest a
-/// common level c, with c the mean of those points (found by bisection; the mean of the clamped
-/// points minus c decreases in c).
-fn min_sst(lo: &[f64], hi: &[f64]) -> f64 {
-    let clamp_all = |c: f64| {
-        lo.iter()
-            .zip(hi)
-            .map(|(l, h)| c.clamp(*l, *h))
-            .collect::<Vec<_>>()
-    };
-    let (mut a, mut b) = (
-        lo.iter().copied().fold(f64::INFINITY, f64::min),
-        hi.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    );
-    for _ in 0..200 {
-        let c = (a + b) / 2.0;
-        let ys = clamp_all(c);
-        let mean = ys.iter().sum::<f64>() / ys.len() as f64;
-        if mean > c {
-            a = c;
-        } else {
-            b = c;
-        }
-    }
-    sst(&clamp_all((a + b) / 2.0))
-}
-
-/// The smallest residual Σ(y − fit)² over the box: the distance between the box and the
-/// plane of lines, by alternating projections (both convex, so they converge to it).
-fn min_sse(xs: &[f64], lo: &[f64], hi: &[f64]) -> f64 {
-    let mut y: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| (l + h) / 2.0).collect();
-    for _ in 0..2000 {
-        let line = fit_line(xs, &y);
-        let next: Vec<f64> = line
-            .iter()
-            .zip(lo.iter().zip(hi))
-            .map(|(f, (l, h))| f.clamp(*l, *h))
-            .collect();
-        let moved: f64 = next.iter().zip(&y).map(|(a, b)| (a - b).abs()).sum();
-        y = next;
-        if moved < 1e-15 {
-            break;
-        }
-    }
-    sse(xs, &y)
-}
-
-/// R² of the least-squares line with bounds over every ys inside their intervals:
-/// 1 − max SSE / min SST ≤ R² ≤ 1 − min SSE / max SST (SSE and SST are convex in the ys, so
-/// their maxima lie at corners of the box and their minima are found by convex search).
-pub fn r2_interval(xs: &[f64], ys: &[Interval]) -> Interval {
-    let est: Vec<f64> = ys.iter().map(|y| y.estimate).collect();
-    let estimate = r2_of(xs, &est);
-    if ys
-        .iter()
-        .any(|y| !y.lower.is_finite() || !y.upper.is_finite())
-    {
-        return Interval {
-            estimate,
-            lower: 0.0,
-            upper: 1.0,
-        };
-    }
-    let lo: Vec<f64> = ys.iter().map(|y| y.lower).collect();
-    let hi: Vec<f64> = ys.iter().map(|y| y.upper).collect();
-    let max_sse = max_over_corners(&lo, &hi, &|y| sse(xs, y));
-    let max_sst = max_over_corners(&lo, &hi, &|y| sst(y));
-    let (min_sse, min_sst) = (min_sse(xs, &lo, &hi), min_sst(&lo, &hi));
-    let lower = if min_sst > 0.0 {
-        (1.0 - max_sse / min_sst).max(0.0)
-    } else {
-        0.0
-    };
-    let upper = if max_sst > 0.0 {
-        (1.0 - min_sse / max_sst).min(1.0)
-    } else {
-        1.0
-    };
-    Interval {
-        estimate,
-        lower: lower.min(estimate),
-        upper: upper.max(estimate),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -875,21 +594,6 @@ mod tests {
             lower: lo,
             upper: hi,
         }
-    }
-
-    #[test]
-    fn arithmetic_keeps_the_extremes() {
-        let a = iv(1.0, 2.0, 3.0);
-        let b = iv(-1.0, 1.0, 2.0);
-        assert_eq!(a.add(b), iv(0.0, 3.0, 5.0));
-        assert_eq!(a.add(b.neg()), iv(-1.0, 1.0, 4.0));
-        assert_eq!(a.mul(b), iv(-3.0, 2.0, 6.0));
-        let d = a.div(iv(2.0, 4.0, 4.0));
-        assert_eq!((d.lower, d.estimate, d.upper), (0.25, 0.5, 1.5));
-        let unbounded = a.div(b);
-        assert!(unbounded.lower.is_infinite() && unbounded.upper.is_infinite());
-        let open = iv(0.0, 0.5, 1.0).mul(iv(5.0, 6.0, f64::INFINITY));
-        assert_eq!((open.lower, open.upper), (0.0, f64::INFINITY));
     }
 
     #[test]
@@ -906,44 +610,5 @@ mod tests {
             compare(CmpOp::Eq, Interval::point(1.0), Interval::point(1.0)),
             Truth::True
         );
-    }
-
-    #[test]
-    fn wilson_interval_matches_the_textbook() {
-        // 10 successes of 100: Wilson 95 % is about [0.0552, 0.1744].
-        let w = wilson(10, 100);
-        assert!((w.lower - 0.0552).abs() < 5e-4, "{w:?}");
-        assert!((w.upper - 0.1744).abs() < 5e-4, "{w:?}");
-    }
-
-    #[test]
-    fn fits_of_exact_lines_and_their_bounds() {
-        let xs = [0.0, 0.25, 0.5, 0.75, 1.0];
-        // y = 1 − 0.8 x exactly, as points: slope −0.8, R² 1.
-        let points: Vec<Interval> = xs.iter().map(|x| Interval::point(1.0 - 0.8 * x)).collect();
-        let s = slope_interval(&xs, &points);
-        assert!((s.estimate + 0.8).abs() < 1e-12 && (s.lower - s.upper).abs() < 1e-12);
-        let r = r2_interval(&xs, &points);
-        assert!(
-            (r.estimate - 1.0).abs() < 1e-12 && r.lower > 0.999_999,
-            "{r:?}"
-        );
-        // ±0.05 around the line: R² stays high, its lower bound is below 1, slope brackets −0.8.
-        let noisy: Vec<Interval> = xs
-            .iter()
-            .map(|x| iv(0.95 - 0.8 * x, 1.0 - 0.8 * x, 1.05 - 0.8 * x))
-            .collect();
-        let r = r2_interval(&xs, &noisy);
-        assert!(r.lower > 0.8 && r.lower < 1.0 && r.upper == 1.0, "{r:?}");
-        let s = slope_interval(&xs, &noisy);
-        assert!(s.lower < -0.8 && s.upper > -0.8 && s.upper < -0.6, "{s:?}");
-        // A flat, noisy relation: the upper bound of R² is well below 1, so `r2 >= 0.9` fails.
-        let flat: Vec<Interval> = [1.0, 0.0, 1.0, 0.0, 1.0]
-            .iter()
-            .map(|y| iv(y - 0.05, *y, y + 0.05))
-            .collect();
-        let r = r2_interval(&xs, &flat);
-        assert!(r.upper < 0.5, "{r:?}");
-        assert!(r.lower <= r.estimate && r.estimate <= r.upper);
     }
 }

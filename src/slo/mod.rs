@@ -7,6 +7,7 @@ pub mod ast;
 pub mod baseline;
 pub mod engine;
 pub mod eval;
+mod lex;
 pub mod parse;
 pub mod rules;
 pub mod verdict;
@@ -14,7 +15,7 @@ pub mod verdict;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::{Config, Severity, SloConfig};
+use crate::config::{At, Config, Diagnostic, Severity, SloConfig};
 use crate::workload::sampler::log2_bucket;
 
 pub use ast::{Cond, Measure, Selector, Value};
@@ -267,18 +268,36 @@ pub fn compile_all(cfg: &Config) -> Result<Vec<SloDef>, SloError> {
     cfg.slos.iter().map(|s| compile(s, &domain)).collect()
 }
 
-/// Every latency threshold of the config's SLOs (for `Metrics::new`), ignoring SLOs that do not
-/// compile (validation has rejected those already).
-pub fn latency_thresholds(cfg: &Config) -> Vec<f64> {
-    let domain = LabelDomain::of(cfg);
+/// The problems of `cfg`'s SLO expressions and SLIs, each at its line and column in the file.
+/// The rest of an SLO's definition (its shape, name, window) is the config's own validation;
+/// an SLO whose shape is wrong is left to that.
+pub fn diagnostics(cfg: &Config, domain: &LabelDomain) -> Vec<Diagnostic> {
+    let nonempty = |v: &Option<At<String>>| v.as_ref().is_some_and(|t| !t.trim().is_empty());
     let mut out = Vec::new();
     for s in &cfg.slos {
-        if let Ok(def) = compile(s, &domain) {
-            def.latency_thresholds(&mut out);
+        let shaped = (s.expr.is_some() && s.sli.is_none() && s.objective.is_none())
+            || (s.expr.is_none() && s.sli.is_some() && s.objective.is_some());
+        if !shaped || !(nonempty(&s.expr) || nonempty(&s.sli)) {
+            continue;
+        }
+        if let Err(SloError::Expression {
+            key,
+            offset,
+            message,
+            ..
+        }) = compile(s, domain)
+        {
+            let at = if key == "expr" { &s.expr } else { &s.sli };
+            let at = at.as_ref().expect("the key that failed is present");
+            out.push(
+                Diagnostic::new(
+                    at.position_of_char(offset),
+                    format!("`{key}` column {}: {message}", offset + 1),
+                )
+                .hint("the SLO language is described in docs/SLO.md"),
+            );
         }
     }
-    out.sort_by(f64::total_cmp);
-    out.dedup();
     out
 }
 

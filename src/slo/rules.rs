@@ -87,17 +87,7 @@ fn prom_duration(d: Duration) -> String {
 }
 
 fn prom_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    crate::promtext::quoted(s)
 }
 
 /// A bucket bound as the exposition writes `le` (prometheus-client prints bounds with `dtoa`,

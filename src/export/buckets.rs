@@ -1,0 +1,135 @@
+//! The bucket bounds of the exported histograms: the latency grid (10 % steps from 1 ms to
+//! 120 s at four significant digits, plus every SLO threshold as an exact bound) and the 1-2-5
+//! grid of the schedule lag.
+
+/// Lower end of the latency grid: 1 ms, below any TTFT or ITL a network client can see.
+const LATENCY_MIN_SECONDS: f64 = 0.001;
+/// Upper end of the latency grid: 120 s, the longest request the default workloads allow.
+const LATENCY_MAX_SECONDS: f64 = 120.0;
+/// Ratio between neighbouring grid bounds: ~10 % keeps the error of `histogram_quantile` under
+/// ~5 % while keeping the bucket count near 120.
+const LATENCY_STEP_RATIO: f64 = 1.1;
+/// Significant digits of a grid bound, so `le` labels read `0.00121`, not `0.0012100000000000001`.
+const BOUND_SIGNIFICANT_DIGITS: i32 = 4;
+/// Two bounds closer than this (relative) are the same bound.
+const BOUND_DEDUP_RELATIVE: f64 = 1e-12;
+
+/// Rounds `x` (> 0) to `digits` significant decimal digits. Dividing by an exact power of ten
+/// yields the double nearest to the decimal, so the shortest printed form is the decimal.
+fn round_significant(x: f64, digits: i32) -> f64 {
+    let exponent = x.log10().floor() as i32;
+    let shift = digits - 1 - exponent;
+    if shift >= 0 {
+        let scale = 10f64.powi(shift);
+        (x * scale).round() / scale
+    } else {
+        let scale = 10f64.powi(-shift);
+        (x / scale).round() * scale
+    }
+}
+
+fn same_bound(a: f64, b: f64) -> bool {
+    (a - b).abs() <= BOUND_DEDUP_RELATIVE * a.abs().max(b.abs())
+}
+
+/// The latency bucket bounds: a log grid at ~10 % steps from 1 ms to 120 s (rounded to four
+/// significant digits) merged with `extra_thresholds`, so that every SLO threshold is an exact
+/// bucket bound and `histogram_quantile`/`le` selectors hit it without interpolation.
+///
+/// The result is sorted and strictly increasing; a threshold within 1e-12 (relative) of a grid
+/// bound replaces that bound, so the threshold itself is present bit for bit. Non-finite
+/// thresholds are dropped (`+Inf` is implicit).
+pub fn latency_buckets(extra_thresholds: &[f64]) -> Vec<f64> {
+    let steps = ((LATENCY_MAX_SECONDS / LATENCY_MIN_SECONDS).ln() / LATENCY_STEP_RATIO.ln()).ceil();
+    let ratio = (LATENCY_MAX_SECONDS / LATENCY_MIN_SECONDS).powf(1.0 / steps);
+    let grid = (0..=steps as i32).map(|i| {
+        round_significant(
+            LATENCY_MIN_SECONDS * ratio.powi(i),
+            BOUND_SIGNIFICANT_DIGITS,
+        )
+    });
+    merge_bounds(grid, extra_thresholds)
+}
+
+/// The schedule-lag bucket bounds: 1-2-5 steps from 10 µs to 10 s. Lag is the canary's own
+/// health, so a coarse grid over a wide range is enough.
+pub fn schedule_lag_buckets() -> Vec<f64> {
+    let grid = (-5..=1).flat_map(|exponent| {
+        [1.0, 2.0, 5.0]
+            .into_iter()
+            .map(move |mantissa| round_significant(mantissa * 10f64.powi(exponent), 1))
+    });
+    merge_bounds(grid.filter(|b| *b <= 10.0), &[])
+}
+
+fn merge_bounds(grid: impl Iterator<Item = f64>, extra: &[f64]) -> Vec<f64> {
+    let mut bounds: Vec<f64> = Vec::new();
+    for &threshold in extra.iter().filter(|t| t.is_finite()) {
+        if !bounds.iter().any(|b| same_bound(*b, threshold)) {
+            bounds.push(threshold);
+        }
+    }
+    for bound in grid {
+        if !bounds.iter().any(|b| same_bound(*b, bound)) {
+            bounds.push(bound);
+        }
+    }
+    bounds.sort_by(f64::total_cmp);
+    bounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_grid_steps_are_about_ten_percent_and_readable() {
+        let grid = latency_buckets(&[]);
+        assert_eq!(grid.first(), Some(&0.001));
+        assert_eq!(grid.last(), Some(&120.0));
+        assert_eq!(grid.len(), 124);
+        for pair in grid.windows(2) {
+            let ratio = pair[1] / pair[0];
+            assert!((1.095..=1.105).contains(&ratio), "{pair:?} ratio {ratio}");
+        }
+        for bound in &grid {
+            // Four significant digits: the shortest form has at most 4 digits after stripping.
+            let digits: String = format!("{bound:e}")
+                .split('e')
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect();
+            assert!(digits.len() <= 4, "{bound} prints as {bound:e}");
+        }
+    }
+
+    #[test]
+    fn latency_buckets_contain_every_threshold_exactly() {
+        let thresholds = [2.0, 0.25, 0.0333, 1e-4, 300.0, 0.1 + 0.2, 0.001];
+        let bounds = latency_buckets(&thresholds);
+        for t in thresholds {
+            assert!(
+                bounds.iter().any(|b| b.to_bits() == t.to_bits()),
+                "{t} missing"
+            );
+        }
+        assert!(
+            bounds.windows(2).all(|p| p[0] < p[1]),
+            "not strictly increasing"
+        );
+        // 0.001 is on the grid already; the other six are new.
+        assert_eq!(bounds.len(), 124 + 6);
+        assert!(latency_buckets(&[f64::INFINITY, f64::NAN]).len() == 124);
+    }
+
+    #[test]
+    fn lag_buckets_are_one_two_five() {
+        let lag = schedule_lag_buckets();
+        assert_eq!(lag.first(), Some(&0.00001));
+        assert_eq!(lag.last(), Some(&10.0));
+        assert!(lag.contains(&0.005) && lag.contains(&0.02));
+        assert!(lag.windows(2).all(|p| p[0] < p[1]));
+    }
+}

@@ -1,0 +1,481 @@
+//! The statistics the canary's numbers rest on, in one place: the two-sided 95 % normal
+//! quantile, values with confidence intervals and their arithmetic, intervals of a proportion
+//! (Wilson) and of a rate (Poisson), the order-statistic ranks that bound a quantile, and the
+//! least-squares line with bounds on its slope and R² when the points themselves are intervals.
+
+/// The two-sided 95 % normal quantile.
+pub const Z_95: f64 = 1.959_963_984_540_054;
+
+/// Two-sided 95 %: each tail may hold 2.5 % of the probability.
+const TAIL_PROBABILITY: f64 = 0.025;
+
+/// Below this many samples the quantile ranks come from the exact binomial distribution; above
+/// it the normal approximation is accurate to well under a rank.
+const EXACT_BINOMIAL_MAX_SAMPLES: u64 = 1000;
+
+/// A value with its 95 % confidence interval; the bounds may be infinite (unbounded).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interval {
+    pub estimate: f64,
+    pub lower: f64,
+    pub upper: f64,
+}
+
+impl Interval {
+    pub fn point(v: f64) -> Self {
+        Interval {
+            estimate: v,
+            lower: v,
+            upper: v,
+        }
+    }
+
+    fn finite_or_none(x: f64) -> Option<f64> {
+        x.is_finite().then_some(x)
+    }
+
+    /// The lower bound, `None` when unbounded.
+    pub fn lower_bound(&self) -> Option<f64> {
+        Self::finite_or_none(self.lower)
+    }
+
+    /// The upper bound, `None` when unbounded.
+    pub fn upper_bound(&self) -> Option<f64> {
+        Self::finite_or_none(self.upper)
+    }
+}
+
+impl std::ops::Neg for Interval {
+    type Output = Interval;
+
+    fn neg(self) -> Self {
+        Interval {
+            estimate: -self.estimate,
+            lower: -self.upper,
+            upper: -self.lower,
+        }
+    }
+}
+
+impl std::ops::Add for Interval {
+    type Output = Interval;
+
+    fn add(self, o: Self) -> Self {
+        Interval {
+            estimate: self.estimate + o.estimate,
+            lower: self.lower + o.lower,
+            upper: self.upper + o.upper,
+        }
+    }
+}
+
+/// Extended interval arithmetic.
+impl std::ops::Mul for Interval {
+    type Output = Interval;
+
+    fn mul(self, o: Self) -> Self {
+        // 0 × ∞ is 0 here: an endpoint at exactly 0 bounds the product at 0 (extended interval
+        // arithmetic), which keeps e.g. [0, 1] × [5, ∞] = [0, ∞] instead of NaN.
+        let p = |a: f64, b: f64| if a == 0.0 || b == 0.0 { 0.0 } else { a * b };
+        let c = [
+            p(self.lower, o.lower),
+            p(self.lower, o.upper),
+            p(self.upper, o.lower),
+            p(self.upper, o.upper),
+        ];
+        Interval {
+            estimate: self.estimate * o.estimate,
+            lower: c.iter().copied().fold(f64::INFINITY, f64::min),
+            upper: c.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+impl std::ops::Div for Interval {
+    type Output = Interval;
+
+    fn div(self, o: Self) -> Self {
+        let estimate = self.estimate / o.estimate;
+        if o.lower <= 0.0 && o.upper >= 0.0 {
+            // A divisor that may be zero bounds nothing.
+            return Interval {
+                estimate,
+                lower: f64::NEG_INFINITY,
+                upper: f64::INFINITY,
+            };
+        }
+        let inv = Interval {
+            estimate: 1.0 / o.estimate,
+            lower: 1.0 / o.upper,
+            upper: 1.0 / o.lower,
+        };
+        Interval {
+            estimate,
+            ..self * inv
+        }
+    }
+}
+
+/// Wilson score interval of a proportion.
+pub fn wilson(successes: u64, n: u64) -> Interval {
+    let nf = n as f64;
+    let p = successes as f64 / nf;
+    let z2 = Z_95 * Z_95;
+    let denom = 1.0 + z2 / nf;
+    let center = (p + z2 / (2.0 * nf)) / denom;
+    let half = Z_95 * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt() / denom;
+    Interval {
+        estimate: p,
+        lower: (center - half).max(0.0),
+        upper: (center + half).min(1.0),
+    }
+}
+
+/// A rate `count / seconds` with the normal approximation of a Poisson count's interval.
+pub fn poisson_rate(count: u64, seconds: f64) -> Interval {
+    let c = count as f64;
+    let half = Z_95 * c.sqrt();
+    Interval {
+        estimate: c / seconds,
+        lower: (c - half).max(0.0) / seconds,
+        upper: (c + half + Z_95 * Z_95 / 2.0) / seconds,
+    }
+}
+
+/// The rank of the sample quantile: ⌈q·n⌉, at least 1.
+pub fn point_rank(samples: u64, q: f64) -> u64 {
+    ((q * samples as f64).ceil() as u64).clamp(1, samples)
+}
+
+/// The 1-based ranks (j, k) with P(X₍ⱼ₎ ≤ ξ_q ≤ X₍ₖ₎) ≥ 95 % for a continuous distribution, from
+/// the number of samples below the true quantile being Binomial(n, q): exact up to
+/// [`EXACT_BINOMIAL_MAX_SAMPLES`], else the normal approximation n·q ± 1.96·√(n·q·(1−q)). A rank
+/// that would fall outside [1, n] is `None`: that side cannot be bounded with these samples.
+pub fn confidence_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
+    if samples == 0 || !(q > 0.0 && q < 1.0) {
+        return (None, None);
+    }
+    if samples <= EXACT_BINOMIAL_MAX_SAMPLES {
+        return exact_binomial_ranks(samples, q);
+    }
+    let n = samples as f64;
+    let spread = Z_95 * (n * q * (1.0 - q)).sqrt();
+    let lower = (n * q - spread).floor();
+    let upper = (n * q + spread).ceil();
+    let in_range = |rank: f64| (rank >= 1.0 && rank <= n).then_some(rank as u64);
+    (in_range(lower), in_range(upper))
+}
+
+/// Exact ranks: j − 1 is the largest count with P(B ≤ j − 1) ≤ 2.5 % and k − 1 the smallest with
+/// P(B ≤ k − 1) ≥ 97.5 %, B ~ Binomial(n, q). The probabilities are summed from log-space terms so
+/// that (1 − q)ⁿ underflowing for large n costs nothing but negligible mass.
+fn exact_binomial_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
+    let n = samples as f64;
+    let log_odds = (q / (1.0 - q)).ln();
+    let mut log_pmf = n * (1.0 - q).ln();
+    let mut cdf = 0.0;
+    let mut lower = None;
+    for below in 0..samples {
+        cdf += log_pmf.exp();
+        if cdf <= TAIL_PROBABILITY {
+            lower = Some(below + 1);
+        }
+        if cdf >= 1.0 - TAIL_PROBABILITY {
+            return (lower, Some(below + 1));
+        }
+        let i = below as f64;
+        log_pmf += ((n - i) / (i + 1.0)).ln() + log_odds;
+    }
+    (lower, None)
+}
+
+/// A least-squares line `y = intercept + slope·x` and its coefficient of determination.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Line {
+    pub intercept: f64,
+    pub slope: f64,
+    /// 1 for points that all lie on the line (flat data included).
+    pub r2: f64,
+}
+
+/// The least-squares line through `(x, y)` points; `None` with fewer than two distinct xs.
+pub fn least_squares(xs: &[f64], ys: &[f64]) -> Option<Line> {
+    let n = xs.len() as f64;
+    let mean_x = xs.iter().sum::<f64>() / n;
+    let distinct = xs.iter().any(|x| (x - mean_x).abs() > 0.0);
+    if xs.len() < 2 || xs.len() != ys.len() || !distinct {
+        return None;
+    }
+    let slope: f64 = slope_coefficients(xs)
+        .iter()
+        .zip(ys)
+        .map(|(c, y)| c * y)
+        .sum();
+    let mean_y = ys.iter().sum::<f64>() / n;
+    Some(Line {
+        intercept: mean_y - slope * mean_x,
+        slope,
+        r2: r2_of(xs, ys),
+    })
+}
+
+/// Slope of the least-squares line: linear in the ys, so its bounds are exact.
+pub fn slope_interval(xs: &[f64], ys: &[Interval]) -> Interval {
+    let coef = slope_coefficients(xs);
+    let mut out = Interval::point(0.0);
+    for (c, y) in coef.iter().zip(ys) {
+        out = out + Interval::point(*c) * *y;
+    }
+    out
+}
+
+fn slope_coefficients(xs: &[f64]) -> Vec<f64> {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
+    xs.iter().map(|x| (x - mean) / sxx).collect()
+}
+
+fn r2_of(xs: &[f64], ys: &[f64]) -> f64 {
+    let (sse, sst) = (sse(xs, ys), sst(ys));
+    if sst == 0.0 { 1.0 } else { 1.0 - sse / sst }
+}
+
+fn sst(ys: &[f64]) -> f64 {
+    let mean = ys.iter().sum::<f64>() / ys.len() as f64;
+    ys.iter().map(|y| (y - mean).powi(2)).sum()
+}
+
+/// Residual sum of squares of the least-squares line through (xs, ys).
+fn sse(xs: &[f64], ys: &[f64]) -> f64 {
+    let fitted = fit_line(xs, ys);
+    ys.iter().zip(&fitted).map(|(y, f)| (y - f).powi(2)).sum()
+}
+
+fn fit_line(xs: &[f64], ys: &[f64]) -> Vec<f64> {
+    let n = xs.len() as f64;
+    let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+    let b: f64 = slope_coefficients(xs)
+        .iter()
+        .zip(ys)
+        .map(|(c, y)| c * y)
+        .sum();
+    xs.iter().map(|x| my + b * (x - mx)).collect()
+}
+
+/// Above this many groups the corners of the box are not enumerated; a greedy search over
+/// corners gives the maxima instead.
+const MAX_ENUMERATED_GROUPS: usize = 12;
+
+/// The largest value of a convex function over the box: it lies at a corner.
+fn max_over_corners(lo: &[f64], hi: &[f64], f: &dyn Fn(&[f64]) -> f64) -> f64 {
+    let n = lo.len();
+    if n <= MAX_ENUMERATED_GROUPS {
+        let mut y = lo.to_vec();
+        let mut best = f64::NEG_INFINITY;
+        for mask in 0u32..(1 << n) {
+            for i in 0..n {
+                y[i] = if mask & (1 << i) != 0 { hi[i] } else { lo[i] };
+            }
+            best = best.max(f(&y));
+        }
+        return best;
+    }
+    let mut y = lo.to_vec();
+    let mut best = f(&y);
+    loop {
+        let mut improved = false;
+        for i in 0..n {
+            let keep = y[i];
+            y[i] = if keep == lo[i] { hi[i] } else { lo[i] };
+            let v = f(&y);
+            if v > best {
+                best = v;
+                improved = true;
+            } else {
+                y[i] = keep;
+            }
+        }
+        if !improved {
+            return best;
+        }
+    }
+}
+
+/// The smallest spread Σ(y − ȳ)² over the box: every y is its interval's point nearest a
+/// common level c, with c the mean of those points (found by bisection; the mean of the clamped
+/// points minus c decreases in c).
+fn min_sst(lo: &[f64], hi: &[f64]) -> f64 {
+    let clamp_all = |c: f64| {
+        lo.iter()
+            .zip(hi)
+            .map(|(l, h)| c.clamp(*l, *h))
+            .collect::<Vec<_>>()
+    };
+    let (mut a, mut b) = (
+        lo.iter().copied().fold(f64::INFINITY, f64::min),
+        hi.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    for _ in 0..200 {
+        let c = (a + b) / 2.0;
+        let ys = clamp_all(c);
+        let mean = ys.iter().sum::<f64>() / ys.len() as f64;
+        if mean > c {
+            a = c;
+        } else {
+            b = c;
+        }
+    }
+    sst(&clamp_all((a + b) / 2.0))
+}
+
+/// The smallest residual Σ(y − fit)² over the box: the distance between the box and the
+/// plane of lines, by alternating projections (both convex, so they converge to it).
+fn min_sse(xs: &[f64], lo: &[f64], hi: &[f64]) -> f64 {
+    let mut y: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| (l + h) / 2.0).collect();
+    for _ in 0..2000 {
+        let line = fit_line(xs, &y);
+        let next: Vec<f64> = line
+            .iter()
+            .zip(lo.iter().zip(hi))
+            .map(|(f, (l, h))| f.clamp(*l, *h))
+            .collect();
+        let moved: f64 = next.iter().zip(&y).map(|(a, b)| (a - b).abs()).sum();
+        y = next;
+        if moved < 1e-15 {
+            break;
+        }
+    }
+    sse(xs, &y)
+}
+
+/// R² of the least-squares line with bounds over every ys inside their intervals:
+/// 1 − max SSE / min SST ≤ R² ≤ 1 − min SSE / max SST (SSE and SST are convex in the ys, so
+/// their maxima lie at corners of the box and their minima are found by convex search).
+pub fn r2_interval(xs: &[f64], ys: &[Interval]) -> Interval {
+    let est: Vec<f64> = ys.iter().map(|y| y.estimate).collect();
+    let estimate = r2_of(xs, &est);
+    if ys
+        .iter()
+        .any(|y| !y.lower.is_finite() || !y.upper.is_finite())
+    {
+        return Interval {
+            estimate,
+            lower: 0.0,
+            upper: 1.0,
+        };
+    }
+    let lo: Vec<f64> = ys.iter().map(|y| y.lower).collect();
+    let hi: Vec<f64> = ys.iter().map(|y| y.upper).collect();
+    let max_sse = max_over_corners(&lo, &hi, &|y| sse(xs, y));
+    let max_sst = max_over_corners(&lo, &hi, &|y| sst(y));
+    let (min_sse, min_sst) = (min_sse(xs, &lo, &hi), min_sst(&lo, &hi));
+    let lower = if min_sst > 0.0 {
+        (1.0 - max_sse / min_sst).max(0.0)
+    } else {
+        0.0
+    };
+    let upper = if max_sst > 0.0 {
+        (1.0 - min_sse / max_sst).min(1.0)
+    } else {
+        1.0
+    };
+    Interval {
+        estimate,
+        lower: lower.min(estimate),
+        upper: upper.max(estimate),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iv(lo: f64, est: f64, hi: f64) -> Interval {
+        Interval {
+            estimate: est,
+            lower: lo,
+            upper: hi,
+        }
+    }
+
+    #[test]
+    fn arithmetic_keeps_the_extremes() {
+        let a = iv(1.0, 2.0, 3.0);
+        let b = iv(-1.0, 1.0, 2.0);
+        assert_eq!(a + b, iv(0.0, 3.0, 5.0));
+        assert_eq!(a + -b, iv(-1.0, 1.0, 4.0));
+        assert_eq!(a * b, iv(-3.0, 2.0, 6.0));
+        let d = a / iv(2.0, 4.0, 4.0);
+        assert_eq!((d.lower, d.estimate, d.upper), (0.25, 0.5, 1.5));
+        let unbounded = a / b;
+        assert!(unbounded.lower.is_infinite() && unbounded.upper.is_infinite());
+        let open = iv(0.0, 0.5, 1.0) * iv(5.0, 6.0, f64::INFINITY);
+        assert_eq!((open.lower, open.upper), (0.0, f64::INFINITY));
+    }
+
+    #[test]
+    fn wilson_interval_matches_the_textbook() {
+        // 10 successes of 100: Wilson 95 % is about [0.0552, 0.1744].
+        let w = wilson(10, 100);
+        assert!((w.lower - 0.0552).abs() < 5e-4, "{w:?}");
+        assert!((w.upper - 0.1744).abs() < 5e-4, "{w:?}");
+    }
+
+    #[test]
+    fn fits_of_exact_lines_and_their_bounds() {
+        let xs = [0.0, 0.25, 0.5, 0.75, 1.0];
+        // y = 1 − 0.8 x exactly, as points: slope −0.8, R² 1.
+        let points: Vec<Interval> = xs.iter().map(|x| Interval::point(1.0 - 0.8 * x)).collect();
+        let s = slope_interval(&xs, &points);
+        assert!((s.estimate + 0.8).abs() < 1e-12 && (s.lower - s.upper).abs() < 1e-12);
+        let r = r2_interval(&xs, &points);
+        assert!(
+            (r.estimate - 1.0).abs() < 1e-12 && r.lower > 0.999_999,
+            "{r:?}"
+        );
+        // ±0.05 around the line: R² stays high, its lower bound is below 1, slope brackets −0.8.
+        let noisy: Vec<Interval> = xs
+            .iter()
+            .map(|x| iv(0.95 - 0.8 * x, 1.0 - 0.8 * x, 1.05 - 0.8 * x))
+            .collect();
+        let r = r2_interval(&xs, &noisy);
+        assert!(r.lower > 0.8 && r.lower < 1.0 && r.upper == 1.0, "{r:?}");
+        let s = slope_interval(&xs, &noisy);
+        assert!(s.lower < -0.8 && s.upper > -0.8 && s.upper < -0.6, "{s:?}");
+        // A flat, noisy relation: the upper bound of R² is well below 1, so `r2 >= 0.9` fails.
+        let flat: Vec<Interval> = [1.0, 0.0, 1.0, 0.0, 1.0]
+            .iter()
+            .map(|y| iv(y - 0.05, *y, y + 0.05))
+            .collect();
+        let r = r2_interval(&xs, &flat);
+        assert!(r.upper < 0.5, "{r:?}");
+        assert!(r.lower <= r.estimate && r.estimate <= r.upper);
+    }
+    #[test]
+    fn confidence_ranks_follow_the_binomial() {
+        // n = 100, median: the classic table gives ranks 40 and 61.
+        assert_eq!(confidence_ranks(100, 0.5), (Some(40), Some(61)));
+        // Too few samples to bound the median from below at 95 %: (1/2)^5 > 2.5 %.
+        assert_eq!(confidence_ranks(5, 0.5).0, None);
+        assert!(confidence_ranks(6, 0.5).0.is_some());
+        // p99's upper side needs 0.99^n ≤ 2.5 %, i.e. n ≥ 368.
+        assert_eq!(confidence_ranks(367, 0.99).1, None);
+        assert_eq!(confidence_ranks(368, 0.99).1, Some(368));
+        // Large n: the normal approximation, symmetric around n·q.
+        assert_eq!(confidence_ranks(10_000, 0.5), (Some(4902), Some(5098)));
+        assert_eq!(confidence_ranks(0, 0.5), (None, None));
+        assert_eq!(confidence_ranks(10, 1.0), (None, None));
+    }
+
+    #[test]
+    fn least_squares_of_a_line_and_of_too_few_points() {
+        let l = least_squares(&[0.0, 0.5, 1.0], &[3.0, 2.0, 1.0]).unwrap();
+        assert!((l.slope + 2.0).abs() < 1e-12 && (l.intercept - 3.0).abs() < 1e-12);
+        assert!((l.r2 - 1.0).abs() < 1e-12);
+        assert!(least_squares(&[1.0, 1.0], &[1.0, 2.0]).is_none());
+        assert!(least_squares(&[1.0], &[1.0]).is_none());
+        let flat = least_squares(&[0.0, 1.0, 2.0], &[5.0, 5.0, 5.0]).unwrap();
+        assert_eq!((flat.slope, flat.r2), (0.0, 1.0));
+    }
+}
