@@ -24,14 +24,12 @@
 //! exception is the first observation of a new label set (the first request of a step), which
 //! takes the family's write lock once and may wait for a prometheus-client family's encoding.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
@@ -40,8 +38,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 use super::buckets::{latency_buckets, schedule_lag_buckets};
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
-use crate::model::{Quantiles, RequestLabels, ServerSnapshot, StepLabels, StepSummary};
-use crate::slo::{SloReading, SloState};
+use super::labels::*;
+use crate::model::{Quantiles, RequestLabels, StepLabels, StepSummary};
 
 /// Errors of the metrics module.
 #[derive(Debug, thiserror::Error)]
@@ -57,182 +55,77 @@ pub const OUTCOME_OK: &str = "ok";
 /// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values.
 const STEP_QUANTILE_LABELS: [&str; 3] = ["0.5", "0.9", "0.99"];
 
-type GaugeF64 = Gauge<f64, AtomicU64>;
-type CounterF64 = Counter<f64, AtomicU64>;
-
-/// The coarse per-request counters' labels of a request.
-fn mode_labels(l: &RequestLabels) -> ModeLabels {
-    ModeLabels {
-        target: l.target.clone(),
-        serving_mode: l.serving_mode.clone(),
-        workload: l.workload.clone(),
-    }
-}
-
-/// Request labels plus `outcome` (`ok` or an error kind).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    #[prometheus(flatten)]
-    pub request: RequestLabels,
-    pub outcome: String,
-}
-
-/// Step labels plus `quantile`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StepQuantileLabels {
-    #[prometheus(flatten)]
-    pub step: StepLabels,
-    pub quantile: String,
-}
-
-/// `target`, `serving_mode`, `workload`: the coarse per-request counters.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModeLabels {
-    pub target: String,
-    pub serving_mode: String,
-    pub workload: String,
-}
-
-/// `target` only: server-side and target health series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetLabels {
-    pub target: String,
-}
-
-/// `target`, `workload`: the schedule lag histogram.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetWorkloadLabels {
-    pub target: String,
-    pub workload: String,
-}
-
-/// `slo`: the SLO value gauges.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SloLabels {
-    pub slo: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VersionLabels {
-    version: String,
-}
-
-/// `llm_canary_slo_state`: one state per SLO, encoded as a gauge per `state` with exactly one at 1.
-/// Holding the state as one value (not three gauges) means no scrape can see two states at 1 or
-/// none, which three separately set gauges would allow between the two writes.
-#[derive(Debug, Clone, Default)]
-struct SloStateSet {
-    states: Arc<RwLock<BTreeMap<String, SloState>>>,
-}
-
-impl SloStateSet {
-    fn set(&self, slo: &str, state: SloState) {
-        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
-        states.insert(slo.to_owned(), state);
-    }
-
-    fn remove(&self, slo: &str) {
-        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
-        states.remove(slo);
-    }
-
-    fn get(&self, slo: &str) -> Option<SloState> {
-        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
-        states.get(slo).copied()
-    }
-}
-
-impl EncodeMetric for SloStateSet {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
-        for (slo, current) in states.iter() {
-            for state in SloState::ALL {
-                let labels = [("slo", slo.as_str()), ("state", state.as_str())];
-                let value: i64 = if state == *current { 1 } else { 0 };
-                encoder.encode_family(&labels)?.encode_gauge(&value)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Gauge
-    }
-
-    fn is_empty(&self) -> bool {
-        let states = self.states.read().unwrap_or_else(PoisonError::into_inner);
-        states.is_empty()
-    }
-}
+pub(super) type GaugeF64 = Gauge<f64, AtomicU64>;
+pub(super) type CounterF64 = Counter<f64, AtomicU64>;
 
 /// The label sets created per target, so a target that disappears can be removed from every
 /// family (prometheus-client cannot enumerate a family's label sets). Written only when a series
 /// is first created, never on the steady record path.
 #[derive(Debug, Default)]
-struct TargetSeries {
-    requests: HashSet<RequestLabels>,
-    outcomes: HashSet<OutcomeLabels>,
-    modes: HashSet<ModeLabels>,
-    lags: HashSet<TargetWorkloadLabels>,
+pub(super) struct TargetSeries {
+    pub(super) requests: HashSet<RequestLabels>,
+    pub(super) outcomes: HashSet<OutcomeLabels>,
+    pub(super) modes: HashSet<ModeLabels>,
+    pub(super) lags: HashSet<TargetWorkloadLabels>,
     /// Last cumulative server counter values seen, to mirror their increase.
-    last_preemptions: Option<f64>,
-    last_kv_offload_blocks: Option<f64>,
+    pub(super) last_preemptions: Option<f64>,
+    pub(super) last_kv_offload_blocks: Option<f64>,
 }
 
 /// Every metric family of the daemon, registered once in [`Metrics::new`].
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
-    latency_bounds: Arc<[f64]>,
-    tracked: Mutex<HashMap<String, TargetSeries>>,
+    pub(super) registry: Registry,
+    pub(super) latency_bounds: Arc<[f64]>,
+    pub(super) tracked: Mutex<HashMap<String, TargetSeries>>,
     /// How many chunks the last scrape had, to size the next one's list.
-    last_chunk_count: AtomicUsize,
+    pub(super) last_chunk_count: AtomicUsize,
 
-    ttft: LatencyFamily,
-    itl: LatencyFamily,
-    request_duration: LatencyFamily,
+    pub(super) ttft: LatencyFamily,
+    pub(super) itl: LatencyFamily,
+    pub(super) request_duration: LatencyFamily,
     /// Coarser labels than the per-request histograms: the per-token gap distribution is read per
     /// target and workload, and per step it would add another ~126 series per step label set.
-    chunk_gap: Family<ModeLabels, AtomicHistogram, SharedBuckets>,
-    requests: Family<OutcomeLabels, Counter>,
-    prompt_tokens: Family<RequestLabels, Counter>,
-    cached_tokens: Family<RequestLabels, Counter>,
-    output_tokens: Family<RequestLabels, Counter>,
-    osl_mismatch: Family<ModeLabels, Counter>,
-    token_count_mismatch: Family<ModeLabels, Counter>,
+    pub(super) chunk_gap: Family<ModeLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) requests: Family<OutcomeLabels, Counter>,
+    pub(super) prompt_tokens: Family<RequestLabels, Counter>,
+    pub(super) cached_tokens: Family<RequestLabels, Counter>,
+    pub(super) output_tokens: Family<RequestLabels, Counter>,
+    pub(super) osl_mismatch: Family<ModeLabels, Counter>,
+    pub(super) token_count_mismatch: Family<ModeLabels, Counter>,
 
-    step_ttft: Family<StepQuantileLabels, GaugeF64>,
-    step_itl: Family<StepQuantileLabels, GaugeF64>,
-    step_request_duration: Family<StepQuantileLabels, GaugeF64>,
-    step_output_tokens_per_second: Family<StepLabels, GaugeF64>,
-    step_requests_per_second: Family<StepLabels, GaugeF64>,
-    step_error_ratio: Family<StepLabels, GaugeF64>,
-    step_cache_hit_ratio: Family<StepLabels, GaugeF64>,
-    step_cost_per_million_tokens: Family<StepLabels, GaugeF64>,
-    step_end_timestamp: Family<StepLabels, GaugeF64>,
-    step_degraded: Family<StepLabels, Gauge>,
-    step_faulted: Family<StepLabels, Gauge>,
+    pub(super) step_ttft: Family<StepQuantileLabels, GaugeF64>,
+    pub(super) step_itl: Family<StepQuantileLabels, GaugeF64>,
+    pub(super) step_request_duration: Family<StepQuantileLabels, GaugeF64>,
+    pub(super) step_output_tokens_per_second: Family<StepLabels, GaugeF64>,
+    pub(super) step_requests_per_second: Family<StepLabels, GaugeF64>,
+    pub(super) step_error_ratio: Family<StepLabels, GaugeF64>,
+    pub(super) step_cache_hit_ratio: Family<StepLabels, GaugeF64>,
+    pub(super) step_cost_per_million_tokens: Family<StepLabels, GaugeF64>,
+    pub(super) step_end_timestamp: Family<StepLabels, GaugeF64>,
+    pub(super) step_degraded: Family<StepLabels, Gauge>,
+    pub(super) step_faulted: Family<StepLabels, Gauge>,
 
-    server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
-    server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
-    server_preemptions: Family<TargetLabels, CounterF64>,
-    server_kv_offload_blocks: Family<TargetLabels, CounterF64>,
-    server_ttft_mean: Family<TargetLabels, GaugeF64>,
-    server_kvbm_host_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
-    server_kvbm_disk_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
-    server_scrape_errors: Family<TargetLabels, Counter>,
+    pub(super) server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    pub(super) server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
+    pub(super) server_preemptions: Family<TargetLabels, CounterF64>,
+    pub(super) server_kv_offload_blocks: Family<TargetLabels, CounterF64>,
+    pub(super) server_ttft_mean: Family<TargetLabels, GaugeF64>,
+    pub(super) server_kvbm_host_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    pub(super) server_kvbm_disk_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
+    pub(super) server_scrape_errors: Family<TargetLabels, Counter>,
 
-    slo_state: SloStateSet,
-    slo_value: Family<SloLabels, GaugeF64>,
-    slo_threshold: Family<SloLabels, GaugeF64>,
-    slo_value_lower: Family<SloLabels, GaugeF64>,
-    slo_value_upper: Family<SloLabels, GaugeF64>,
+    pub(super) slo_state: SloStateSet,
+    pub(super) slo_value: Family<SloLabels, GaugeF64>,
+    pub(super) slo_threshold: Family<SloLabels, GaugeF64>,
+    pub(super) slo_value_lower: Family<SloLabels, GaugeF64>,
+    pub(super) slo_value_upper: Family<SloLabels, GaugeF64>,
 
-    target_up: Family<TargetLabels, Gauge>,
-    schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
-    inflight: Family<TargetLabels, Gauge>,
-    config_last_reload_successful: Gauge,
-    config_last_reload_success_timestamp: GaugeF64,
+    pub(super) target_up: Family<TargetLabels, Gauge>,
+    pub(super) schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) inflight: Family<TargetLabels, Gauge>,
+    pub(super) config_last_reload_successful: Gauge,
+    pub(super) config_last_reload_success_timestamp: GaugeF64,
 }
 
 impl Metrics {
@@ -690,124 +583,6 @@ impl Metrics {
             .set(i64::from(summary.faulted));
     }
 
-    /// Publishes what one scrape of the target's own metrics yielded. Server counters are mirrored
-    /// by their increase; a total below the previous one means the server restarted, and its new
-    /// total is all increase.
-    pub fn set_server(&self, target: &str, snapshot: &ServerSnapshot) {
-        let labels = TargetLabels {
-            target: target.to_owned(),
-        };
-        let gauges = [
-            (
-                &self.server_prefix_cache_hit_ratio,
-                snapshot.prefix_cache_hit_ratio,
-            ),
-            (
-                &self.server_kv_cache_usage_ratio,
-                snapshot.kv_cache_usage_ratio,
-            ),
-            (&self.server_ttft_mean, snapshot.ttft_mean_seconds),
-        ];
-        for (family, value) in gauges {
-            if let Some(v) = value.filter(|v| v.is_finite()) {
-                family.get_or_create_owned(&labels).set(v);
-            }
-        }
-        // A counter the server does not export gets no series rather than a zero: vLLM without
-        // KVBM has no offload count, and "0 blocks offloaded" would claim one.
-        let counter = |family: &Family<TargetLabels, CounterF64>, total: Option<f64>| {
-            total
-                .filter(|t| t.is_finite() && *t >= 0.0)
-                .map(|t| (family.get_or_create_owned(&labels), t))
-        };
-        let preemptions = counter(&self.server_preemptions, snapshot.preemptions_total);
-        let kv_offload_blocks = counter(
-            &self.server_kv_offload_blocks,
-            snapshot.kv_offload_blocks_total,
-        );
-        if preemptions.is_none() && kv_offload_blocks.is_none() {
-            return;
-        }
-        self.track(target, |s| {
-            if let Some((c, total)) = &preemptions {
-                mirror_counter(c, &mut s.last_preemptions, *total);
-            }
-            if let Some((c, total)) = &kv_offload_blocks {
-                mirror_counter(c, &mut s.last_kv_offload_blocks, *total);
-            }
-        });
-    }
-
-    /// Publishes the KV block manager's tier hit rates (Dynamo KVBM); `None` leaves a series as is.
-    pub fn set_server_kvbm(&self, target: &str, host: Option<f64>, disk: Option<f64>) {
-        let labels = TargetLabels {
-            target: target.to_owned(),
-        };
-        for (family, value) in [
-            (&self.server_kvbm_host_cache_hit_ratio, host),
-            (&self.server_kvbm_disk_cache_hit_ratio, disk),
-        ] {
-            if let Some(v) = value.filter(|v| v.is_finite()) {
-                family.get_or_create_owned(&labels).set(v);
-            }
-        }
-    }
-
-    /// Counts one failed scrape of a server metrics endpoint of `target`.
-    pub fn record_server_scrape_error(&self, target: &str) {
-        self.server_scrape_errors
-            .get_or_create_owned(&TargetLabels {
-                target: target.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Publishes one SLO evaluation. The state is stored as one value, so every scrape sees exactly
-    /// one `state` at 1.
-    pub fn set_slo(&self, slo: &str, reading: &SloReading) {
-        self.slo_state.set(slo, reading.state);
-        let labels = SloLabels {
-            slo: slo.to_owned(),
-        };
-        let gauges = [
-            (&self.slo_value, reading.value),
-            (&self.slo_threshold, reading.threshold),
-            (&self.slo_value_lower, reading.value_lower),
-            (&self.slo_value_upper, reading.value_upper),
-        ];
-        for (family, value) in gauges {
-            match value {
-                Some(v) => {
-                    family.get_or_create_owned(&labels).set(v);
-                }
-                None => {
-                    family.remove(&labels);
-                }
-            }
-        }
-    }
-
-    /// The state last set for `slo`.
-    pub fn slo_state(&self, slo: &str) -> Option<SloState> {
-        self.slo_state.get(slo)
-    }
-
-    /// Removes every series of an SLO that a reload deleted.
-    pub fn remove_slo(&self, slo: &str) {
-        self.slo_state.remove(slo);
-        let labels = SloLabels {
-            slo: slo.to_owned(),
-        };
-        for family in [
-            &self.slo_value,
-            &self.slo_threshold,
-            &self.slo_value_lower,
-            &self.slo_value_upper,
-        ] {
-            family.remove(&labels);
-        }
-    }
-
     /// Records the outcome of a config load or reload (blackbox_exporter convention): success sets
     /// `..._successful` to 1 and the success timestamp to now; failure sets it to 0 and keeps the
     /// timestamp of the last good config.
@@ -981,7 +756,7 @@ impl Metrics {
         metric
     }
 
-    fn track(&self, target: &str, update: impl FnOnce(&mut TargetSeries)) {
+    pub(super) fn track(&self, target: &str, update: impl FnOnce(&mut TargetSeries)) {
         let mut tracked = self.tracked.lock().unwrap_or_else(PoisonError::into_inner);
         match tracked.get_mut(target) {
             Some(series) => update(series),
@@ -990,21 +765,13 @@ impl Metrics {
     }
 }
 
-/// Adds to `counter` the increase of a server's cumulative `total` since `last`.
-fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: f64) {
-    let increase = match *last {
-        Some(previous) if total >= previous => total - previous,
-        _ => total,
-    };
-    counter.inc_by(increase);
-    *last = Some(total);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::ServingMode;
     use crate::export::testing::{agg, sample};
+    use crate::model::ServerSnapshot;
+    use crate::slo::{SloReading, SloState};
 
     #[test]
     fn threshold_is_an_exposed_bucket_bound() {

@@ -5,6 +5,7 @@
 pub mod buckets;
 pub mod histogram;
 pub mod http;
+mod labels;
 pub mod metrics;
 pub mod otlp;
 mod record;

@@ -3,13 +3,16 @@
 
 use std::time::Duration;
 
-use super::metrics::Metrics;
+use prometheus_client::metrics::family::Family;
+
+use super::labels::{SloLabels, TargetLabels};
+use super::metrics::{CounterF64, Metrics};
 use crate::client::{Outcome, RequestRecord};
 use crate::model::{
     Phase, RecordContext, ServerSnapshot, Sink, StepInfo, StepResult, TargetChange,
 };
 use crate::scrape::ServerMetricsSink;
-use crate::slo::{SloPublisher, SloReading};
+use crate::slo::{SloPublisher, SloReading, SloState};
 
 /// `llm_canary_target_up`: whether a finished request reached the target. Any HTTP response
 /// counts (a 429 or 503 still comes from a live server); no connection, or a timeout with no
@@ -81,6 +84,137 @@ impl Sink for Metrics {
     fn in_flight(&self, target: &str, delta: i64) {
         self.add_inflight(target, delta);
     }
+}
+
+/// The servers' own metrics and the SLO readings, as the scrape and the SLO engine publish them.
+impl Metrics {
+    /// Publishes what one scrape of the target's own metrics yielded. Server counters are mirrored
+    /// by their increase; a total below the previous one means the server restarted, and its new
+    /// total is all increase.
+    pub fn set_server(&self, target: &str, snapshot: &ServerSnapshot) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        let gauges = [
+            (
+                &self.server_prefix_cache_hit_ratio,
+                snapshot.prefix_cache_hit_ratio,
+            ),
+            (
+                &self.server_kv_cache_usage_ratio,
+                snapshot.kv_cache_usage_ratio,
+            ),
+            (&self.server_ttft_mean, snapshot.ttft_mean_seconds),
+        ];
+        for (family, value) in gauges {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                family.get_or_create_owned(&labels).set(v);
+            }
+        }
+        // A counter the server does not export gets no series rather than a zero: vLLM without
+        // KVBM has no offload count, and "0 blocks offloaded" would claim one.
+        let counter = |family: &Family<TargetLabels, CounterF64>, total: Option<f64>| {
+            total
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .map(|t| (family.get_or_create_owned(&labels), t))
+        };
+        let preemptions = counter(&self.server_preemptions, snapshot.preemptions_total);
+        let kv_offload_blocks = counter(
+            &self.server_kv_offload_blocks,
+            snapshot.kv_offload_blocks_total,
+        );
+        if preemptions.is_none() && kv_offload_blocks.is_none() {
+            return;
+        }
+        self.track(target, |s| {
+            if let Some((c, total)) = &preemptions {
+                mirror_counter(c, &mut s.last_preemptions, *total);
+            }
+            if let Some((c, total)) = &kv_offload_blocks {
+                mirror_counter(c, &mut s.last_kv_offload_blocks, *total);
+            }
+        });
+    }
+
+    /// Publishes the KV block manager's tier hit rates (Dynamo KVBM); `None` leaves a series as is.
+    pub fn set_server_kvbm(&self, target: &str, host: Option<f64>, disk: Option<f64>) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        for (family, value) in [
+            (&self.server_kvbm_host_cache_hit_ratio, host),
+            (&self.server_kvbm_disk_cache_hit_ratio, disk),
+        ] {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                family.get_or_create_owned(&labels).set(v);
+            }
+        }
+    }
+
+    /// Counts one failed scrape of a server metrics endpoint of `target`.
+    pub fn record_server_scrape_error(&self, target: &str) {
+        self.server_scrape_errors
+            .get_or_create_owned(&TargetLabels {
+                target: target.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Publishes one SLO evaluation. The state is stored as one value, so every scrape sees exactly
+    /// one `state` at 1.
+    pub fn set_slo(&self, slo: &str, reading: &SloReading) {
+        self.slo_state.set(slo, reading.state);
+        let labels = SloLabels {
+            slo: slo.to_owned(),
+        };
+        let gauges = [
+            (&self.slo_value, reading.value),
+            (&self.slo_threshold, reading.threshold),
+            (&self.slo_value_lower, reading.value_lower),
+            (&self.slo_value_upper, reading.value_upper),
+        ];
+        for (family, value) in gauges {
+            match value {
+                Some(v) => {
+                    family.get_or_create_owned(&labels).set(v);
+                }
+                None => {
+                    family.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// The state last set for `slo`.
+    pub fn slo_state(&self, slo: &str) -> Option<SloState> {
+        self.slo_state.get(slo)
+    }
+
+    /// Removes every series of an SLO that a reload deleted.
+    pub fn remove_slo(&self, slo: &str) {
+        self.slo_state.remove(slo);
+        let labels = SloLabels {
+            slo: slo.to_owned(),
+        };
+        for family in [
+            &self.slo_value,
+            &self.slo_threshold,
+            &self.slo_value_lower,
+            &self.slo_value_upper,
+        ] {
+            family.remove(&labels);
+        }
+    }
+}
+
+/// Adds to `counter` the increase of a server's cumulative `total` since `last`.
+fn mirror_counter(counter: &CounterF64, last: &mut Option<f64>, total: f64) {
+    let increase = match *last {
+        Some(previous) if total >= previous => total - previous,
+        _ => total,
+    };
+    counter.inc_by(increase);
+    *last = Some(total);
 }
 
 impl ServerMetricsSink for Metrics {

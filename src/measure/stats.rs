@@ -22,6 +22,15 @@ pub struct Interval {
 }
 
 impl Interval {
+    /// An estimate and its bounds.
+    pub fn new(lower: f64, estimate: f64, upper: f64) -> Self {
+        Interval {
+            estimate,
+            lower,
+            upper,
+        }
+    }
+
     pub fn point(v: f64) -> Self {
         Interval {
             estimate: v,
@@ -391,12 +400,10 @@ pub fn r2_interval(xs: &[f64], ys: &[Interval]) -> Interval {
 mod tests {
     use super::*;
 
+    use Interval as I;
+
     fn iv(lo: f64, est: f64, hi: f64) -> Interval {
-        Interval {
-            estimate: est,
-            lower: lo,
-            upper: hi,
-        }
+        I::new(lo, est, hi)
     }
 
     #[test]

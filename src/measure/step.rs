@@ -60,6 +60,31 @@ impl Spread {
     }
 }
 
+/// The request and token counts of a step (or of several steps added up): the one model of them
+/// that the step accumulator, the SLO engine's step records and its window totals share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    /// Successful requests (`requests - errors`).
+    pub ok: u64,
+    pub errors: u64,
+    /// Tokens of successful requests.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, other: &Counts) {
+        self.requests += other.requests;
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
 /// One request's measurements as the accumulator needs them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sample<'a> {
@@ -85,12 +110,8 @@ pub struct StepAccumulator {
     lag: Histogram<u64>,
     conversation: Histogram<u64>,
     outcomes: BTreeMap<String, u64>,
-    requests: u64,
-    errors: u64,
-    prompt_tokens: u64,
-    cached_tokens: u64,
+    counts: Counts,
     expected_cached_tokens: u64,
-    output_tokens: u64,
     osl_mismatches: u64,
 }
 
@@ -103,12 +124,8 @@ impl Default for StepAccumulator {
             lag: histogram(),
             conversation: histogram(),
             outcomes: BTreeMap::new(),
-            requests: 0,
-            errors: 0,
-            prompt_tokens: 0,
-            cached_tokens: 0,
+            counts: Counts::default(),
             expected_cached_tokens: 0,
-            output_tokens: 0,
             osl_mismatches: 0,
         }
     }
@@ -116,13 +133,14 @@ impl Default for StepAccumulator {
 
 impl StepAccumulator {
     pub fn record(&mut self, s: &Sample<'_>) {
-        self.requests += 1;
+        self.counts.requests += 1;
         *self.outcomes.entry(s.outcome.to_owned()).or_default() += 1;
         record_secs(&mut self.lag, s.schedule_lag);
         if s.outcome != "ok" {
-            self.errors += 1;
+            self.counts.errors += 1;
             return;
         }
+        self.counts.ok += 1;
         if let Some(t) = s.ttft {
             record_secs(&mut self.ttft, t);
         }
@@ -130,10 +148,10 @@ impl StepAccumulator {
             record_secs(&mut self.itl, i);
         }
         record_secs(&mut self.latency, s.latency);
-        self.prompt_tokens += s.prompt_tokens;
-        self.cached_tokens += s.cached_tokens;
+        self.counts.prompt_tokens += s.prompt_tokens;
+        self.counts.cached_tokens += s.cached_tokens;
+        self.counts.output_tokens += s.output_tokens;
         self.expected_cached_tokens += s.expected_cached_tokens;
-        self.output_tokens += s.output_tokens;
         self.osl_mismatches += u64::from(s.osl_mismatch);
     }
 
@@ -156,17 +174,13 @@ impl StepAccumulator {
         for (k, v) in &other.outcomes {
             *self.outcomes.entry(k.clone()).or_default() += v;
         }
-        self.requests += other.requests;
-        self.errors += other.errors;
-        self.prompt_tokens += other.prompt_tokens;
-        self.cached_tokens += other.cached_tokens;
+        self.counts.add(&other.counts);
         self.expected_cached_tokens += other.expected_cached_tokens;
-        self.output_tokens += other.output_tokens;
         self.osl_mismatches += other.osl_mismatches;
     }
 
     pub fn requests(&self) -> u64 {
-        self.requests
+        self.counts.requests
     }
 
     /// The step result over a steady window of `window`.
@@ -177,19 +191,20 @@ impl StepAccumulator {
         max_lag_p99: Duration,
     ) -> StepMeasurements {
         let secs = window.as_secs_f64().max(1e-9);
-        let ok = self.requests - self.errors;
-        let output_tps = self.output_tokens as f64 / secs;
+        let c = &self.counts;
+        let ok = c.ok;
+        let output_tps = c.output_tokens as f64 / secs;
         let lag = Spread::of(&self.lag);
         let degraded = lag.is_some_and(|l| l.p99 > max_lag_p99.as_secs_f64());
-        let error_ratio = if self.requests == 0 {
+        let error_ratio = if c.requests == 0 {
             0.0
         } else {
-            self.errors as f64 / self.requests as f64
+            c.errors as f64 / c.requests as f64
         };
         StepMeasurements {
-            requests: self.requests,
+            requests: c.requests,
             ok_requests: ok,
-            errors: self.errors,
+            errors: c.errors,
             outcomes: self.outcomes.clone(),
             ttft: Spread::of(&self.ttft),
             itl: Spread::of(&self.itl),
@@ -199,13 +214,13 @@ impl StepAccumulator {
             output_tokens_per_second: output_tps,
             requests_per_second: ok as f64 / secs,
             error_ratio,
-            prompt_tokens: self.prompt_tokens,
-            cached_tokens: self.cached_tokens,
-            output_tokens: self.output_tokens,
-            cache_hit_ratio: (self.prompt_tokens > 0)
-                .then(|| self.cached_tokens as f64 / self.prompt_tokens as f64),
-            expected_cache_hit_ratio: (self.prompt_tokens > 0 && self.expected_cached_tokens > 0)
-                .then(|| self.expected_cached_tokens as f64 / self.prompt_tokens as f64),
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            output_tokens: c.output_tokens,
+            cache_hit_ratio: (c.prompt_tokens > 0)
+                .then(|| c.cached_tokens as f64 / c.prompt_tokens as f64),
+            expected_cache_hit_ratio: (c.prompt_tokens > 0 && self.expected_cached_tokens > 0)
+                .then(|| self.expected_cached_tokens as f64 / c.prompt_tokens as f64),
             cost_per_million_tokens_usd: cost_per_hour_usd
                 .filter(|_| output_tps > 0.0)
                 .map(|c| c / 3600.0 / output_tps * 1e6),
@@ -246,6 +261,20 @@ pub struct StepMeasurements {
     pub degraded: bool,
     /// More than [`FAULTED_ERROR_RATIO`] of the requests failed: the step measured a fault.
     pub faulted: bool,
+}
+
+impl StepMeasurements {
+    /// Its request and token counts.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests,
+            ok: self.ok_requests,
+            errors: self.errors,
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            output_tokens: self.output_tokens,
+        }
+    }
 }
 
 #[cfg(test)]

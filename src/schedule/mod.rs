@@ -3,6 +3,7 @@
 //! steady window and drain (`runner`), where the schedule's data goes (`recorder`), and the
 //! board that keeps each workload's phase and the latest step results for `/api/v1/status`.
 
+mod drivers;
 pub mod plan;
 pub mod recorder;
 pub mod runner;

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,9 +25,7 @@ use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
 use crate::workload::prompt::{
     OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
-use crate::workload::sampler::{
-    ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed, isl_bucket,
-};
+use crate::workload::sampler::{LengthDistribution, LengthSampler, derive_seed, isl_bucket};
 use crate::workload::tokenizer::TokenModel;
 
 /// A closed-loop worker whose request failed waits this long before the next one, doubling per
@@ -81,23 +78,23 @@ fn unix_now() -> f64 {
 }
 
 /// The per-step context every driver task shares.
-struct StepCtx {
-    plan: StepPlan,
-    cycle: u64,
-    step_seed: u64,
-    builder: PromptBuilder,
-    estimate: Option<OverheadEstimate>,
-    warmup_end: Instant,
-    send_end: Instant,
-    drain_end: Instant,
+pub(super) struct StepCtx {
+    pub(super) plan: StepPlan,
+    pub(super) cycle: u64,
+    pub(super) step_seed: u64,
+    pub(super) builder: PromptBuilder,
+    pub(super) estimate: Option<OverheadEstimate>,
+    pub(super) warmup_end: Instant,
+    pub(super) send_end: Instant,
+    pub(super) drain_end: Instant,
     /// Stop sending (shutdown): in-flight requests still get the drain.
-    soft_stop: CancellationToken,
+    pub(super) soft_stop: CancellationToken,
     /// Cut in-flight requests now: they count as `timeout`.
-    hard_stop: CancellationToken,
+    pub(super) hard_stop: CancellationToken,
 }
 
 impl StepCtx {
-    fn phase(&self, intended: Instant) -> Phase {
+    pub(super) fn phase(&self, intended: Instant) -> Phase {
         if intended < self.warmup_end {
             Phase::Warmup
         } else {
@@ -105,11 +102,11 @@ impl StepCtx {
         }
     }
 
-    fn sending(&self) -> bool {
+    pub(super) fn sending(&self) -> bool {
         Instant::now() < self.send_end && !self.soft_stop.is_cancelled()
     }
 
-    fn base_labels(&self, target: &Target) -> RequestLabels {
+    pub(super) fn base_labels(&self, target: &Target) -> RequestLabels {
         let l = RequestLabels::new(&target.name, target.mode, self.plan.workload);
         match &self.plan.kind {
             StepKind::Sweep { concurrency, .. } => l.with_concurrency(*concurrency),
@@ -127,7 +124,7 @@ impl StepCtx {
         }
     }
 
-    fn request_id(&self, run_salt: u64, target: usize, worker: u64, k: u64) -> String {
+    pub(super) fn request_id(&self, run_salt: u64, target: usize, worker: u64, k: u64) -> String {
         let w = match self.plan.workload {
             "concurrency_sweep" => "cs",
             "multi_turn" => "mt",
@@ -142,32 +139,16 @@ impl StepCtx {
 }
 
 /// One request ready to send.
-struct Built {
-    prompt: Prompt,
-    osl: u32,
+pub(super) struct Built {
+    pub(super) prompt: Prompt,
+    pub(super) osl: u32,
     /// Tokens the prompt was built with (before the server's template).
-    body_tokens: usize,
-    isl: u32,
-    shared_prefix_tokens: u64,
+    pub(super) body_tokens: usize,
+    pub(super) isl: u32,
+    pub(super) shared_prefix_tokens: u64,
 }
 
-/// After a failed request a closed-loop worker waits (doubling up to [`ERROR_BACKOFF_MAX`], never
-/// past the end of sending): a failing target answers at once (refused, 503), and N workers
-/// spinning against it would starve the other targets' measurements of CPU. A success resets it.
-async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
-    if ok {
-        *backoff = Duration::ZERO;
-        return;
-    }
-    *backoff = (*backoff * 2).clamp(ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX);
-    let until = (Instant::now() + *backoff).min(ctx.send_end);
-    tokio::select! {
-        _ = tokio::time::sleep_until(until) => {}
-        _ = ctx.soft_stop.cancelled() => {}
-    }
-}
-
-fn as_prompt(api: Api, text: String) -> Prompt {
+pub(super) fn as_prompt(api: Api, text: String) -> Prompt {
     match api {
         Api::Chat => Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
         Api::Completions => Prompt::Text(text),
@@ -495,7 +476,7 @@ impl Runner {
         while tasks.join_next().await.is_some() {}
     }
 
-    fn build(
+    pub(super) fn build(
         &self,
         ctx: &StepCtx,
         target: &Target,
@@ -544,7 +525,11 @@ impl Runner {
         }
     }
 
-    fn samplers(&self, ctx: &StepCtx, worker: u64) -> Option<(LengthSampler, LengthSampler)> {
+    pub(super) fn samplers(
+        &self,
+        ctx: &StepCtx,
+        worker: u64,
+    ) -> Option<(LengthSampler, LengthSampler)> {
         let StepKind::Distribution {
             distribution,
             isl,
@@ -587,7 +572,7 @@ impl Runner {
     }
 
     /// Sends `req` and records it; returns the record.
-    async fn send_and_record(
+    pub(super) async fn send_and_record(
         &self,
         ctx: &StepCtx,
         t: usize,
@@ -615,191 +600,12 @@ impl Runner {
         );
         rec
     }
-
-    async fn closed_worker(
-        self: Arc<Self>,
-        ctx: Arc<StepCtx>,
-        t: usize,
-        target: Arc<Target>,
-        worker: u64,
-    ) {
-        let base = ctx.base_labels(&target);
-        let mut samplers = self.samplers(&ctx, worker);
-        let mut k = 0u64;
-        let mut backoff = Duration::ZERO;
-        while ctx.sending() {
-            let Some(built) = self.build(&ctx, &target, worker, k, samplers.as_mut()) else {
-                return;
-            };
-            let labels = self.labels_for(&ctx, &base, &built);
-            let req = StreamRequest {
-                request_id: ctx.request_id(self.run_salt, t, worker, k),
-                prompt: built.prompt,
-                osl: built.osl,
-            };
-            // Closed loop: the worker sends as soon as its previous request ends, so the intended
-            // instant is now.
-            let rec = self
-                .send_and_record(
-                    &ctx,
-                    t,
-                    req,
-                    Instant::now(),
-                    &labels,
-                    built.shared_prefix_tokens,
-                )
-                .await;
-            self.learn(&rec, built.body_tokens);
-            k += 1;
-            back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
-        }
-    }
-
-    async fn open_loop(
-        self: Arc<Self>,
-        ctx: Arc<StepCtx>,
-        t: usize,
-        target: Arc<Target>,
-        rate: super::plan::RatePlan,
-    ) {
-        let process = if rate.poisson {
-            ArrivalProcess::Poisson { rate: rate.rps }
-        } else {
-            ArrivalProcess::Constant { rate: rate.rps }
-        };
-        let start = ctx.warmup_end - ctx.plan.warmup;
-        let Ok(schedule) =
-            ArrivalSchedule::new(process, start, derive_seed(ctx.step_seed, &[0xa11]))
-        else {
-            return;
-        };
-        let slots = Arc::new(Semaphore::new(rate.max_inflight as usize));
-        let base = ctx.base_labels(&target);
-        let mut samplers = self.samplers(&ctx, 0);
-        let mut tasks = JoinSet::new();
-        for (k, intended) in schedule.enumerate() {
-            if intended >= ctx.send_end {
-                break;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(intended) => {}
-                _ = ctx.soft_stop.cancelled() => break,
-            }
-            // Built even when no slot is free, so the sequence stays identical across targets.
-            let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
-                break;
-            };
-            // Waiting for a slot does not move the intended instant: the wait is latency.
-            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                break;
-            };
-            let labels = self.labels_for(&ctx, &base, &built);
-            let req = StreamRequest {
-                request_id: ctx.request_id(self.run_salt, t, 0, k as u64),
-                prompt: built.prompt,
-                osl: built.osl,
-            };
-            let this = Arc::clone(&self);
-            let ctx = Arc::clone(&ctx);
-            tasks.spawn(async move {
-                let rec = this
-                    .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
-                    .await;
-                this.learn(&rec, built.body_tokens);
-                drop(permit);
-            });
-        }
-        while tasks.join_next().await.is_some() {}
-    }
-
-    async fn conversation_worker(
-        self: Arc<Self>,
-        ctx: Arc<StepCtx>,
-        t: usize,
-        target: Arc<Target>,
-        slot: u64,
-    ) {
-        let StepKind::MultiTurn {
-            conversations,
-            turns,
-            isl,
-            osl,
-            think_time,
-        } = ctx.plan.kind.clone()
-        else {
-            return;
-        };
-        let base = ctx.base_labels(&target);
-        let mut round = 0u64;
-        let mut backoff = Duration::ZERO;
-        while ctx.sending() {
-            let conversation = slot + round * u64::from(conversations);
-            round += 1;
-            let stream = derive_seed(ctx.step_seed, &[conversation]);
-            let mut history: Vec<ChatMessage> = Vec::new();
-            let mut started: Option<Instant> = None;
-            let mut last_token: Option<Instant> = None;
-            let mut complete = true;
-            for turn in 1..=turns {
-                if !ctx.sending() {
-                    complete = false;
-                    break;
-                }
-                let user = match ctx
-                    .builder
-                    .user_message(isl as usize, stream, u64::from(turn))
-                {
-                    Ok(p) => p.text,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot build a user message");
-                        return;
-                    }
-                };
-                history.push(ChatMessage::new(Role::User, user));
-                let prompt = match target.endpoint.api() {
-                    Api::Chat => Prompt::Chat(history.clone()),
-                    Api::Completions => Prompt::Text(flatten(&history)),
-                };
-                let req = StreamRequest {
-                    request_id: ctx.request_id(self.run_salt, t, conversation, u64::from(turn)),
-                    prompt,
-                    osl,
-                };
-                let intended = Instant::now();
-                started.get_or_insert(intended);
-                let labels = base.clone().with_turn(turn);
-                let rec = self
-                    .send_and_record(&ctx, t, req, intended, &labels, 0)
-                    .await;
-                back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
-                if !rec.outcome.is_ok() {
-                    complete = false;
-                    break;
-                }
-                last_token = rec.last_token_at().or(Some(rec.end));
-                // The next turn carries the assistant's actual reply.
-                history.push(ChatMessage::new(Role::Assistant, rec.reply));
-                if !think_time.is_zero() && turn < turns {
-                    tokio::select! {
-                        _ = tokio::time::sleep(think_time) => {}
-                        _ = ctx.soft_stop.cancelled() => { complete = false; break; }
-                    }
-                }
-            }
-            if complete
-                && let (Some(s), Some(e)) = (started, last_token)
-                && ctx.phase(s) == Phase::Steady
-            {
-                self.recorder.record_conversation(
-                    t,
-                    &base,
-                    e.saturating_duration_since(s).as_secs_f64(),
-                );
-            }
-        }
-    }
-
-    fn labels_for(&self, ctx: &StepCtx, base: &RequestLabels, built: &Built) -> RequestLabels {
+    pub(super) fn labels_for(
+        &self,
+        ctx: &StepCtx,
+        base: &RequestLabels,
+        built: &Built,
+    ) -> RequestLabels {
         if matches!(ctx.plan.kind, StepKind::Distribution { .. }) {
             let mut l = base.clone();
             l.isl_bucket = isl_bucket(built.isl as usize);
@@ -810,7 +616,7 @@ impl Runner {
     }
 
     /// Teaches the overhead learner from a successful response's reported prompt length.
-    fn learn(&self, rec: &RequestRecord, body_tokens: usize) {
+    pub(super) fn learn(&self, rec: &RequestRecord, body_tokens: usize) {
         if rec.outcome.is_ok()
             && let Some(p) = rec.prompt_tokens()
         {
@@ -823,18 +629,9 @@ impl Runner {
 /// `isl`: whole blocks only, and never the last prompt token, which an engine must compute to
 /// produce the first output token (vLLM and the simulator both recompute it). This is the
 /// expected hit ratio's numerator: at ISL 1024 and block 64 a "100 %" prefix yields 960.
-fn reusable_tokens(shared: usize, isl: usize, block: usize) -> u64 {
+pub(super) fn reusable_tokens(shared: usize, isl: usize, block: usize) -> u64 {
     let usable = shared.min(isl.saturating_sub(1));
     (usable / block * block) as u64
-}
-
-fn flatten(history: &[ChatMessage]) -> String {
-    let mut s = String::new();
-    for m in history {
-        s.push_str(&m.content);
-        s.push('\n');
-    }
-    s
 }
 
 fn workload_code(w: &str) -> u64 {

@@ -547,6 +547,18 @@ mod tests {
         assert_eq!(kv.free_blocks(), 1, "still referenced by the second holder");
     }
 
+    /// Caches two blocks of a prompt in a 2-block pool, then takes the pool for a new request,
+    /// which evicts both; returns the prompt's block hashes.
+    fn cache_two_blocks_then_evict_them(kv: &mut KvCache) -> Vec<u64> {
+        let hashes = block_hashes(&(0..8).collect::<Vec<_>>(), 4);
+        let blocks = kv.allocate(2).unwrap();
+        kv.commit_hash(blocks[0], hashes[0]);
+        kv.commit_hash(blocks[1], hashes[1]);
+        kv.release(&blocks);
+        kv.allocate(2).unwrap();
+        hashes
+    }
+
     #[test]
     fn evicted_blocks_offload_to_cpu_then_disk_and_onboard_at_their_cost() {
         let tier = |capacity_blocks| {
@@ -556,12 +568,7 @@ mod tests {
             })
         };
         let mut kv = KvCache::new(2, 4, 1024.0, tier(1), tier(8));
-        let hashes = block_hashes(&(0..8).collect::<Vec<_>>(), 4);
-        let blocks = kv.allocate(2).unwrap();
-        kv.commit_hash(blocks[0], hashes[0]);
-        kv.commit_hash(blocks[1], hashes[1]);
-        kv.release(&blocks);
-        kv.allocate(2).unwrap();
+        let hashes = cache_two_blocks_then_evict_them(&mut kv);
         let c = kv.counters();
         assert_eq!(c.offload_d2h_blocks, 2);
         assert_eq!(
@@ -595,12 +602,7 @@ mod tests {
             bytes_per_second: 0.0,
         });
         let mut kv = KvCache::new(2, 4, 1024.0, None, disk);
-        let hashes = block_hashes(&(0..8).collect::<Vec<_>>(), 4);
-        let blocks = kv.allocate(2).unwrap();
-        kv.commit_hash(blocks[0], hashes[0]);
-        kv.commit_hash(blocks[1], hashes[1]);
-        kv.release(&blocks);
-        kv.allocate(2).unwrap();
+        let hashes = cache_two_blocks_then_evict_them(&mut kv);
         let c = kv.counters();
         assert_eq!(
             (

@@ -333,12 +333,7 @@ impl SloEngine {
                     labels: r.request_labels.clone(),
                     instance: format!("{}|{}|{}", r.cycle, r.step, r.target),
                     at: now,
-                    requests: m.requests,
-                    ok: m.ok_requests,
-                    errors: m.errors,
-                    output_tokens: m.output_tokens,
-                    prompt_tokens: m.prompt_tokens,
-                    cached_tokens: m.cached_tokens,
+                    counts: m.counts(),
                     steady_seconds: r.steady_seconds,
                     cost_usd: m
                         .cost_per_million_tokens_usd
@@ -362,16 +357,7 @@ impl SloEngine {
             for d in &inner.defs {
                 let SloKind::Expr(c) = &d.kind else { continue };
                 for (term, _) in baseline_terms(c) {
-                    let ctx = Ctx {
-                        store: &inner.cycle_store,
-                        cycle_baselines: &inner.baselines,
-                        domain: &inner.domain,
-                        slo: &d.name,
-                        window: d.window,
-                        min_samples: d.min_samples,
-                        now,
-                        now_unix,
-                    };
+                    let ctx = Ctx::of(d, &inner.cycle_store, &inner.baselines, &inner.domain, now, now_unix);
                     match eval::value(&ctx, &term) {
                         Ok(i) => entries.push((
                             eval::baseline_key(&d.name, &term),
@@ -407,16 +393,14 @@ impl SloEngine {
         let statuses = self.with(|inner| {
             let mut out = Vec::new();
             for d in &inner.defs {
-                let ctx = Ctx {
-                    store: &inner.store,
-                    cycle_baselines: &inner.baselines,
-                    domain: &inner.domain,
-                    slo: &d.name,
-                    window: d.window,
-                    min_samples: d.min_samples,
+                let ctx = Ctx::of(
+                    d,
+                    &inner.store,
+                    &inner.baselines,
+                    &inner.domain,
                     now,
                     now_unix,
-                };
+                );
                 let (raw, reading, sides, reason) = evaluate_one(&ctx, d);
                 let verdict = inner
                     .verdicts
@@ -645,14 +629,14 @@ fn evaluate_one(ctx: &Ctx<'_>, d: &SloDef) -> (Raw, SloReading, Vec<Side>, Optio
             ..
         } => {
             let t = ctx.store.totals(&selector.matchers, ctx.window, ctx.now);
-            if t.requests < ctx.min_samples || t.requests == 0 {
+            if t.counts.requests < ctx.min_samples || t.counts.requests == 0 {
                 return (
                     Raw::Insufficient,
                     empty_reading(state),
                     Vec::new(),
                     Some(format!(
                         "{} requests in the window, {} needed",
-                        t.requests, ctx.min_samples
+                        t.counts.requests, ctx.min_samples
                     )),
                 );
             }
@@ -661,7 +645,10 @@ fn evaluate_one(ctx: &Ctx<'_>, d: &SloDef) -> (Raw, SloReading, Vec<Side>, Optio
                 seconds: *threshold,
             }]);
             let good = t.good.get(&key).copied().unwrap_or(0);
-            let bad_ratio = eval::wilson(t.requests - good.min(t.requests), t.requests);
+            let bad_ratio = eval::wilson(
+                t.counts.requests - good.min(t.counts.requests),
+                t.counts.requests,
+            );
             // (100 − objective) / 100 is exact for objectives written with few decimals.
             let budget = (100.0 - objective) / 100.0;
             let side = Side {

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 pub use crate::measure::stats::{Interval, wilson};
 use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
+use crate::measure::step::Counts;
 use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
 use crate::model::RequestLabels;
 
@@ -84,12 +85,7 @@ pub struct StepRecord {
     /// `cycle|step|target`: label sets of one step instance share its steady time.
     pub instance: String,
     pub at: Instant,
-    pub requests: u64,
-    pub ok: u64,
-    pub errors: u64,
-    pub output_tokens: u64,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
+    pub counts: Counts,
     pub steady_seconds: f64,
     /// Cost of the step's output in USD, where the target has a price.
     pub cost_usd: Option<f64>,
@@ -272,15 +268,10 @@ impl Store {
             if !inside || !labels_match(&r.labels, matchers) {
                 continue;
             }
-            t.requests += r.requests;
-            t.ok += r.ok;
-            t.errors += r.errors;
-            t.output_tokens += r.output_tokens;
-            t.prompt_tokens += r.prompt_tokens;
-            t.cached_tokens += r.cached_tokens;
+            t.counts.add(&r.counts);
             if let Some(c) = r.cost_usd {
                 t.cost_usd += c;
-                t.priced_tokens += r.output_tokens;
+                t.priced_tokens += r.counts.output_tokens;
             }
             for (k, g) in &r.good {
                 *t.good.entry(k.clone()).or_default() += g;
@@ -301,12 +292,7 @@ impl Store {
 /// Sums over matching steps.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Totals {
-    pub requests: u64,
-    pub ok: u64,
-    pub errors: u64,
-    pub output_tokens: u64,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
+    pub counts: Counts,
     pub cost_usd: f64,
     pub priced_tokens: u64,
     pub steady_seconds: f64,
@@ -323,6 +309,29 @@ pub struct Ctx<'a> {
     pub min_samples: u64,
     pub now: Instant,
     pub now_unix: f64,
+}
+
+impl<'a> Ctx<'a> {
+    /// The context of evaluating `def` over `store` at `now`.
+    pub fn of(
+        def: &'a super::SloDef,
+        store: &'a Store,
+        cycle_baselines: &'a BaselineStore,
+        domain: &'a LabelDomain,
+        now: Instant,
+        now_unix: f64,
+    ) -> Ctx<'a> {
+        Ctx {
+            store,
+            cycle_baselines,
+            domain,
+            slo: &def.name,
+            window: def.window,
+            min_samples: def.min_samples,
+            now,
+            now_unix,
+        }
+    }
 }
 
 /// One comparison's two sides and its own verdict.
@@ -429,10 +438,10 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
         Value::Scalar(sel) => scalar(ctx, sel),
         Value::Goodput(sel, objectives) => {
             let t = ctx.store.totals(&sel.matchers, ctx.window, ctx.now);
-            if t.requests < ctx.min_samples || t.steady_seconds <= 0.0 {
+            if t.counts.requests < ctx.min_samples || t.steady_seconds <= 0.0 {
                 return insufficient(format!(
                     "{v}: {} requests, {} needed",
-                    t.requests, ctx.min_samples
+                    t.counts.requests, ctx.min_samples
                 ));
             }
             let good = t
@@ -529,8 +538,8 @@ fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insuff
 fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
     let t = ctx.store.totals(&sel.matchers, ctx.window, ctx.now);
     let (n, what) = match sel.measure {
-        Measure::ErrorRatio => (t.requests, "requests"),
-        _ => (t.ok, "successful requests"),
+        Measure::ErrorRatio => (t.counts.requests, "requests"),
+        _ => (t.counts.ok, "successful requests"),
     };
     if n < ctx.min_samples || n == 0 {
         return insufficient(format!(
@@ -539,21 +548,21 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
         ));
     }
     // Relative spread of a count of n independent completions.
-    let rel = Z_95 / (t.ok.max(1) as f64).sqrt();
+    let rel = Z_95 / (t.counts.ok.max(1) as f64).sqrt();
     let scaled = |v: f64| Interval {
         estimate: v,
         lower: (v * (1.0 - rel)).max(0.0),
         upper: v * (1.0 + rel),
     };
     match sel.measure {
-        Measure::ErrorRatio => Ok(wilson(t.errors, t.requests)),
+        Measure::ErrorRatio => Ok(wilson(t.counts.errors, t.counts.requests)),
         Measure::CacheHitRatio => {
-            if t.prompt_tokens == 0 {
+            if t.counts.prompt_tokens == 0 {
                 return insufficient(format!("{sel}: no prompt tokens"));
             }
-            let p = t.cached_tokens as f64 / t.prompt_tokens as f64;
+            let p = t.counts.cached_tokens as f64 / t.counts.prompt_tokens as f64;
             // Requests, not tokens, are the independent units: a Wilson interval at n = ok.
-            let w = wilson((p * t.ok as f64).round() as u64, t.ok);
+            let w = wilson((p * t.counts.ok as f64).round() as u64, t.counts.ok);
             Ok(Interval {
                 estimate: p,
                 lower: w.lower.min(p),
@@ -561,9 +570,11 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
             })
         }
         Measure::OutputTps if t.steady_seconds > 0.0 => {
-            Ok(scaled(t.output_tokens as f64 / t.steady_seconds))
+            Ok(scaled(t.counts.output_tokens as f64 / t.steady_seconds))
         }
-        Measure::Throughput if t.steady_seconds > 0.0 => Ok(poisson_rate(t.ok, t.steady_seconds)),
+        Measure::Throughput if t.steady_seconds > 0.0 => {
+            Ok(poisson_rate(t.counts.ok, t.steady_seconds))
+        }
         Measure::CostPerMtok => {
             if t.priced_tokens == 0 {
                 return insufficient(format!("{sel}: no priced output tokens"));
@@ -589,11 +600,7 @@ mod tests {
     use super::*;
 
     fn iv(lo: f64, est: f64, hi: f64) -> Interval {
-        Interval {
-            estimate: est,
-            lower: lo,
-            upper: hi,
-        }
+        Interval::new(lo, est, hi)
     }
 
     #[test]

@@ -87,6 +87,14 @@ pub(super) fn err<T>(offset: usize, message: impl Into<String>) -> Result<T, Par
     })
 }
 
+/// `expected WHAT, found TOKEN` at `offset`.
+pub(super) fn expected<T>(offset: usize, what: &str, found: &Tok) -> Result<T, ParseError> {
+    err(
+        offset,
+        format!("expected {what}, found {}", found.describe()),
+    )
+}
+
 /// Splits `text` into tokens with their character offsets.
 pub(super) fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
     let chars: Vec<char> = text.chars().collect();

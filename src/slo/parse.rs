@@ -7,7 +7,7 @@ use crate::config::did_you_mean;
 use super::ast::*;
 
 pub use super::lex::ParseError;
-use super::lex::{FUNCTIONS, Tok, err, lex};
+use super::lex::{FUNCTIONS, Tok, err, expected, lex};
 
 /// A parsed sub-expression: a number-valued one or a condition.
 enum Node {
@@ -95,26 +95,14 @@ pub fn parse_sli(text: &str) -> Result<(Selector, f64), ParseError> {
     match p.next() {
         Tok::Lt | Tok::Le => {}
         other => {
-            return err(
-                op_at,
-                format!(
-                    "expected `<` or `<=` and a duration, found {}",
-                    other.describe()
-                ),
-            );
+            return expected(op_at, "`<` or `<=` and a duration", &other);
         }
     }
     let d_at = p.offset();
     let seconds = match p.next() {
         Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
         other => {
-            return err(
-                d_at,
-                format!(
-                    "expected a positive duration such as `2s`, found {}",
-                    other.describe()
-                ),
-            );
+            return expected(d_at, "a positive duration such as `2s`", &other);
         }
     };
     check_bucket_threshold(seconds, d_at)?;
@@ -374,7 +362,7 @@ impl Parser {
                     }
                 }
             }
-            other => err(at, format!("expected a value, found {}", other.describe())),
+            other => expected(at, "a value", &other),
         }
     }
 
@@ -440,10 +428,7 @@ impl Parser {
                 let label = match self.next() {
                     Tok::Ident(l) => l,
                     other => {
-                        return err(
-                            label_at,
-                            format!("expected a label name, found {}", other.describe()),
-                        );
+                        return expected(label_at, "a label name", &other);
                     }
                 };
                 if !NUMERIC_LABELS.contains(&label.as_str()) {
@@ -479,13 +464,7 @@ impl Parser {
                 let seconds = match self.next() {
                     Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
                     other => {
-                        return err(
-                            d_at,
-                            format!(
-                                "expected a positive duration such as `24h`, found {}",
-                                other.describe()
-                            ),
-                        );
+                        return expected(d_at, "a positive duration such as `24h`", &other);
                     }
                 };
                 self.expect(Tok::RParen, "to close `baseline(`")?;
@@ -528,13 +507,7 @@ impl Parser {
                             }
                         },
                         other => {
-                            return err(
-                                m_at,
-                                format!(
-                                    "expected an objective such as `ttft <= 2s`, found {}",
-                                    other.describe()
-                                ),
-                            );
+                            return expected(m_at, "an objective such as `ttft <= 2s`", &other);
                         }
                     };
                     let op_at = self.offset();
@@ -545,10 +518,7 @@ impl Parser {
                     let seconds = match self.next() {
                         Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
                         other => {
-                            return err(
-                                d_at,
-                                format!("expected a positive duration, found {}", other.describe()),
-                            );
+                            return expected(d_at, "a positive duration", &other);
                         }
                     };
                     check_bucket_threshold(seconds, d_at)?;
@@ -624,13 +594,7 @@ impl Parser {
                     Tok::Comma => {}
                     Tok::RBrace => break,
                     other => {
-                        return err(
-                            sep_at,
-                            format!(
-                                "expected `,` or `}}` in the label matchers, found {}",
-                                other.describe()
-                            ),
-                        );
+                        return expected(sep_at, "`,` or `}` in the label matchers", &other);
                     }
                 }
             }
@@ -643,10 +607,7 @@ impl Parser {
         let label = match self.next() {
             Tok::Ident(l) => l,
             other => {
-                return err(
-                    at,
-                    format!("expected a label name, found {}", other.describe()),
-                );
+                return expected(at, "a label name", &other);
             }
         };
         if !LABELS.contains(&label.as_str()) {
@@ -667,12 +628,10 @@ impl Parser {
             Tok::Ge => MatchOp::Ge,
             Tok::EqEq => return err(op_at, "label matchers use `=`, not `==`"),
             other => {
-                return err(
+                return expected(
                     op_at,
-                    format!(
-                        "expected a matcher operator (=, !=, =~, !~, <, <=, >, >=), found {}",
-                        other.describe()
-                    ),
+                    "a matcher operator (=, !=, =~, !~, <, <=, >, >=)",
+                    &other,
                 );
             }
         };
@@ -689,10 +648,7 @@ impl Parser {
                 );
             }
             other => {
-                return err(
-                    v_at,
-                    format!("expected a quoted label value, found {}", other.describe()),
-                );
+                return expected(v_at, "a quoted label value", &other);
             }
         };
         if op.is_numeric() {

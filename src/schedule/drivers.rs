@@ -1,0 +1,228 @@
+//! The three ways a step sends to a target: closed-loop workers (each sends when its previous
+//! request ends, backing off after a failure), open-loop arrivals on a schedule of intended
+//! send instants, and multi-turn conversations that resend their whole history every turn.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::plan::StepKind;
+use crate::client::{ChatMessage, Prompt, Role, StreamRequest};
+use crate::config::Api;
+use crate::model::Phase;
+use crate::workload::sampler::{ArrivalProcess, ArrivalSchedule, derive_seed};
+
+use super::runner::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target};
+
+/// After a failed request a closed-loop worker waits (doubling up to [`ERROR_BACKOFF_MAX`], never
+/// past the end of sending): a failing target answers at once (refused, 503), and N workers
+/// spinning against it would starve the other targets' measurements of CPU. A success resets it.
+async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
+    if ok {
+        *backoff = Duration::ZERO;
+        return;
+    }
+    *backoff = (*backoff * 2).clamp(ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX);
+    let until = (Instant::now() + *backoff).min(ctx.send_end);
+    tokio::select! {
+        _ = tokio::time::sleep_until(until) => {}
+        _ = ctx.soft_stop.cancelled() => {}
+    }
+}
+
+impl Runner {
+    pub(super) async fn closed_worker(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        worker: u64,
+    ) {
+        let base = ctx.base_labels(&target);
+        let mut samplers = self.samplers(&ctx, worker);
+        let mut k = 0u64;
+        let mut backoff = Duration::ZERO;
+        while ctx.sending() {
+            let Some(built) = self.build(&ctx, &target, worker, k, samplers.as_mut()) else {
+                return;
+            };
+            let labels = self.labels_for(&ctx, &base, &built);
+            let req = StreamRequest {
+                request_id: ctx.request_id(self.run_salt, t, worker, k),
+                prompt: built.prompt,
+                osl: built.osl,
+            };
+            // Closed loop: the worker sends as soon as its previous request ends, so the intended
+            // instant is now.
+            let rec = self
+                .send_and_record(
+                    &ctx,
+                    t,
+                    req,
+                    Instant::now(),
+                    &labels,
+                    built.shared_prefix_tokens,
+                )
+                .await;
+            self.learn(&rec, built.body_tokens);
+            k += 1;
+            back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
+        }
+    }
+
+    pub(super) async fn open_loop(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        rate: super::plan::RatePlan,
+    ) {
+        let process = if rate.poisson {
+            ArrivalProcess::Poisson { rate: rate.rps }
+        } else {
+            ArrivalProcess::Constant { rate: rate.rps }
+        };
+        let start = ctx.warmup_end - ctx.plan.warmup;
+        let Ok(schedule) =
+            ArrivalSchedule::new(process, start, derive_seed(ctx.step_seed, &[0xa11]))
+        else {
+            return;
+        };
+        let slots = Arc::new(Semaphore::new(rate.max_inflight as usize));
+        let base = ctx.base_labels(&target);
+        let mut samplers = self.samplers(&ctx, 0);
+        let mut tasks = JoinSet::new();
+        for (k, intended) in schedule.enumerate() {
+            if intended >= ctx.send_end {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(intended) => {}
+                _ = ctx.soft_stop.cancelled() => break,
+            }
+            // Built even when no slot is free, so the sequence stays identical across targets.
+            let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
+                break;
+            };
+            // Waiting for a slot does not move the intended instant: the wait is latency.
+            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                break;
+            };
+            let labels = self.labels_for(&ctx, &base, &built);
+            let req = StreamRequest {
+                request_id: ctx.request_id(self.run_salt, t, 0, k as u64),
+                prompt: built.prompt,
+                osl: built.osl,
+            };
+            let this = Arc::clone(&self);
+            let ctx = Arc::clone(&ctx);
+            tasks.spawn(async move {
+                let rec = this
+                    .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
+                    .await;
+                this.learn(&rec, built.body_tokens);
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    pub(super) async fn conversation_worker(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        slot: u64,
+    ) {
+        let StepKind::MultiTurn {
+            conversations,
+            turns,
+            isl,
+            osl,
+            think_time,
+        } = ctx.plan.kind.clone()
+        else {
+            return;
+        };
+        let base = ctx.base_labels(&target);
+        let mut round = 0u64;
+        let mut backoff = Duration::ZERO;
+        while ctx.sending() {
+            let conversation = slot + round * u64::from(conversations);
+            round += 1;
+            let stream = derive_seed(ctx.step_seed, &[conversation]);
+            let mut history: Vec<ChatMessage> = Vec::new();
+            let mut started: Option<Instant> = None;
+            let mut last_token: Option<Instant> = None;
+            let mut complete = true;
+            for turn in 1..=turns {
+                if !ctx.sending() {
+                    complete = false;
+                    break;
+                }
+                let user = match ctx
+                    .builder
+                    .user_message(isl as usize, stream, u64::from(turn))
+                {
+                    Ok(p) => p.text,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot build a user message");
+                        return;
+                    }
+                };
+                history.push(ChatMessage::new(Role::User, user));
+                let prompt = match target.endpoint.api() {
+                    Api::Chat => Prompt::Chat(history.clone()),
+                    Api::Completions => Prompt::Text(flatten(&history)),
+                };
+                let req = StreamRequest {
+                    request_id: ctx.request_id(self.run_salt, t, conversation, u64::from(turn)),
+                    prompt,
+                    osl,
+                };
+                let intended = Instant::now();
+                started.get_or_insert(intended);
+                let labels = base.clone().with_turn(turn);
+                let rec = self
+                    .send_and_record(&ctx, t, req, intended, &labels, 0)
+                    .await;
+                back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
+                if !rec.outcome.is_ok() {
+                    complete = false;
+                    break;
+                }
+                last_token = rec.last_token_at().or(Some(rec.end));
+                // The next turn carries the assistant's actual reply.
+                history.push(ChatMessage::new(Role::Assistant, rec.reply));
+                if !think_time.is_zero() && turn < turns {
+                    tokio::select! {
+                        _ = tokio::time::sleep(think_time) => {}
+                        _ = ctx.soft_stop.cancelled() => { complete = false; break; }
+                    }
+                }
+            }
+            if complete
+                && let (Some(s), Some(e)) = (started, last_token)
+                && ctx.phase(s) == Phase::Steady
+            {
+                self.recorder.record_conversation(
+                    t,
+                    &base,
+                    e.saturating_duration_since(s).as_secs_f64(),
+                );
+            }
+        }
+    }
+}
+
+fn flatten(history: &[ChatMessage]) -> String {
+    let mut s = String::new();
+    for m in history {
+        s.push_str(&m.content);
+        s.push('\n');
+    }
+    s
+}
