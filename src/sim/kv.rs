@@ -602,7 +602,7 @@ mod tests {
             bytes_per_second: 0.0,
         });
         let mut kv = KvCache::new(2, 4, 1024.0, None, disk);
-        let hashes = cache_two_blocks_then_evict_them(&mut kv);
+        cache_two_blocks_then_evict_them(&mut kv);
         let c = kv.counters();
         assert_eq!(
             (
