@@ -3,10 +3,10 @@
 //! long run. Every figure is printed next to its goal; docs/PERFORMANCE.md quotes the results.
 //!
 //! ```text
-//! cargo run --release --example canary_bench -- accuracy   [--streams 1,4,64,256,1024] [--secs 10] [--osl 32]
-//! cargo run --release --example canary_bench -- throughput [--streams 64,512] [--secs 10] [--osl 256]
-//! cargo run --release --example canary_bench -- rss        [--streams 1024] [--secs 10] [--osl 256] [--profile fast|fixed]
-//! cargo run --release --example canary_bench -- soak       [--streams 512] [--secs 600] [--osl 256]
+//! cargo bench --bench client -- accuracy   [--streams 1,4,64,256,1024] [--secs 10] [--osl 32]
+//! cargo bench --bench client -- throughput [--streams 64,512] [--secs 10] [--osl 256]
+//! cargo bench --bench client -- rss        [--streams 1024] [--secs 10] [--osl 256] [--profile fast|fixed]
+//! cargo bench --bench client -- soak       [--streams 512] [--secs 600] [--osl 256]
 //! ```
 //! Common options: `--client-threads N` (client runtime workers; default 1 for accuracy, where
 //! the simulator shares the process, else 2), `--json FILE` (append one JSON line per result),
@@ -63,8 +63,11 @@ struct Args {
     profile: String,
 }
 
-fn parse_args() -> Args {
-    let mut argv = std::env::args().skip(1);
+#[path = "support/args.rs"]
+mod bench_args;
+
+fn parse_args(argv: Vec<String>) -> Args {
+    let mut argv = argv.into_iter();
     let mode = argv.next().unwrap_or_else(|| "accuracy".into());
     let mut args = Args {
         streams: Vec::new(),
@@ -922,7 +925,12 @@ fn main() {
         serve_sim(argv.get(2).map_or("fast", String::as_str));
         return;
     }
-    let args = parse_args();
+    let Some(argv) = bench_args::bench_args(
+        "cargo bench --bench client -- accuracy|throughput|rss|soak [--streams N,..] [--secs S]",
+    ) else {
+        return;
+    };
+    let args = parse_args(argv);
     match args.mode.as_str() {
         "accuracy" => accuracy(&args),
         "throughput" => throughput(&args),

@@ -7,7 +7,7 @@
 //! which runs on other threads with a deliberately cheap raw-HTTP client.
 //!
 //! ```text
-//! cargo run --release --example sim_throughput -- [streams] [requests_per_stream] [osl]
+//! cargo bench --bench sim_throughput -- [streams] [requests_per_stream] [osl]
 //! ```
 //! Defaults: 128 streams × 8 requests × 1000 tokens = 1,024,000 tokens.
 
@@ -29,11 +29,11 @@ fn thread_cpu_seconds() -> f64 {
         .map_or(f64::NAN, |ns| ns / 1e9)
 }
 
-fn arg(n: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(n)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(default)
+#[path = "support/args.rs"]
+mod args;
+
+fn arg(args: &[String], n: usize, default: u64) -> u64 {
+    args.get(n).and_then(|a| a.parse().ok()).unwrap_or(default)
 }
 
 /// One keep-alive connection sending `requests` streaming requests back to back; returns the
@@ -75,9 +75,14 @@ async fn stream_client(addr: SocketAddr, requests: u64, osl: u64) -> std::io::Re
 }
 
 fn main() {
-    let streams = arg(1, 128);
-    let per_stream = arg(2, 8);
-    let osl = arg(3, 1000);
+    let Some(args) =
+        args::bench_args("cargo bench --bench sim_throughput -- [streams] [requests_per_stream] [osl]")
+    else {
+        return;
+    };
+    let streams = arg(&args, 0, 128);
+    let per_stream = arg(&args, 1, 8);
+    let osl = arg(&args, 2, 1000);
 
     // The server thread: a current-thread runtime, so all simulator work is on this thread.
     let (addr_tx, addr_rx) = std_mpsc::channel();

@@ -1,6 +1,6 @@
 //! The "full series set" the scrape benchmarks measure: the default plan's step label sets on
 //! two targets with every outcome, step gauges, server and SLO series. Included by
-//! `benches/hot_paths.rs` and `examples/scrape_bench.rs` so both time the same exposition.
+//! `benches/hot_paths.rs` and `benches/scrape.rs` so both time the same exposition.
 
 use llm_canary::client::Outcome;
 use llm_canary::config::ServingMode;
@@ -13,7 +13,7 @@ pub const TARGETS: [(&str, ServingMode); 2] = [
     ("sim-disagg", ServingMode::Disaggregated),
 ];
 
-/// The step label sets of the default plan (DESIGN §3/§5) for one target.
+/// The step label sets of the default plan (docs/DESIGN.md §3/§5) for one target.
 pub fn step_labels(target: &str, mode: ServingMode) -> Vec<RequestLabels> {
     let mut steps = Vec::new();
     for level in [1, 2, 4, 8, 16, 32, 64] {

@@ -11,7 +11,7 @@
 # Accuracy: the simulator's `fixed` profile (TTFT 100 ms, ITL 10 ms); both tools send open-loop
 # arrivals at N streams' worth (N / (0.1 + 0.01·(OSL−1)) requests/s); an error is a tool's TTFT −
 # 100 ms and |ITL − 10 ms| (AIPerf's own timestamps cannot be joined with the simulator's, so the
-# canary is judged the same way here; `canary_bench accuracy` without --addr also reports its
+# canary is judged the same way here; `cargo bench --bench client -- accuracy` without --addr also reports its
 # error against the simulator's send instants). Throughput: the `fast` profile (zero delay),
 # closed loop at TP_STREAMS. CPU: AIPerf's whole process tree (user + system, from /usr/bin/time's
 # rusage of the reaped tree), the canary's own process (`/proc/self/stat`); the simulator runs in
@@ -43,8 +43,13 @@ if [[ ! -f $TOKENIZER/tokenizer.json ]]; then
   "$LLM_CANARY_VLLM_VENV/bin/python" scripts/interop/build-models.py "$MODELS"
 fi
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)"; exit 1; }
-cargo build --quiet --release --locked --example canary_bench
-BENCH=target/release/examples/canary_bench
+# The client benchmark (benches/client.rs), built once; cargo names its binary with a hash.
+BENCH=$(cargo bench --quiet --no-run --locked --bench client --message-format=json |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("target", {}).get("name") == "client" and m.get("executable"):
+        print(m["executable"])')
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -90,7 +95,7 @@ for n in $STREAMS; do
   run_aiperf "aiperf-acc-$n" --request-rate "$rate" --arrival-pattern constant --output-tokens-mean "$OSL" \
     --extra-inputs "min_tokens:$OSL" --extra-inputs "max_tokens:$OSL"
   echo "accuracy, $n streams: llm-canary"
-  "$BENCH" accuracy --addr "$ADDR" --streams "$n" --secs "$DURATION" --osl "$OSL" --client-threads 2 \
+  "$BENCH" --bench accuracy --addr "$ADDR" --streams "$n" --secs "$DURATION" --osl "$OSL" --client-threads 2 \
     --json "$OUT/canary.jsonl" >"$OUT/canary-acc-$n.log" 2>&1
 done
 stop_sim
@@ -100,7 +105,7 @@ echo "throughput, $TP_STREAMS streams: AIPerf"
 run_aiperf aiperf-tp --concurrency "$TP_STREAMS" --output-tokens-mean "$TP_OSL" \
   --extra-inputs "min_tokens:$TP_OSL" --extra-inputs "max_tokens:$TP_OSL"
 echo "throughput, $TP_STREAMS streams: llm-canary"
-"$BENCH" throughput --addr "$ADDR" --streams "$TP_STREAMS" --secs "$DURATION" --osl "$TP_OSL" \
+"$BENCH" --bench throughput --addr "$ADDR" --streams "$TP_STREAMS" --secs "$DURATION" --osl "$TP_OSL" \
   --json "$OUT/canary.jsonl" >"$OUT/canary-tp.log" 2>&1
 stop_sim
 

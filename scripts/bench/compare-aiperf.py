@@ -3,7 +3,7 @@
 
 Reads AIPerf's per-request exports (`aiperf-acc-<N>/**/profile_export.jsonl`, `aiperf-tp/...`,
 profiling phase only), the CPU times /usr/bin/time wrote next to them, and the canary's
-`canary.jsonl` (canary_bench --json), and prints a Markdown table per measurement with the
+`canary.jsonl` (the client benchmark, `benches/client.rs`, with --json), and prints a Markdown table per measurement with the
 ratio AIPerf / llm-canary.
 
     compare-aiperf.py OUT_DIR DURATION_S OSL N [N ...]
