@@ -1,5 +1,5 @@
 //! llm-canary: an always-on canary for LLM serving. The library holds every domain module; the
-//! binary in `main.rs` only parses the command line and calls [`cli::run`].
+//! binary in `main.rs` only parses the command line and calls [`cli::main`].
 
 pub mod cli;
 pub mod client;

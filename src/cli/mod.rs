@@ -1,4 +1,4 @@
-//! The command line (DESIGN §2): five subcommands, their flags, and the exit codes
+//! The command line (docs/DESIGN.md §2): five subcommands, their flags, and the exit codes
 //! 0 success, 1 runtime failure, 2 bad usage or bad config.
 
 use std::net::SocketAddr;
@@ -23,7 +23,7 @@ pub struct Cli {
 pub enum Command {
     /// The daemon. Without --config: the embedded demo (two simulated deployments, all workloads).
     Run(RunArgs),
-    /// One pass of the plan, then exit with the source document's result tables.
+    /// One pass of the plan, then exit with the benchmark plan's result tables.
     Bench(BenchArgs),
     /// Parse and validate a config; print a normalised summary (exit 0) or every error (exit 2).
     Check(CheckArgs),
@@ -132,7 +132,7 @@ pub struct SimArgs {
     pub workers: u32,
 }
 
-/// Parses the command line and runs it; the process exit code follows DESIGN §2.
+/// Parses the command line and runs it; the process exit code follows docs/DESIGN.md §2.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();

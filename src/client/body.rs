@@ -1,5 +1,5 @@
 //! The JSON request body of one streamed completion: chat (`messages`) or completions (`prompt`),
-//! streaming with usage, the exact-output-length recipe of DESIGN §4 limited to the fields the
+//! streaming with usage, the exact-output-length recipe of docs/DESIGN.md §4 limited to the fields the
 //! target's dialect accepts, and Dynamo's `nvext` attribution request.
 
 use bytes::Bytes;

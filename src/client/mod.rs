@@ -1,5 +1,5 @@
 //! The OpenAI-compatible streaming measurement client: sends one streamed completion to a target
-//! and returns its [`RequestRecord`] (DESIGN §4). Server misbehaviour never surfaces as an `Err`:
+//! and returns its [`RequestRecord`] (docs/DESIGN.md §4). Server misbehaviour never surfaces as an `Err`:
 //! every failure becomes an [`Outcome`] with its error latency.
 //!
 //! One shared [`reqwest::Client`] (connection pool, `TCP_NODELAY`) serves every request. Each

@@ -1,4 +1,4 @@
-//! The per-request record of DESIGN §4: every instant the client observed for one request, what
+//! The per-request record of docs/DESIGN.md §4: every instant the client observed for one request, what
 //! the server reported (usage, `nvext`), the outcome, and every metric derived from them.
 //!
 //! All instants come from `tokio::time::Instant` and content-chunk instants are stamped when the
@@ -15,7 +15,7 @@ pub trait TokenCounter: Send + Sync {
     fn count(&self, text: &str) -> usize;
 }
 
-/// How a request ended: the `outcome` label (DESIGN §4 and §6). `osl_mismatch` is not an outcome;
+/// How a request ended: the `outcome` label (docs/DESIGN.md §4 and §6). `osl_mismatch` is not an outcome;
 /// it is counted separately, see [`RequestRecord::osl_mismatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

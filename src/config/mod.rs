@@ -1,5 +1,5 @@
 //! The configuration: typed schema, strict parsing with source locations, validation that reports
-//! every error as `FILE:LINE:COL: message`, and the defaults of the source document.
+//! every error as `FILE:LINE:COL: message`, and the defaults of the benchmark plan (docs/DESIGN.md §11).
 //!
 //! Parsing stops at the first structural error (a misspelt key, a wrong type) because the YAML
 //! deserializer cannot continue past it; a file that parses is then checked value by value and

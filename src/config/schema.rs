@@ -1,4 +1,4 @@
-//! The configuration schema (DESIGN §3): every key, its type and the source document's defaults.
+//! The configuration schema (docs/DESIGN.md §3): every key, its type and the benchmark plan's defaults.
 //! Unknown keys are errors everywhere (`deny_unknown_fields`).
 
 use serde::{Deserialize, Serialize};
@@ -213,7 +213,7 @@ pub struct Workloads {
 }
 
 impl Default for Workloads {
-    /// All four with the source document's values.
+    /// All four with the benchmark plan's values.
     fn default() -> Self {
         Workloads {
             concurrency_sweep: Some(ConcurrencySweep::default()),
@@ -224,7 +224,7 @@ impl Default for Workloads {
     }
 }
 
-/// The workload names (the `workload` label), in the source document's order.
+/// The workload names (the `workload` label), in the benchmark plan's order.
 pub const WORKLOAD_NAMES: [&str; 4] = [
     "concurrency_sweep",
     "multi_turn",

@@ -135,7 +135,7 @@ pub struct TierSpec {
 }
 
 impl SimSpec {
-    /// The source document's deployments: aggregated = A100 × 4 (TP 4) workers; disaggregated =
+    /// The benchmark plan's deployments: aggregated = A100 × 4 (TP 4) workers; disaggregated =
     /// A100 × 4 prefill workers with L40S × 2 (TP 2) decode workers.
     pub fn source_document() -> Self {
         let pool = |gpu: &str, tp| PoolSpec {
@@ -498,7 +498,7 @@ pub struct ModelShape {
     pub weights_gb: f64,
 }
 
-/// Qwen3-30B-A3B-FP8, the source document's model.
+/// Qwen3-30B-A3B-FP8, the benchmark plan's model.
 pub const QWEN3_30B_A3B_FP8: ModelShape = ModelShape {
     layers: 48,
     kv_heads: 4,

@@ -59,7 +59,7 @@ pub struct LengthControl {
 }
 
 impl Dialect {
-    /// The length-control preset of the dialect (DESIGN §4: exact output length).
+    /// The length-control preset of the dialect (docs/DESIGN.md §4: exact output length).
     pub fn length_control(self) -> LengthControl {
         match self {
             Dialect::Dynamo | Dialect::Vllm | Dialect::Sglang => LengthControl {
@@ -93,7 +93,7 @@ impl Dialect {
     /// Whether a body that ends cleanly after the `finish_reason` chunk is a complete stream. The
     /// OpenAI protocol ends every stream with `data: [DONE]`, and without it the canary cannot
     /// tell a finished stream from one cut off after its last token, so only a dialect whose
-    /// server never sends `[DONE]` relaxes this (DESIGN §4: EOF without `[DONE]` is
+    /// server never sends `[DONE]` relaxes this (docs/DESIGN.md §4: EOF without `[DONE]` is
     /// `stream_truncated`). A body that breaks off (a reset, an unterminated chunked body) is
     /// truncated in every dialect.
     pub fn ends_at_finish_reason(self) -> bool {

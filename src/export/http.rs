@@ -1,4 +1,4 @@
-//! The daemon's HTTP surface (DESIGN §2): `/metrics`, `/-/healthy`, `/-/ready`, `/-/reload` and
+//! The daemon's HTTP surface (docs/DESIGN.md §2): `/metrics`, `/-/healthy`, `/-/ready`, `/-/reload` and
 //! `/api/v1/status` on a hyper 1 HTTP/1 server, with a readiness latch and a bounded graceful drain.
 
 use std::convert::Infallible;
@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
 
-/// The content type of `/metrics` (contract, DESIGN §2).
+/// The content type of `/metrics` (contract, docs/DESIGN.md §2).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
@@ -70,7 +70,7 @@ where
 /// What a reload returns: a message for the 200 answer, or the error text for the 500 answer.
 pub type ReloadFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
 
-/// Reloads the config (DESIGN §3: validate completely, keep the old config on failure). The same
+/// Reloads the config (docs/DESIGN.md §3: validate completely, keep the old config on failure). The same
 /// hook should serve SIGHUP, so it must tolerate concurrent calls and record the outcome with
 /// [`Metrics::record_config_reload`].
 pub trait ReloadHook: Send + Sync {

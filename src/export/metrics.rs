@@ -49,7 +49,7 @@ pub enum MetricsError {
     Encode(#[from] std::fmt::Error),
 }
 
-/// The `outcome` label of a request that succeeded; every other value is an error kind of DESIGN §4.
+/// The `outcome` label of a request that succeeded; every other value is an error kind of docs/DESIGN.md §4.
 pub const OUTCOME_OK: &str = "ok";
 
 /// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values.
@@ -196,7 +196,7 @@ impl Metrics {
         metrics.register()
     }
 
-    /// Registers every family under its contract name (DESIGN §6). Counters are registered without
+    /// Registers every family under its contract name (docs/DESIGN.md §6). Counters are registered without
     /// `_total`, which the encoder appends; `Unit::Seconds` appends `_seconds` and emits `# UNIT`.
     fn register(mut self) -> Self {
         let r = &mut self.registry;
@@ -414,7 +414,7 @@ impl Metrics {
         &self.latency_bounds
     }
 
-    /// Records one finished request. `outcome` is `ok` or an error kind of DESIGN §4 (a bounded set:
+    /// Records one finished request. `outcome` is `ok` or an error kind of docs/DESIGN.md §4 (a bounded set:
     /// pass the client error's metric label, never free text). Latencies are in seconds and `None`
     /// where they do not exist (an error before the first token has no TTFT); error latency is
     /// recorded like any other.
@@ -458,7 +458,7 @@ impl Metrics {
     }
 
     /// Records the content chunks of one request as per-token gaps: each `(gap_seconds, tokens)`
-    /// counts `gap / tokens`, `tokens` times (DESIGN §4). Exported by `target`, `serving_mode` and
+    /// counts `gap / tokens`, `tokens` times (docs/DESIGN.md §4). Exported by `target`, `serving_mode` and
     /// `workload` only (`llm_canary_chunk_gap_seconds`); the step labels of `labels` are not used.
     pub fn record_chunk_gaps(&self, labels: &RequestLabels, gaps: &[(f64, u32)]) {
         if gaps.is_empty() {
@@ -519,7 +519,7 @@ impl Metrics {
             .set(i64::from(up));
     }
 
-    /// Publishes a step's summary (DESIGN §5) as the `llm_canary_step_*` gauges.
+    /// Publishes a step's summary (docs/DESIGN.md §5) as the `llm_canary_step_*` gauges.
     pub fn set_step(&self, labels: &StepLabels, summary: &StepSummary) {
         let latency_gauges = [
             (&self.step_ttft, summary.ttft),

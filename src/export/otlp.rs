@@ -1,4 +1,4 @@
-//! OTLP export of the per-request measurements (DESIGN §6): the same requests the Prometheus
+//! OTLP export of the per-request measurements (docs/DESIGN.md §6): the same requests the Prometheus
 //! histograms see, pushed as OpenTelemetry metrics under the GenAI semantic-convention names
 //! where one exists, and optionally one span per request with the first chunk as an event.
 //!

@@ -1,4 +1,4 @@
-//! Kubernetes integration (DESIGN §9): discovery of Dynamo deployments as targets, Lease-based
+//! Kubernetes integration (docs/DESIGN.md §9): discovery of Dynamo deployments as targets, Lease-based
 //! leader election (or sharding) that gates who sends traffic, and Events on SLO state changes.
 //! The module is named `k8s` so that it never shadows the `kube` crate.
 

@@ -1,5 +1,5 @@
 //! Step accumulation: what one step measured for one target and label set over its steady
-//! window, and the step result (DESIGN §5) computed from it at the step's end.
+//! window, and the step result (docs/DESIGN.md §5) computed from it at the step's end.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -231,7 +231,7 @@ impl StepAccumulator {
     }
 }
 
-/// What a step measured for one target and label set (DESIGN §5 "step results").
+/// What a step measured for one target and label set (docs/DESIGN.md §5 "step results").
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepMeasurements {
     pub requests: u64,

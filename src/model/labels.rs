@@ -4,7 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 
 use crate::config::ServingMode;
 
-/// The labels of every per-request and per-step series (DESIGN §5/§6; the names are [`REQUEST_LABELS`]). Labels that do not apply to
+/// The labels of every per-request and per-step series (docs/DESIGN.md §5/§6; the names are [`REQUEST_LABELS`]). Labels that do not apply to
 /// the workload are empty strings, always present, so every series of a family has the same keys.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::RequestLabels;
 use crate::measure::step::{Spread, StepMeasurements};
 
-/// The result of one step for one target and label set (DESIGN §5).
+/// The result of one step for one target and label set (docs/DESIGN.md §5).
 #[derive(Debug, Clone, Serialize)]
 pub struct StepResult {
     pub cycle: u64,
@@ -77,7 +77,7 @@ impl Quantiles {
     }
 }
 
-/// A step's summary over its steady window (DESIGN §5), exported as `llm_canary_step_*`. A `None`
+/// A step's summary over its steady window (docs/DESIGN.md §5), exported as `llm_canary_step_*`. A `None`
 /// removes the series, so a step without samples does not keep the previous cycle's value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepSummary {
@@ -111,7 +111,7 @@ pub struct ServerSnapshot {
     pub ttft_mean_seconds: Option<f64>,
 }
 
-/// What the server said about one step (DESIGN §5 "where scraped"): counter deltas between a
+/// What the server said about one step (docs/DESIGN.md §5 "where scraped"): counter deltas between a
 /// scrape at the step's start and one at its end (warmup and drain included, as the server cannot
 /// tell them apart), and KV usage over every scrape taken in between.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

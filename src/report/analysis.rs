@@ -1,4 +1,4 @@
-//! From step results to the source document's result tables (concurrency sweep, multi-turn,
+//! From step results to the benchmark plan's result tables (concurrency sweep, multi-turn,
 //! sequence distribution, prefix cache, cost efficiency), the answers to its four questions with
 //! the numbers behind them, and the recommendation table, each derived from the measurements.
 
@@ -14,10 +14,10 @@ use crate::model::StepResult;
 /// aggregated by at least this fraction (the document's "simple, least overhead" argument).
 pub(super) const DISAGG_MARGIN: f64 = 0.10;
 
-/// "High concurrency" in the source document's questions.
+/// "High concurrency" in the benchmark plan's questions.
 pub(super) const HIGH_CONCURRENCY: u32 = 32;
 
-/// "Low concurrency" in the source document's recommendation table.
+/// "Low concurrency" in the benchmark plan's recommendation table.
 pub(super) const LOW_CONCURRENCY: u32 = 8;
 
 /// R² from which the prefix-cache TTFT reduction counts as linear in the hit ratio.
@@ -111,7 +111,7 @@ impl Report {
         out
     }
 
-    /// Every table as Markdown, ready to paste into the source document.
+    /// Every table as Markdown, ready to paste into the benchmark plan (docs/DESIGN.md §11).
     pub fn to_markdown(&self) -> String {
         let mut out = format!("## Bench results\n\n{}\n", self.headline());
         for t in &self.tables {

@@ -1,4 +1,4 @@
-//! The bench report (`llm-canary bench`): one pass of the plan ([`bench`]), the source document's
+//! The bench report (`llm-canary bench`): one pass of the plan ([`bench`]), the benchmark plan's
 //! result tables, the answers to its four questions and the recommendation table built from the
 //! step results and the SLO verdicts ([`analysis`]), their renderings as text, Markdown, CSV and
 //! JSON ([`table`]), the per-request export `requests.jsonl` ([`records`]) and the self-contained
@@ -48,7 +48,7 @@ impl ReportError {
         }
     }
 
-    /// The process exit code (DESIGN §2): 2 bad usage or config, 1 runtime failure.
+    /// The process exit code (docs/DESIGN.md §2): 2 bad usage or config, 1 runtime failure.
     pub fn exit_code(&self) -> u8 {
         match self {
             ReportError::Usage(_) => 2,

@@ -1,5 +1,5 @@
-//! One result table and its renderings: aligned text for the terminal, Markdown to paste into the
-//! source document, CSV for spreadsheets. The JSON form is the table itself, serialised, so every
+//! One result table and its renderings: aligned text for the terminal, Markdown to paste into a
+//! report, CSV for spreadsheets. The JSON form is the table itself, serialised, so every
 //! rendering shows the same numbers: each number column carries its decimals, and a rendered cell
 //! is exactly the JSON number printed with them.
 

@@ -165,7 +165,7 @@ pub const A100: Gpu = Gpu {
     memory_gb: 80.0,
     bandwidth_tb_s: 2.039,
     bf16_tflops: 312.0,
-    // p4d.24xlarge: 8 × A100 80 GB (p4de list price; the source document's prefill node).
+    // p4d.24xlarge: 8 × A100 80 GB (p4de list price; the benchmark plan's prefill node).
     cost_per_hour_usd: 32.77 / 8.0,
 };
 

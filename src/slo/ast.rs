@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// The label names a selector may match on: the request and step labels of DESIGN §5.
+/// The label names a selector may match on: the request and step labels of docs/DESIGN.md §5.
 pub const LABELS: [&str; 8] = crate::model::REQUEST_LABELS;
 
 /// Step labels whose values are numbers, so `by (...)` fits and numeric matchers can use them.

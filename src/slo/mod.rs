@@ -1,4 +1,4 @@
-//! The SLO engine (DESIGN §7): the expression language ([`ast`], [`parse`]), statistical
+//! The SLO engine (docs/DESIGN.md §7): the expression language ([`ast`], [`parse`]), statistical
 //! evaluation over sliding HDR windows ([`eval`]), verdicts with `for` hysteresis ([`verdict`]),
 //! baselines from the target's own past ([`baseline`]), the running engine that publishes
 //! `llm_canary_slo_*` ([`engine`]) and the Prometheus rules generator ([`rules`]).
