@@ -18,6 +18,11 @@ pub struct Setup {
     pub domain: LabelDomain,
     /// The file it came from; `None` for the embedded demo.
     pub path: Option<PathBuf>,
+    /// What the config does that works but may not be what was meant, each at its place
+    /// (`check` prints them, `run` logs them).
+    pub warnings: Vec<config::Diagnostic>,
+    /// The file's name in messages.
+    file: String,
 }
 
 impl Setup {
@@ -68,12 +73,28 @@ impl Setup {
             file: file.to_owned(),
             diagnostics: vec![config::Diagnostic::new(None, e.to_string())],
         })?;
+        let warnings = window_warnings(&cfg);
         Ok(Setup {
             config: cfg,
             slos,
             domain,
             path,
+            warnings,
+            file: file.to_owned(),
         })
+    }
+
+    /// The warnings as `FILE:LINE:COL: warning: …` lines.
+    pub fn warning_lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for w in &self.warnings {
+            let err = ConfigError::Invalid {
+                file: self.file.clone(),
+                diagnostics: vec![w.clone()],
+            };
+            out.push(err.to_string());
+        }
+        out
     }
 
     /// The folder relative paths in the config (tokenizer, key files, CA files) resolve against.
@@ -92,6 +113,21 @@ impl Setup {
         }
     }
 
+    /// What the generated rules need of the config besides its SLOs: the routing labels, where
+    /// runbooks live, and how long a cycle takes.
+    pub fn rules_options(&self) -> crate::slo::rules::RulesOptions {
+        let a = &self.config.alerting;
+        crate::slo::rules::RulesOptions {
+            labels: a
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.value.clone()))
+                .collect(),
+            runbook_base_url: a.runbook_base_url.as_ref().map(|u| u.value.clone()),
+            cycle: self.config.cycle_upper_bound(),
+        }
+    }
+
     /// Every latency threshold of the SLOs, sorted and without duplicates: each becomes an exact
     /// histogram bucket bound, so the generated rules' `le` selectors hit a bucket.
     pub fn latency_thresholds(&self) -> Vec<f64> {
@@ -103,6 +139,37 @@ impl Setup {
         out.dedup();
         out
     }
+}
+
+/// An SLO window shorter than the cycle cannot see every step once per cycle: between a step's
+/// runs the SLO reads its latest run, held (see docs/SLO.md "Verdicts across the cycle"). That
+/// keeps the verdict steady, but it is worth saying: such a window never averages a cycle.
+fn window_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
+    let cycle = cfg.cycle_upper_bound();
+    let mut out = Vec::new();
+    for s in &cfg.slos {
+        if s.window.0 >= cycle {
+            continue;
+        }
+        let pos = s.window.pos.or(s.name.pos);
+        let minutes = |d: std::time::Duration| (d.as_secs_f64() / 60.0).ceil() as u64;
+        out.push(
+            config::Diagnostic::new(
+                pos,
+                format!(
+                    "warning: SLO `{}`: window {} is shorter than the cycle (up to {} min): between the runs of a step it selects, the SLO reads that step's latest run, held until the next",
+                    *s.name,
+                    humantime::format_duration(s.window.0),
+                    minutes(cycle)
+                ),
+            )
+            .hint(format!(
+                "a window of at least {}m covers a whole cycle; see docs/SLO.md, verdicts across the cycle",
+                minutes(cycle)
+            )),
+        );
+    }
+    out
 }
 
 #[cfg(test)]
@@ -122,6 +189,22 @@ mod tests {
     }
 
     #[test]
+    fn a_window_shorter_than_the_cycle_is_a_warning_at_its_place() {
+        let text = "targets:\n  - { name: a, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }\n\
+                    workloads:\n  concurrency_sweep: { levels: [1, 2], step: 10m }\n\
+                    slos:\n  - name: x\n    expr: p50(ttft) < 2s\n    window: 5m\n\
+                    \x20 - name: y\n    expr: p50(ttft) < 2s\n    window: 30m\n";
+        let setup = Setup::parse(text, "t.yaml", Path::new(".")).unwrap();
+        let lines = setup.warning_lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("t.yaml:8:13: warning: SLO `x`"),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("window 5m") && lines[0].contains("cycle (up to 21 min)"));
+    }
+
+    #[test]
     fn the_demo_compiles_its_slos_once_with_their_thresholds() {
         let demo = Setup::demo();
         assert_eq!(demo.slos.len(), demo.config.slos.len());
@@ -129,6 +212,7 @@ mod tests {
         let t = demo.latency_thresholds();
         assert!(t.windows(2).all(|w| w[0] < w[1]), "{t:?}");
         assert_eq!(demo.label(), "<embedded demo>");
+        assert!(demo.warnings.is_empty(), "{:?}", demo.warning_lines());
         assert_eq!(demo.base_dir(), Path::new("."));
     }
 }

@@ -168,6 +168,9 @@ fn check(args: &CheckArgs) -> ExitCode {
     match Setup::load(&args.config) {
         Ok(setup) => {
             let cfg = &setup.config;
+            for w in setup.warning_lines() {
+                eprintln!("{w}");
+            }
             match args.output {
                 CheckOutput::Summary => {
                     println!("{}: OK", args.config.display());
@@ -231,7 +234,13 @@ fn rules(args: &RulesArgs) -> ExitCode {
     };
     print!(
         "{}",
-        crate::slo::rules::generate(&setup.slos, &setup.domain, &source, format)
+        crate::slo::rules::generate(
+            &setup.slos,
+            &setup.domain,
+            &setup.rules_options(),
+            &source,
+            format,
+        )
     );
     ExitCode::SUCCESS
 }

@@ -1,6 +1,8 @@
 //! The configuration schema (docs/DESIGN.md §3): every key, its type and the benchmark plan's defaults.
 //! Unknown keys are errors everywhere (`deny_unknown_fields`).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::at::{At, Dur};
@@ -34,6 +36,8 @@ pub struct Config {
     pub slos: Vec<SloConfig>,
     #[serde(default)]
     pub export: Export,
+    #[serde(default)]
+    pub alerting: Alerting,
 }
 
 fn one() -> At<f64> {
@@ -133,6 +137,11 @@ pub struct KubeDiscovery {
     /// Several replicas coordinate through a Lease: one sends traffic, or each a share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_election: Option<LeaderElection>,
+    /// A ConfigMap (in the canary's namespace) for the SLO engine's state: baselines, pinned
+    /// baselines, verdicts and held steps survive a reschedule, an upgrade and a failover. The
+    /// leader writes it; absent = a file (`LLM_CANARY_STATE_FILE`, else the temp directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_configmap: Option<At<String>>,
 }
 
 fn yes() -> bool {
@@ -551,15 +560,41 @@ impl Default for Schedule {
     }
 }
 
+/// An alert's `severity` label, as kube-prometheus-stack's Alertmanager routes them. `page` and
+/// `ticket` are accepted as the older names of `critical` and `warning`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
-    Page,
+    #[serde(alias = "page")]
     Critical,
     #[default]
+    #[serde(alias = "ticket")]
     Warning,
-    Ticket,
     Info,
+}
+
+impl Severity {
+    /// The `severity` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Critical => "critical",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
+}
+
+/// What every generated alert carries, so Alertmanager can route it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alerting {
+    /// Labels on every alert (e.g. `cluster`, `team`); an SLO's own `labels` win.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, At<String>>,
+    /// Where runbooks live: an alert's `runbook_url` is this plus the page and anchor of the
+    /// project's docs it names (`SLO.md#when-an-slo-fails`); absent = `docs/` of the project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook_base_url: Option<At<String>>,
 }
 
 /// One SLO: a comparison expression (`expr`) or a burn-rate objective (`objective` + `sli`).
@@ -587,6 +622,12 @@ pub struct SloConfig {
     pub severity: Severity,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runbook_url: Option<String>,
+    /// Labels on this SLO's alerts (over `alerting.labels`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, At<String>>,
+    /// Annotations on this SLO's alerts (over the generated ones of the same name).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 fn slo_window() -> At<Dur> {

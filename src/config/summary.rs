@@ -36,6 +36,17 @@ impl Config {
             .collect()
     }
 
+    /// How long one cycle takes at most: every step's scheduled time, a whole drain grace after
+    /// each step, and the pause between cycles. (A cycle usually ends sooner: drains end when the
+    /// last request does; calibration and prefix warm-ups add seconds.) Windows that must see
+    /// every step once per cycle, and the "stuck" alerts, are sized from it.
+    pub fn cycle_upper_bound(&self) -> Duration {
+        let plan = self.cycle_plan();
+        let steps: u32 = plan.iter().map(|p| p.1 as u32).sum();
+        let sending: Duration = plan.iter().map(|p| p.2).sum();
+        sending + self.schedule.drain_grace.0 * steps + self.schedule.cycle_pause.0
+    }
+
     /// A short summary of everything the config will do.
     pub fn summary(&self) -> String {
         let mut out = String::new();

@@ -223,6 +223,26 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     {
         c.err(None, "discovery is on but finds nothing: `dynamo_graph_deployments` is false and there are no static targets", None);
     }
+    if let Some(name) = cfg
+        .discovery
+        .as_ref()
+        .and_then(|d| d.kubernetes.state_configmap.as_ref())
+    {
+        let dns = !name.is_empty()
+            && name.len() <= 253
+            && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'));
+        if !dns {
+            c.err(
+                name.pos,
+                format!("`state_configmap` `{}` is not a ConfigMap name", **name),
+                Some("lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit".into()),
+            );
+        }
+    }
 
     if let Some(tok) = &cfg.tokenizer {
         let p = base_dir.join(tok.as_str());
@@ -494,10 +514,48 @@ fn validate_schedule(c: &mut Check, cfg: &Config) {
     }
 }
 
+/// Labels the generated alerts set themselves; a config may not override them.
+const RESERVED_ALERT_LABELS: [&str; 4] = ["alertname", "slo", "severity", "__name__"];
+
+fn alert_labels(c: &mut Check, labels: &std::collections::BTreeMap<String, At<String>>, at: &str) {
+    for (name, value) in labels {
+        let valid = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
+            && name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !valid || name.starts_with("__") {
+            c.err(
+                value.pos,
+                format!("`{at}.{name}` is not a Prometheus label name"),
+                Some("letters, digits and `_`, not starting with a digit or `__`".into()),
+            );
+        } else if RESERVED_ALERT_LABELS.contains(&name.as_str()) {
+            c.err(
+                value.pos,
+                format!("`{at}.{name}` is set by the generated rules"),
+                Some(
+                    "use the SLO's `severity` for severity; `slo` and `alertname` are fixed".into(),
+                ),
+            );
+        }
+    }
+}
+
 fn validate_slos(c: &mut Check, cfg: &Config) {
+    alert_labels(c, &cfg.alerting.labels, "alerting.labels");
+    if let Some(base) = &cfg.alerting.runbook_base_url
+        && url::Url::parse(base).is_err()
+    {
+        c.err(
+            base.pos,
+            format!("`alerting.runbook_base_url` `{}` is not a URL", **base),
+            Some("e.g. https://wiki.example.com/llm-canary/".into()),
+        );
+    }
     let mut seen: HashMap<&str, ()> = HashMap::new();
     for s in &cfg.slos {
         c.label_safe_name(&s.name, "SLO name");
+        alert_labels(c, &s.labels, "labels");
         if seen.insert(s.name.as_str(), ()).is_some() {
             c.err(
                 s.name.pos,

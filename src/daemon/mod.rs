@@ -24,6 +24,7 @@ use crate::setup::Setup;
 use crate::shutdown::Shutdown;
 use crate::slo::SloEngine;
 use crate::slo::baseline::BaselineStore;
+use crate::slo::state::{EngineState, FileBackend, StateBackend};
 use crate::targets::Deployment;
 use live::{Live, LiveTarget, Reload};
 
@@ -99,26 +100,56 @@ impl StatusSource for Status {
     }
 }
 
-/// The SLO engine of `setup`, with its baselines in the state file (in memory if it cannot be
-/// read).
-fn slo_engine(setup: &Setup, metrics: &Arc<Metrics>) -> SloEngine {
-    let path = crate::slo::engine::default_state_file(setup.path.as_deref());
-    let baselines = BaselineStore::open(&path).unwrap_or_else(|e| {
-        tracing::warn!("{e}; starting with no baselines");
-        BaselineStore::in_memory()
-    });
-    tracing::info!(slos = setup.slos.len(), state_file = %path.display(), "SLO engine ready");
-    SloEngine::new(
+/// Where the SLO engine's state is kept: the ConfigMap of `state_configmap` in a cluster, else a
+/// file (`LLM_CANARY_STATE_FILE`, or the temp directory, named after the config path).
+fn state_backend(setup: &Setup, kube: Option<&crate::k8s::KubeParts>) -> Arc<dyn StateBackend> {
+    match kube.and_then(|k| k.state.clone()) {
+        Some(cm) => cm,
+        None => Arc::new(FileBackend::new(&crate::slo::engine::default_state_file(
+            setup.path.as_deref(),
+        ))),
+    }
+}
+
+/// Loads the saved SLO state from `backend` into `engine` (an unreadable state starts empty).
+async fn restore_state(engine: &SloEngine, backend: &dyn StateBackend) {
+    match backend.load().await.and_then(|b| match b {
+        Some(bytes) => EngineState::parse(&bytes).map(Some),
+        None => Ok(None),
+    }) {
+        Ok(Some(state)) => {
+            engine.restore(&state);
+            tracing::info!(from = %backend.describe(), verdicts = state.verdicts.len(), baseline_terms = state.terms.len(), pinned = state.pinned.len(), "SLO state restored");
+        }
+        Ok(None) => tracing::info!(at = %backend.describe(), "no saved SLO state yet"),
+        Err(e) => tracing::warn!("SLO state not restored ({e}); starting with none"),
+    }
+}
+
+/// The SLO engine of `setup`, its saved state restored and kept in `backend`.
+async fn slo_engine(
+    setup: &Setup,
+    metrics: &Arc<Metrics>,
+    backend: Arc<dyn StateBackend>,
+) -> SloEngine {
+    let engine = SloEngine::new(
         setup.slos.clone(),
         setup.domain.clone(),
-        baselines,
+        BaselineStore::in_memory(),
         Some(metrics.clone()),
-    )
+    );
+    restore_state(&engine, backend.as_ref()).await;
+    tracing::info!(slos = setup.slos.len(), state = %backend.describe(), "SLO engine ready");
+    engine.persist_to(backend);
+    engine
 }
 
 /// Runs the daemon until SIGTERM/SIGINT. `setup` is already validated.
 pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonError> {
     let setup = Arc::new(setup);
+    for w in setup.warning_lines() {
+        tracing::warn!("{w}");
+    }
     let cfg = &setup.config;
     let addr = listen.unwrap_or_else(|| cfg.export.listen.parse().expect("validated"));
     let listener = TcpListener::bind(addr)
@@ -160,12 +191,21 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         }
         None => None,
     };
-    let slo = Arc::new(slo_engine(&setup, &metrics));
-    // In a cluster: discovery, leader election and Events (docs/DESIGN.md §9).
+    // In a cluster: discovery, leader election, Events and the state ConfigMap (docs/DESIGN.md §9).
     let kube = match &cfg.discovery {
         Some(d) => Some(crate::k8s::KubeParts::start(&d.kubernetes, &shutdown).await?),
         None => None,
     };
+    let backend = state_backend(&setup, kube.as_ref());
+    let slo = Arc::new(slo_engine(&setup, &metrics, backend.clone()).await);
+    if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
+        shutdown.spawn(take_over_state_on_leading(
+            leadership,
+            Arc::clone(&slo),
+            backend,
+            shutdown.service(),
+        ));
+    }
     let events = kube.as_ref().and_then(|k| k.events.clone());
     if let Some(events) = &events {
         events.set_slos(&setup.slos);
@@ -211,6 +251,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
             slo: Arc::clone(&slo),
         }),
     );
+    let state = state.with_baselines(slo.clone(), cfg.export.reload_endpoint);
     let state = if cfg.export.reload_endpoint {
         state.with_reload(Arc::new(Reload(Arc::clone(&live))))
     } else {
@@ -270,6 +311,29 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     deployment.stop().await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// A replica that becomes the leader continues from the state its predecessor saved: it loads
+/// it before its first step (the scheduler waits for the same Leadership change).
+async fn take_over_state_on_leading(
+    mut leadership: tokio::sync::watch::Receiver<crate::schedule::Leadership>,
+    slo: Arc<SloEngine>,
+    backend: Arc<dyn StateBackend>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut was_active = leadership.borrow_and_update().is_active();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = leadership.changed() => if r.is_err() { return },
+        }
+        let active = leadership.borrow_and_update().is_active();
+        if active && !was_active {
+            tracing::info!("leading now: taking over the saved SLO state");
+            restore_state(&slo, backend.as_ref()).await;
+        }
+        was_active = active;
+    }
 }
 
 /// SIGTERM/SIGINT: stop sending and drain (bounded by [`SHUTDOWN_DRAIN`]); a second one exits at

@@ -86,6 +86,18 @@ where
     }
 }
 
+/// The pinned baselines behind `/api/v1/baselines`: list them, pin the current rolling baselines
+/// under a name, remove a pin (implemented by the SLO engine).
+pub trait BaselineHook: Send + Sync {
+    fn list(&self) -> serde_json::Value;
+    /// Pins every rolling baseline over `span` as `name`; how many terms were pinned.
+    fn pin(&self, name: &str, span: std::time::Duration) -> usize;
+    fn unpin(&self, name: &str) -> bool;
+}
+
+/// Span of a pin when the request names none: the seed plan's regression span.
+const DEFAULT_PIN_SPAN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// A response body written chunk by chunk with an exact length (so a `content-length`). `/metrics`
 /// hands over the exposition's chunks as they are kept (megabytes of latency series, shared, not
 /// joined), and hyper writes them with vectored writes; every other answer is one chunk.
@@ -155,6 +167,9 @@ pub struct AppState {
     readiness: Readiness,
     reload: Option<Arc<dyn ReloadHook>>,
     status: Arc<dyn StatusSource>,
+    baselines: Option<Arc<dyn BaselineHook>>,
+    /// Pinning and unpinning allowed (state-changing, gated like the reload endpoint).
+    baseline_writes: bool,
 }
 
 impl std::fmt::Debug for AppState {
@@ -174,7 +189,16 @@ impl AppState {
             readiness: Readiness::new(),
             reload: None,
             status,
+            baselines: None,
+            baseline_writes: false,
         }
+    }
+
+    /// Serves `/api/v1/baselines` from `hook`; `writes` allows pinning and unpinning.
+    pub fn with_baselines(mut self, hook: Arc<dyn BaselineHook>, writes: bool) -> Self {
+        self.baselines = Some(hook);
+        self.baseline_writes = writes;
+        self
     }
 
     /// Enables `POST /-/reload` with `hook`.
@@ -332,6 +356,31 @@ where
             }
             reload(state, request.into_body()).await
         }
+        "/api/v1/baselines" => match method {
+            Method::GET => match &state.baselines {
+                Some(b) => json(StatusCode::OK, &b.list()),
+                None => text(StatusCode::NOT_FOUND, "no SLO engine"),
+            },
+            Method::POST => pin(state, request.into_body()).await,
+            _ => method_not_allowed("GET, POST"),
+        },
+        path if path.starts_with("/api/v1/baselines/") => {
+            if method != Method::DELETE {
+                return method_not_allowed("DELETE");
+            }
+            let name = &path["/api/v1/baselines/".len()..];
+            match (&state.baselines, state.baseline_writes) {
+                (None, _) => text(StatusCode::NOT_FOUND, "no SLO engine"),
+                (Some(_), false) => text(
+                    StatusCode::FORBIDDEN,
+                    "baseline changes via HTTP are disabled",
+                ),
+                (Some(b), true) if b.unpin(name) => {
+                    text(StatusCode::OK, format!("unpinned {name}"))
+                }
+                (Some(_), true) => text(StatusCode::NOT_FOUND, "no such pinned baseline"),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found"),
     }
 }
@@ -405,6 +454,56 @@ where
             text(StatusCode::INTERNAL_SERVER_ERROR, error)
         }
     }
+}
+
+/// `POST /api/v1/baselines` with `{"name": "release-1.2", "span": "24h"}` (span optional).
+async fn pin<B>(state: &AppState, body: B) -> Response<ChunksBody>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let hook = match (&state.baselines, state.baseline_writes) {
+        (None, _) => return text(StatusCode::NOT_FOUND, "no SLO engine"),
+        (Some(_), false) => {
+            return text(
+                StatusCode::FORBIDDEN,
+                "baseline changes via HTTP are disabled",
+            );
+        }
+        (Some(b), true) => b.clone(),
+    };
+    let Ok(bytes) = Limited::new(body, MAX_REQUEST_BODY_BYTES).collect().await else {
+        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+    };
+    let request: serde_json::Value = match serde_json::from_slice(&bytes.to_bytes()) {
+        Ok(v) => v,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("not JSON: {e}")),
+    };
+    let Some(name) = request["name"]
+        .as_str()
+        .filter(|n| crate::slo::parse::valid_pin_name(n))
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "`name`: 1 to 63 letters, digits, `.`, `_` or `-`",
+        );
+    };
+    let span = match request["span"].as_str() {
+        None => DEFAULT_PIN_SPAN,
+        Some(t) => match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => d,
+            _ => return text(StatusCode::BAD_REQUEST, "`span`: a duration such as `24h`"),
+        },
+    };
+    let terms = hook.pin(name, span);
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"name": name, "span_seconds": span.as_secs_f64(), "terms": terms}),
+    )
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<ChunksBody> {
+    with_type(status, "application/json", value.to_string())
 }
 
 fn method_not_allowed(allow: &'static str) -> Response<ChunksBody> {

@@ -120,6 +120,7 @@ pub struct Metrics {
     pub(super) slo_threshold: Family<SloLabels, GaugeF64>,
     pub(super) slo_value_lower: Family<SloLabels, GaugeF64>,
     pub(super) slo_value_upper: Family<SloLabels, GaugeF64>,
+    pub(super) slo_data_age: Family<SloLabels, GaugeF64>,
 
     pub(super) target_up: Family<TargetLabels, Gauge>,
     pub(super) schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
@@ -187,6 +188,7 @@ impl Metrics {
             slo_threshold: Family::default(),
             slo_value_lower: Family::default(),
             slo_value_upper: Family::default(),
+            slo_data_age: Family::default(),
             target_up: Family::default(),
             schedule_lag: Family::new_with_constructor(lag),
             inflight: Family::default(),
@@ -368,6 +370,12 @@ impl Metrics {
             "llm_canary_slo_value_upper",
             "Upper bound of the 95 % confidence interval of the SLO's value",
             self.slo_value_upper.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_slo_data_age",
+            "Age of the newest step the SLO's stalest selector read (steps are held between runs)",
+            Unit::Seconds,
+            self.slo_data_age.clone(),
         );
 
         r.register(

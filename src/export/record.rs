@@ -190,6 +190,21 @@ impl Metrics {
         self.slo_state.get(slo)
     }
 
+    /// Publishes how old an SLO's data is; `None` (no data) removes the series.
+    pub fn set_slo_data_age(&self, slo: &str, seconds: Option<f64>) {
+        let labels = SloLabels {
+            slo: slo.to_owned(),
+        };
+        match seconds {
+            Some(s) => {
+                self.slo_data_age.get_or_create_owned(&labels).set(s);
+            }
+            None => {
+                self.slo_data_age.remove(&labels);
+            }
+        }
+    }
+
     /// Removes every series of an SLO that a reload deleted.
     pub fn remove_slo(&self, slo: &str) {
         self.slo_state.remove(slo);
@@ -201,6 +216,7 @@ impl Metrics {
             &self.slo_threshold,
             &self.slo_value_lower,
             &self.slo_value_upper,
+            &self.slo_data_age,
         ] {
             family.remove(&labels);
         }
@@ -236,7 +252,26 @@ impl SloPublisher for Metrics {
         Metrics::set_slo(self, slo, reading);
     }
 
+    fn set_slo_data_age(&self, slo: &str, seconds: Option<f64>) {
+        Metrics::set_slo_data_age(self, slo, seconds);
+    }
+
     fn remove_slo(&self, slo: &str) {
         Metrics::remove_slo(self, slo);
+    }
+}
+
+/// `/api/v1/baselines` reads and pins the SLO engine's baselines.
+impl crate::export::http::BaselineHook for crate::slo::SloEngine {
+    fn list(&self) -> serde_json::Value {
+        self.baselines_json()
+    }
+
+    fn pin(&self, name: &str, span: Duration) -> usize {
+        crate::slo::SloEngine::pin(self, name, span)
+    }
+
+    fn unpin(&self, name: &str) -> bool {
+        crate::slo::SloEngine::unpin(self, name)
     }
 }

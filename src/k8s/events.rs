@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use crate::client::RequestRecord;
 use crate::config::ServingMode;
 use crate::model::{RecordContext, Sink, TargetChange};
-use crate::slo::{SloDef, SloKind, StateChangeHook, matcher_accepts};
+use crate::slo::{SloDef, StateChangeHook, matcher_accepts};
 use crate::slo::{SloReading, SloState};
 
 /// Events waiting to be posted; beyond this the newest are dropped (and logged), so a stuck API
@@ -86,18 +86,7 @@ impl SloEvents {
         let scopes = defs
             .iter()
             .map(|d| {
-                let mut selectors = Vec::new();
-                match &d.kind {
-                    SloKind::Expr(c) => {
-                        let mut cmps = Vec::new();
-                        c.comparisons(&mut cmps);
-                        for (_, a, b) in cmps {
-                            a.selectors(&mut selectors);
-                            b.selectors(&mut selectors);
-                        }
-                    }
-                    SloKind::BurnRate { selector, .. } => selectors.push(selector),
-                }
+                let selectors = d.selectors();
                 let scope = selectors
                     .into_iter()
                     .map(|s| {

@@ -5,6 +5,7 @@
 pub mod discovery;
 pub mod events;
 pub mod lease;
+pub mod state;
 pub mod traffic;
 
 use std::time::Duration;
@@ -90,6 +91,8 @@ pub struct KubeParts {
     pub discovered: Option<tokio::sync::watch::Receiver<Vec<discovery::DiscoveredTarget>>>,
     pub leadership: Option<tokio::sync::watch::Receiver<lease::Leadership>>,
     pub events: Option<std::sync::Arc<events::SloEvents>>,
+    /// The SLO state's ConfigMap (`state_configmap`).
+    pub state: Option<std::sync::Arc<state::ConfigMapState>>,
 }
 
 impl KubeParts {
@@ -140,10 +143,22 @@ impl KubeParts {
         let events = cfg
             .events
             .then(|| events::SloEvents::start(client.clone(), &identity));
+        let state = cfg.state_configmap.as_ref().map(|name| {
+            tracing::info!(configmap = %**name, namespace = %identity.namespace, "SLO state kept in a ConfigMap");
+            std::sync::Arc::new(state::ConfigMapState::start(
+                client.clone(),
+                &identity.namespace,
+                name,
+                leadership.clone(),
+                stop.clone(),
+                shutdown.tracker(),
+            ))
+        });
         Ok(KubeParts {
             discovered,
             leadership,
             events,
+            state,
         })
     }
 }
@@ -210,6 +225,7 @@ mod tests {
             opt_in: false,
             events: true,
             leader_election: None,
+            state_configmap: None,
         };
         assert_eq!(watched_namespaces(&cfg, "monitoring"), ["monitoring"]);
         cfg.namespaces = vec!["b".into(), "a".into()];

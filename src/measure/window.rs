@@ -301,6 +301,33 @@ impl WindowSnapshot {
         }
     }
 
+    /// The recorded values as (value in scale units, count) pairs, ascending: a compact form to
+    /// save and restore (see [`WindowSnapshot::from_units`]).
+    pub fn to_units(&self) -> Vec<(u64, u64)> {
+        self.histogram
+            .iter_recorded()
+            .map(|b| (b.value_iterated_to(), u64::from(b.count_at_value())))
+            .collect()
+    }
+
+    /// A snapshot of `scale` holding the (units, count) pairs of [`WindowSnapshot::to_units`].
+    pub fn from_units(scale: ValueScale, pairs: &[(u64, u64)]) -> Self {
+        let mut snapshot = Self::empty(scale);
+        let max = scale.max_units();
+        for &(units, count) in pairs {
+            snapshot
+                .histogram
+                .saturating_record_n(units.min(max), count.min(u64::from(u32::MAX)) as u32);
+        }
+        snapshot
+    }
+
+    /// Adds one value (clamped to the scale, as a window does).
+    pub fn record(&mut self, value: f64) {
+        let (units, _) = self.scale.to_units(value);
+        self.histogram.saturating_record(units);
+    }
+
     /// Adds another snapshot's samples (same scale required).
     pub fn merge(&mut self, other: &WindowSnapshot) -> Result<(), WindowError> {
         if self.scale != other.scale {

@@ -102,6 +102,26 @@ impl RequestLabels {
         (3..8).map(move |i| pairs[i]).filter(|(_, v)| !v.is_empty())
     }
 
+    /// The labels from (name, value) pairs; unknown names are ignored, missing ones empty.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut l = RequestLabels::default();
+        for (name, value) in pairs {
+            let field = match name {
+                "target" => &mut l.target,
+                "serving_mode" => &mut l.serving_mode,
+                "workload" => &mut l.workload,
+                "concurrency" => &mut l.concurrency,
+                "turn" => &mut l.turn,
+                "distribution" => &mut l.distribution,
+                "isl_bucket" => &mut l.isl_bucket,
+                "prefix_ratio" => &mut l.prefix_ratio,
+                _ => continue,
+            };
+            *field = value.to_owned();
+        }
+        l
+    }
+
     /// The value of the label `name`; empty for a name that is not a request label.
     pub fn get(&self, name: &str) -> &str {
         self.pairs()
@@ -126,5 +146,6 @@ mod tests {
         assert_eq!(l.get("nope"), "");
         let steps: Vec<_> = l.step_pairs().collect();
         assert_eq!(steps, vec![("prefix_ratio", "0.25")]);
+        assert_eq!(RequestLabels::from_pairs(l.pairs()), l);
     }
 }

@@ -275,10 +275,29 @@ pub enum Value {
     Goodput(Selector, Vec<Objective>),
     /// `r2(expr) by (label)`, `slope(expr) by (label)`.
     Fit(Fit, Box<Value>, String),
-    /// `baseline(expr, 24h)`: the same expression over the completed cycles of the last `seconds`.
-    Baseline(Box<Value>, f64),
+    /// `baseline(expr, 24h)`: the same expression over the completed cycles of the last 24 h;
+    /// `baseline(expr, "name")`: its value in the baseline pinned as `name`.
+    Baseline(Box<Value>, BaselineRef),
     Neg(Box<Value>),
     Binary(BinOp, Box<Value>, Box<Value>),
+}
+
+/// Which past a `baseline(...)` compares with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BaselineRef {
+    /// The rolling baseline over the cycles of the last `seconds`.
+    Span(f64),
+    /// The baseline pinned under this name.
+    Pinned(String),
+}
+
+impl fmt::Display for BaselineRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BaselineRef::Span(s) => f.write_str(&format_duration(*s)),
+            BaselineRef::Pinned(name) => f.write_str(&quote(name)),
+        }
+    }
 }
 
 /// A condition: what an SLO asserts.
@@ -424,7 +443,7 @@ impl fmt::Display for Value {
                 f.write_str(")")
             }
             Value::Fit(fit, v, label) => write!(f, "{}({v}) by ({label})", fit.name()),
-            Value::Baseline(v, s) => write!(f, "baseline({v}, {})", format_duration(*s)),
+            Value::Baseline(v, r) => write!(f, "baseline({v}, {r})"),
             Value::Neg(v) => {
                 if v.precedence() < 3 || matches!(**v, Value::Neg(_)) {
                     write!(f, "-({v})")

@@ -1,13 +1,13 @@
-//! Baselines from the target's own past: each `baseline(expr, span)` keeps the value of `expr`
-//! in every completed cycle, in memory and in a small JSON state file, so a restarted daemon
-//! still compares against yesterday.
+//! Baselines from the target's own past: each `baseline(expr, span)` term keeps the value of
+//! `expr` in every completed cycle, and `baseline(expr, "name")` reads a baseline frozen
+//! ("pinned") under a name, e.g. the last good release. A cycle in which the SLO was failing
+//! is kept but does not count towards the rolling baseline: a regression that lasts a day never
+//! becomes the new normal. The engine saves all of it (`slo::state`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::SloError;
 use super::eval::Interval;
 
 /// Entries older than this are dropped: the longest baseline span anyone should need.
@@ -22,54 +22,58 @@ pub struct Entry {
     pub estimate: f64,
     pub lower: f64,
     pub upper: f64,
+    /// The SLO was failing when the cycle ended: kept, but not part of the rolling baseline.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failing: bool,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct StateFile {
-    version: u32,
-    terms: BTreeMap<String, Vec<Entry>>,
+impl Entry {
+    fn interval(&self) -> Interval {
+        Interval {
+            estimate: self.estimate,
+            lower: self.lower,
+            upper: self.upper,
+        }
+    }
 }
 
-/// Per-cycle values of every baseline term, keyed by `slo|expression`.
-#[derive(Debug, Default)]
+/// A baseline frozen under a name: every term's rolling baseline at the moment of pinning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pinned {
+    pub pinned_unix: f64,
+    /// The span the rolling baselines were taken over.
+    pub span_seconds: f64,
+    pub values: BTreeMap<String, Entry>,
+}
+
+/// Per-cycle values of every baseline term, keyed by `slo|expression`, and the pinned ones.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct BaselineStore {
-    path: Option<PathBuf>,
     terms: BTreeMap<String, Vec<Entry>>,
+    pinned: BTreeMap<String, Pinned>,
 }
 
 impl BaselineStore {
-    /// An in-memory store.
+    /// An empty store.
     pub fn in_memory() -> Self {
         Self::default()
     }
 
-    /// Loads `path` if it exists (a missing file is an empty store); later records save to it.
-    pub fn open(path: &Path) -> Result<Self, SloError> {
-        let fail = |message: String| SloError::State {
-            path: path.display().to_string(),
-            message,
-        };
-        let terms = match std::fs::read(path) {
-            Ok(bytes) => {
-                let state: StateFile =
-                    serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))?;
-                if state.version != 1 {
-                    return Err(fail(format!("unknown version {}", state.version)));
-                }
-                state.terms
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(fail(e.to_string())),
-        };
-        Ok(Self {
-            path: Some(path.to_owned()),
-            terms,
-        })
+    /// A store holding saved terms and pinned baselines.
+    pub fn from_saved(
+        terms: BTreeMap<String, Vec<Entry>>,
+        pinned: BTreeMap<String, Pinned>,
+    ) -> Self {
+        BaselineStore { terms, pinned }
     }
 
-    /// Adds one cycle's value of `key`, drops old entries and saves the file (atomically: a
-    /// crash leaves the previous file).
-    pub fn record(&mut self, key: &str, entry: Entry) -> Result<(), SloError> {
+    /// The terms and pinned baselines, to save.
+    pub fn saved(&self) -> (BTreeMap<String, Vec<Entry>>, BTreeMap<String, Pinned>) {
+        (self.terms.clone(), self.pinned.clone())
+    }
+
+    /// Adds one cycle's value of `key` and drops old entries.
+    pub fn record(&mut self, key: &str, entry: Entry) {
         let list = self.terms.entry(key.to_owned()).or_default();
         list.push(entry);
         let newest = entry.cycle_end_unix;
@@ -78,43 +82,23 @@ impl BaselineStore {
             let extra = list.len() - MAX_ENTRIES;
             list.drain(..extra);
         }
-        self.save()
     }
 
-    /// Drops the terms not in `keep` (SLOs removed or changed by a reload).
+    /// Drops the terms not in `keep` (SLOs removed or changed by a reload); pinned baselines
+    /// stay, as a reload may bring the SLO back.
     pub fn retain_keys(&mut self, keep: &[String]) {
         self.terms.retain(|k, _| keep.contains(k));
     }
 
-    fn save(&self) -> Result<(), SloError> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        let fail = |message: String| SloError::State {
-            path: path.display().to_string(),
-            message,
-        };
-        let state = StateFile {
-            version: 1,
-            terms: self.terms.clone(),
-        };
-        let bytes = serde_json::to_vec_pretty(&state).map_err(|e| fail(e.to_string()))?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-        }
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, bytes).map_err(|e| fail(e.to_string()))?;
-        std::fs::rename(&tmp, path).map_err(|e| fail(e.to_string()))
-    }
-
-    /// The baseline of `key` at `now_unix`: the mean of the per-cycle values (and of their
-    /// bounds) of the cycles that ended in the last `span_seconds`; `None` without any.
+    /// The rolling baseline of `key` at `now_unix`: the mean of the per-cycle values (and of
+    /// their bounds) of the passing cycles that ended in the last `span_seconds`; `None` without
+    /// any.
     pub fn lookup(&self, key: &str, now_unix: f64, span_seconds: f64) -> Option<Interval> {
         let entries: Vec<&Entry> = self
             .terms
             .get(key)?
             .iter()
-            .filter(|e| now_unix - e.cycle_end_unix <= span_seconds)
+            .filter(|e| !e.failing && now_unix - e.cycle_end_unix <= span_seconds)
             .collect();
         if entries.is_empty() {
             return None;
@@ -126,6 +110,53 @@ impl BaselineStore {
             lower: mean(|e| e.lower),
             upper: mean(|e| e.upper),
         })
+    }
+
+    /// The value of `key` in the baseline pinned as `name`.
+    pub fn pinned(&self, name: &str, key: &str) -> Option<Interval> {
+        self.pinned.get(name)?.values.get(key).map(Entry::interval)
+    }
+
+    /// Freezes every term's rolling baseline over `span_seconds` under `name` (replacing a pin of
+    /// that name); returns how many terms had a baseline to freeze.
+    pub fn pin(&mut self, name: &str, now_unix: f64, span_seconds: f64) -> usize {
+        let values: BTreeMap<String, Entry> = self
+            .terms
+            .keys()
+            .filter_map(|key| {
+                let i = self.lookup(key, now_unix, span_seconds)?;
+                Some((
+                    key.clone(),
+                    Entry {
+                        cycle_end_unix: now_unix,
+                        estimate: i.estimate,
+                        lower: i.lower,
+                        upper: i.upper,
+                        failing: false,
+                    },
+                ))
+            })
+            .collect();
+        let n = values.len();
+        self.pinned.insert(
+            name.to_owned(),
+            Pinned {
+                pinned_unix: now_unix,
+                span_seconds,
+                values,
+            },
+        );
+        n
+    }
+
+    /// Removes the pin `name`; whether there was one.
+    pub fn unpin(&mut self, name: &str) -> bool {
+        self.pinned.remove(name).is_some()
+    }
+
+    /// The pinned baselines.
+    pub fn pins(&self) -> &BTreeMap<String, Pinned> {
+        &self.pinned
     }
 
     /// Cycles kept for `key`.
@@ -144,30 +175,51 @@ mod tests {
             estimate: v,
             lower: v - 0.1,
             upper: v + 0.1,
+            failing: false,
         }
     }
 
     #[test]
-    fn baseline_survives_a_restart_and_ages_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state").join("baseline.json");
-        let mut store = BaselineStore::open(&path).unwrap();
+    fn the_rolling_baseline_ages_out_and_skips_failing_cycles() {
+        let mut store = BaselineStore::in_memory();
         assert_eq!(store.lookup("k", 1000.0, 86_400.0), None);
-        store.record("k", entry(1000.0, 1.0)).unwrap();
-        store.record("k", entry(2000.0, 2.0)).unwrap();
-
-        let reopened = BaselineStore::open(&path).unwrap();
-        let b = reopened.lookup("k", 2000.0, 86_400.0).unwrap();
+        store.record("k", entry(1000.0, 1.0));
+        store.record("k", entry(2000.0, 2.0));
+        let b = store.lookup("k", 2000.0, 86_400.0).unwrap();
         assert!((b.estimate - 1.5).abs() < 1e-12 && (b.lower - 1.4).abs() < 1e-12);
         // Only cycles inside the span count.
-        let recent = reopened
+        let recent = store
             .lookup("k", 2000.0 + 86_400.0 - 500.0, 86_400.0)
             .unwrap();
         assert!((recent.estimate - 2.0).abs() < 1e-12);
-        assert_eq!(reopened.lookup("k", 1e9, 86_400.0), None);
-        assert_eq!(reopened.len("k"), 2);
+        assert_eq!(store.lookup("k", 1e9, 86_400.0), None);
+        // A regressed cycle is kept but does not move the baseline.
+        store.record(
+            "k",
+            Entry {
+                failing: true,
+                ..entry(3000.0, 9.0)
+            },
+        );
+        assert_eq!(store.len("k"), 3);
+        let b = store.lookup("k", 3000.0, 86_400.0).unwrap();
+        assert!((b.estimate - 1.5).abs() < 1e-12, "{b:?}");
+    }
 
-        std::fs::write(&path, "{not json").unwrap();
-        assert!(BaselineStore::open(&path).is_err());
+    #[test]
+    fn a_pin_freezes_the_rolling_baseline_under_a_name() {
+        let mut store = BaselineStore::in_memory();
+        store.record("k", entry(1000.0, 1.0));
+        store.record("k", entry(2000.0, 3.0));
+        assert_eq!(store.pin("release-1", 2000.0, 86_400.0), 1);
+        store.record("k", entry(3000.0, 10.0));
+        let pinned = store.pinned("release-1", "k").unwrap();
+        assert!((pinned.estimate - 2.0).abs() < 1e-12, "{pinned:?}");
+        assert!(store.lookup("k", 3000.0, 86_400.0).unwrap().estimate > 4.0);
+        assert_eq!(store.pinned("release-2", "k"), None);
+        let (terms, pins) = store.saved();
+        let again = BaselineStore::from_saved(terms, pins);
+        assert_eq!(again, store);
+        assert!(store.unpin("release-1") && !store.unpin("release-1"));
     }
 }

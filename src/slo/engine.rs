@@ -11,11 +11,12 @@ use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult};
+use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
-use super::ast::{Cond, Objective, Value};
+use super::ast::{BaselineRef, Cond, Objective, Value};
 use super::baseline::{BaselineStore, Entry};
 use super::eval::{self, Ctx, Interval, RequestSample, Side, StepRecord, Store, Truth, Want};
+use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
 use super::verdict::{Raw, Verdict};
 use super::{LabelDomain, SloDef, SloKind};
 
@@ -26,6 +27,8 @@ pub const EVALUATION_INTERVAL: Duration = Duration::from_secs(5);
 pub trait SloPublisher: Send + Sync {
     fn set_slo(&self, slo: &str, reading: &SloReading);
     fn remove_slo(&self, slo: &str);
+    /// How old the newest data of the SLO's stalest selector is (`None`: no data).
+    fn set_slo_data_age(&self, _slo: &str, _seconds: Option<f64>) {}
 }
 
 /// Called on every state change of an SLO (the Kubernetes integration posts an Event).
@@ -44,6 +47,9 @@ pub struct SloStatus {
     pub sides: Vec<Side>,
     /// A clear verdict waiting for `for`: the state and the seconds it has held.
     pub pending: Option<(SloState, f64)>,
+    /// Seconds since the newest step of the SLO's stalest selector ended: how old the data the
+    /// verdict reads is (held steps make it older than the window; see `eval::Store`).
+    pub data_age_seconds: Option<f64>,
 }
 
 struct Inner {
@@ -63,6 +69,8 @@ pub struct SloEngine {
     pending: Mutex<HashMap<RequestLabels, Vec<RequestSample>>>,
     metrics: Option<Arc<dyn SloPublisher>>,
     hooks: RwLock<Vec<Arc<dyn StateChangeHook>>>,
+    /// Where the state is saved; `None`: in memory only (the bench, tests).
+    backend: RwLock<Option<Arc<dyn StateBackend>>>,
 }
 
 fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
@@ -144,10 +152,10 @@ fn collect(
     }
 }
 
-fn baseline_terms(c: &Cond) -> Vec<(Value, f64)> {
-    fn walk(v: &Value, out: &mut Vec<(Value, f64)>) {
+fn baseline_terms(c: &Cond) -> Vec<(Value, BaselineRef)> {
+    fn walk(v: &Value, out: &mut Vec<(Value, BaselineRef)>) {
         match v {
-            Value::Baseline(inner, span) => out.push(((**inner).clone(), *span)),
+            Value::Baseline(inner, past) => out.push(((**inner).clone(), past.clone())),
             Value::Fit(_, inner, _) | Value::Neg(inner) => walk(inner, out),
             Value::Binary(_, a, b) => {
                 walk(a, out);
@@ -200,6 +208,7 @@ impl SloEngine {
             pending: Mutex::new(HashMap::new()),
             metrics,
             hooks: RwLock::new(Vec::new()),
+            backend: RwLock::new(None),
         };
         // Every SLO is visible from the start, as insufficient_data.
         engine.with(|inner| {
@@ -214,6 +223,132 @@ impl SloEngine {
 
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Saves the state to `backend` from now on (after every step, cycle, verdict change and
+    /// pin).
+    pub fn persist_to(&self, backend: Arc<dyn StateBackend>) {
+        *self.backend.write().unwrap_or_else(PoisonError::into_inner) = Some(backend);
+    }
+
+    /// The state to save: baselines, pins, verdicts and held steps.
+    pub fn saved_state(&self) -> EngineState {
+        let (now, now_unix) = (Instant::now(), unix_now());
+        self.with(|inner| {
+            let (terms, pinned) = inner.baselines.saved();
+            let verdicts = inner
+                .defs
+                .iter()
+                .filter_map(|d| {
+                    let v = inner.verdicts.get(&d.name)?;
+                    Some((
+                        d.name.clone(),
+                        SavedVerdict {
+                            state: v.state.as_str().to_owned(),
+                            since_unix: v.since_unix,
+                            text: d.text(),
+                        },
+                    ))
+                })
+                .collect();
+            EngineState {
+                version: VERSION,
+                terms,
+                pinned,
+                verdicts,
+                held: inner.store.held(now, now_unix),
+                saved_unix: now_unix,
+            }
+        })
+    }
+
+    /// Takes over a saved state (at start, or when this replica becomes the leader): baselines
+    /// and pins, the verdict of every SLO whose definition is unchanged, and the held steps, so
+    /// the next evaluation reads what the last one before the save did.
+    pub fn restore(&self, state: &EngineState) {
+        let (now, now_unix) = (Instant::now(), unix_now());
+        self.with(|inner| {
+            inner.baselines = BaselineStore::from_saved(state.terms.clone(), state.pinned.clone());
+            for d in &inner.defs {
+                let Some(saved) = state.verdicts.get(&d.name) else {
+                    continue;
+                };
+                let Some(st) = SloState::ALL
+                    .into_iter()
+                    .find(|s| s.as_str() == saved.state)
+                else {
+                    continue;
+                };
+                if saved.text == d.text() {
+                    inner.verdicts.insert(
+                        d.name.clone(),
+                        Verdict::restored(st, saved.since_unix, now, now_unix),
+                    );
+                }
+            }
+            inner.store.restore_held(&state.held, now, now_unix);
+        });
+    }
+
+    /// Saves the state, where a backend is set.
+    fn save(&self) {
+        let backend = self
+            .backend
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(b) = backend {
+            b.save(self.saved_state().to_bytes());
+        }
+    }
+
+    /// Freezes every baseline term's rolling value over `span` under `name`; returns how many
+    /// terms had one.
+    pub fn pin(&self, name: &str, span: Duration) -> usize {
+        let n = self.with(|inner| inner.baselines.pin(name, unix_now(), span.as_secs_f64()));
+        tracing::info!(baseline = name, terms = n, span = ?span, "baseline pinned");
+        self.save();
+        n
+    }
+
+    /// Removes the baseline pinned as `name`; whether there was one.
+    pub fn unpin(&self, name: &str) -> bool {
+        let removed = self.with(|inner| inner.baselines.unpin(name));
+        if removed {
+            tracing::info!(baseline = name, "pinned baseline removed");
+            self.save();
+        }
+        removed
+    }
+
+    /// The pinned baselines and the rolling terms, as `/api/v1/baselines` shows them.
+    pub fn baselines_json(&self) -> Json {
+        self.with(|inner| {
+            let pins: serde_json::Map<String, Json> = inner
+                .baselines
+                .pins()
+                .iter()
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        json!({
+                            "pinned_unix": p.pinned_unix,
+                            "span_seconds": p.span_seconds,
+                            "terms": p.values.iter().map(|(k, e)| (k.clone(), json!({"estimate": e.estimate, "lower": e.lower, "upper": e.upper}))).collect::<serde_json::Map<_, _>>(),
+                        }),
+                    )
+                })
+                .collect();
+            let mut terms = serde_json::Map::new();
+            for d in &inner.defs {
+                let SloKind::Expr(c) = &d.kind else { continue };
+                for (term, _) in baseline_terms(c) {
+                    let key = eval::baseline_key(&d.name, &term);
+                    terms.insert(key.clone(), json!({"cycles": inner.baselines.len(&key)}));
+                }
+            }
+            json!({"pinned": pins, "terms": terms})
+        })
     }
 
     /// Registers a hook called on every state change.
@@ -346,6 +481,9 @@ impl SloEngine {
                 inner.store.commit(record, &samples, now, !faulted);
             }
         });
+        if !results.is_empty() {
+            self.save();
+        }
     }
 
     /// A cycle completed: every baseline term's value over the cycle is kept (and saved), and
@@ -356,6 +494,12 @@ impl SloEngine {
             let mut entries = Vec::new();
             for d in &inner.defs {
                 let SloKind::Expr(c) = &d.kind else { continue };
+                // A cycle the SLO failed in does not teach its baseline (a regression must not
+                // become the new normal).
+                let failing = inner
+                    .verdicts
+                    .get(&d.name)
+                    .is_some_and(|v| v.state == SloState::Fail);
                 for (term, _) in baseline_terms(c) {
                     let ctx = Ctx::of(d, &inner.cycle_store, &inner.baselines, &inner.domain, now, now_unix);
                     match eval::value(&ctx, &term) {
@@ -366,6 +510,7 @@ impl SloEngine {
                                 estimate: i.estimate,
                                 lower: i.lower,
                                 upper: i.upper,
+                                failing,
                             },
                         )),
                         Err(e) => tracing::info!(slo = %d.name, "no baseline from this cycle: {}", e.reason),
@@ -373,12 +518,11 @@ impl SloEngine {
                 }
             }
             for (key, entry) in entries {
-                if let Err(e) = inner.baselines.record(&key, entry) {
-                    tracing::warn!("{e}; the baseline is kept in memory only");
-                }
+                inner.baselines.record(&key, entry);
             }
             inner.cycle_store.clear();
         });
+        self.save();
     }
 
     /// Evaluates every SLO now.
@@ -402,6 +546,13 @@ impl SloEngine {
                     now_unix,
                 );
                 let (raw, reading, sides, reason) = evaluate_one(&ctx, d);
+                let data_age_seconds = d
+                    .selectors()
+                    .iter()
+                    .map(|sel| inner.store.newest(&sel.matchers))
+                    .collect::<Option<Vec<Instant>>>()
+                    .and_then(|newest| newest.into_iter().min())
+                    .map(|at| now.saturating_duration_since(at).as_secs_f64());
                 let verdict = inner
                     .verdicts
                     .entry(d.name.clone())
@@ -429,6 +580,7 @@ impl SloEngine {
                     pending: verdict
                         .pending()
                         .map(|(s, at)| (s, now.saturating_duration_since(at).as_secs_f64())),
+                    data_age_seconds,
                 };
                 inner.status.insert(d.name.clone(), status.clone());
                 out.push((d.name.clone(), status));
@@ -438,6 +590,7 @@ impl SloEngine {
         if let Some(m) = &self.metrics {
             for (name, status) in &statuses {
                 m.set_slo(name, &status.reading);
+                m.set_slo_data_age(name, status.data_age_seconds);
             }
         }
         let hooks = self
@@ -445,6 +598,7 @@ impl SloEngine {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let changed = !changes.is_empty();
         for (name, old, new, reading, reason) in changes {
             let fmt = |v: Option<f64>| v.map(|v| format!("{v:.6}")).unwrap_or_else(|| "-".into());
             let line = format!(
@@ -465,6 +619,9 @@ impl SloEngine {
             for h in &hooks {
                 h.on_state_change(&name, old, new, &reading);
             }
+        }
+        if changed {
+            self.save();
         }
         statuses
     }
@@ -498,6 +655,7 @@ impl SloEngine {
                         "threshold": st.and_then(|s| num(s.reading.threshold)),
                         "reason": st.and_then(|s| s.reason.clone()),
                         "comparisons": st.map(|s| s.sides.iter().map(side_json).collect::<Vec<_>>()).unwrap_or_default(),
+                        "data_age_seconds": st.and_then(|s| s.data_age_seconds),
                         "pending": st.and_then(|s| s.pending.map(|(p, held)| json!({"state": p.as_str(), "held_seconds": held, "for_seconds": d.for_.as_secs_f64()}))),
                         "window_seconds": d.window.as_secs_f64(),
                         "min_samples": d.min_samples,
@@ -518,6 +676,16 @@ impl SloEngine {
 
 /// The engine reads steady-window requests only: warmup measures nothing.
 impl Sink for SloEngine {
+    /// A target that left takes its data with it: nothing of it is held any more.
+    fn targets(&self, change: &TargetChange<'_>) {
+        self.with(|inner| {
+            for gone in change.removed {
+                inner.store.forget_target(gone);
+                inner.cycle_store.forget_target(gone);
+            }
+        });
+    }
+
     fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         if ctx.phase == Phase::Steady {
             self.observe_record(ctx.labels, rec);
@@ -715,6 +883,8 @@ mod tests {
             for_: Duration::from_secs(for_secs),
             severity: Severity::Warning,
             runbook_url: None,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         }
     }
 
@@ -905,8 +1075,10 @@ mod tests {
             window: Duration::from_secs(60),
             min_samples: 50,
             for_: Duration::ZERO,
-            severity: Severity::Page,
+            severity: Severity::Critical,
             runbook_url: None,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         };
         let engine = in_memory_engine(vec![burn]);
         let mut rng = StdRng::seed_from_u64(9);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::state::{Held, HeldSeries, HeldStep};
 pub use crate::measure::stats::{Interval, wilson};
 use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
 use crate::measure::step::Counts;
@@ -119,14 +120,30 @@ type WindowKey = (RequestLabels, Measure, Duration);
 /// smoothly samples leave the window.
 const SLOTS: usize = 6;
 
+/// One series' distribution of one measure: its sliding window, and the samples of its latest
+/// step, held for as long as the series exists.
+#[derive(Debug)]
+struct Series {
+    window: SlidingWindow,
+    latest: WindowSnapshot,
+}
+
 /// The measurements the SLOs read: per-series sliding windows of the distributions some SLO
 /// wants (memory is spent only on those), and the recent step totals.
+///
+/// **Held steps.** A step of the cycle runs once per cycle, and a window shorter than the cycle
+/// (or a pause) would leave it empty between runs, so verdicts would flap with the cycle's
+/// position. So every lookup reads, per series, the steps that ended inside the window, or, when
+/// none did, the series' latest step however old: data only ever leaves an SLO by being
+/// replaced with newer data (or with its target). [`Store::newest`] says how old the data is.
 #[derive(Debug)]
 pub struct Store {
     wants: Vec<Want>,
     objective_sets: Vec<Vec<Objective>>,
-    windows: HashMap<WindowKey, SlidingWindow>,
+    windows: HashMap<WindowKey, Series>,
     steps: VecDeque<StepRecord>,
+    /// The latest step of every series, kept after it leaves `steps`.
+    latest: HashMap<RequestLabels, StepRecord>,
     /// Step totals older than this are dropped.
     keep: Duration,
     /// `Some(w)`: one window per series that never rotates (a cycle's accumulation for
@@ -150,6 +167,7 @@ impl Store {
             objective_sets,
             windows: HashMap::new(),
             steps: VecDeque::new(),
+            latest: HashMap::new(),
             keep,
             fixed: None,
         }
@@ -169,6 +187,7 @@ impl Store {
             objective_sets,
             windows: HashMap::new(),
             steps: VecDeque::new(),
+            latest: HashMap::new(),
             keep: CYCLE_SPAN,
             fixed: Some(CYCLE_SPAN),
         }
@@ -178,6 +197,24 @@ impl Store {
     pub fn clear(&mut self) {
         self.windows.clear();
         self.steps.clear();
+        self.latest.clear();
+    }
+
+    /// Forgets every series of `target` (it left the target set): its data no longer holds.
+    pub fn forget_target(&mut self, target: &str) {
+        self.windows
+            .retain(|(labels, _, _), _| labels.target != target);
+        self.steps.retain(|r| r.labels.target != target);
+        self.latest.retain(|labels, _| labels.target != target);
+    }
+
+    /// When the newest step of a series matching `matchers` ended, if any matches.
+    pub fn newest(&self, matchers: &[Matcher]) -> Option<Instant> {
+        self.latest
+            .values()
+            .filter(|r| labels_match(&r.labels, matchers))
+            .map(|r| r.at)
+            .max()
     }
 
     fn key_window(&self, w: Duration) -> Duration {
@@ -204,7 +241,7 @@ impl Store {
         for (measure, window) in targets {
             let key = (record.labels.clone(), measure, window);
             let slots = if self.fixed.is_some() { 1 } else { SLOTS };
-            let sliding = match self.windows.entry(key) {
+            let series = match self.windows.entry(key) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let config = WindowConfig {
@@ -213,15 +250,20 @@ impl Store {
                         scale: ValueScale::SECONDS,
                     };
                     match SlidingWindow::new(config, now) {
-                        Ok(w) => e.insert(w),
+                        Ok(w) => e.insert(Series {
+                            window: w,
+                            latest: WindowSnapshot::empty(ValueScale::SECONDS),
+                        }),
                         // Only a zero window fails, which validation rejects.
                         Err(_) => continue,
                     }
                 }
             };
+            series.latest = WindowSnapshot::empty(ValueScale::SECONDS);
             for s in samples {
                 if let Some(v) = s.get(measure) {
-                    sliding.record(v, now);
+                    series.window.record(v, now);
+                    series.latest.record(v);
                 }
             }
         }
@@ -230,6 +272,7 @@ impl Store {
             record.good.insert(objectives_key(set), good);
         }
         record.at = now;
+        self.latest.insert(record.labels.clone(), record.clone());
         self.steps.push_back(record);
         while let Some(front) = self.steps.front() {
             if now.saturating_duration_since(front.at) > self.keep {
@@ -250,24 +293,42 @@ impl Store {
     ) -> WindowSnapshot {
         let window = self.key_window(window);
         let mut merged = WindowSnapshot::empty(ValueScale::SECONDS);
-        for ((labels, m, w), sliding) in &self.windows {
+        for ((labels, m, w), series) in &self.windows {
             if *m == measure && *w == window && labels_match(labels, matchers) {
+                // A step's samples are recorded at its end, so they leave the window together:
+                // an empty window means the latest step has left it, and it is held.
+                let inside = series.window.snapshot(now);
+                let read = if inside.is_empty() {
+                    &series.latest
+                } else {
+                    &inside
+                };
                 // Same scale by construction.
-                let _ = merged.merge(&sliding.snapshot(now));
+                let _ = merged.merge(read);
             }
         }
         merged
     }
 
-    /// Totals of the steps of matching series that ended within `window`.
+    /// Totals of the steps of matching series that ended within `window`, and of the latest step
+    /// of each matching series that has none there (held).
     pub fn totals(&self, matchers: &[Matcher], window: Duration, now: Instant) -> Totals {
         let mut t = Totals::default();
         let mut instances: HashMap<&str, f64> = HashMap::new();
-        for r in &self.steps {
-            let inside = self.fixed.is_some() || now.saturating_duration_since(r.at) <= window;
-            if !inside || !labels_match(&r.labels, matchers) {
-                continue;
-            }
+        let mut seen: HashSet<&RequestLabels> = HashSet::new();
+        let inside = self
+            .steps
+            .iter()
+            .filter(|r| self.fixed.is_some() || now.saturating_duration_since(r.at) <= window);
+        let inside: Vec<&StepRecord> = inside
+            .filter(|r| labels_match(&r.labels, matchers))
+            .collect();
+        seen.extend(inside.iter().map(|r| &r.labels));
+        let held = self
+            .latest
+            .values()
+            .filter(|r| !seen.contains(&r.labels) && labels_match(&r.labels, matchers));
+        for r in inside.into_iter().chain(held) {
             t.counts.add(&r.counts);
             if let Some(c) = r.cost_usd {
                 t.cost_usd += c;
@@ -281,6 +342,113 @@ impl Store {
         }
         t.steady_seconds = instances.values().sum();
         t
+    }
+
+    /// The latest step of every series, to save (`slo::state`); instants as Unix times.
+    pub fn held(&self, now: Instant, now_unix: f64) -> Held {
+        let unix = |at: Instant| now_unix - now.saturating_duration_since(at).as_secs_f64();
+        let map = |l: &RequestLabels| -> BTreeMap<String, String> {
+            l.pairs()
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        let mut series: Vec<HeldSeries> = self
+            .windows
+            .iter()
+            .filter(|(_, s)| !s.latest.is_empty())
+            .filter_map(|((labels, measure, window), s)| {
+                let at = self.latest.get(labels)?.at;
+                Some(HeldSeries {
+                    labels: map(labels),
+                    measure: measure.name().to_owned(),
+                    window_seconds: window.as_secs_f64(),
+                    at_unix: unix(at),
+                    values: s.latest.to_units(),
+                })
+            })
+            .collect();
+        series.sort_by(|a, b| (&a.labels, &a.measure).cmp(&(&b.labels, &b.measure)));
+        let mut steps: Vec<HeldStep> = self
+            .latest
+            .values()
+            .map(|r| HeldStep {
+                labels: map(&r.labels),
+                instance: r.instance.clone(),
+                at_unix: unix(r.at),
+                requests: r.counts.requests,
+                ok: r.counts.ok,
+                errors: r.counts.errors,
+                prompt_tokens: r.counts.prompt_tokens,
+                cached_tokens: r.counts.cached_tokens,
+                output_tokens: r.counts.output_tokens,
+                steady_seconds: r.steady_seconds,
+                cost_usd: r.cost_usd,
+                good: r.good.clone(),
+            })
+            .collect();
+        steps.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Held { series, steps }
+    }
+
+    /// Restores saved latest steps as held data: each one the SLOs still want, with its age kept.
+    pub fn restore_held(&mut self, held: &Held, now: Instant, now_unix: f64) {
+        let instant = |at_unix: f64| {
+            let age = Duration::from_secs_f64((now_unix - at_unix).max(0.0));
+            now.checked_sub(age).unwrap_or(now)
+        };
+        let labels = |m: &BTreeMap<String, String>| {
+            RequestLabels::from_pairs(m.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        };
+        for h in &held.steps {
+            let record = StepRecord {
+                labels: labels(&h.labels),
+                instance: h.instance.clone(),
+                at: instant(h.at_unix),
+                counts: Counts {
+                    requests: h.requests,
+                    ok: h.ok,
+                    errors: h.errors,
+                    prompt_tokens: h.prompt_tokens,
+                    cached_tokens: h.cached_tokens,
+                    output_tokens: h.output_tokens,
+                },
+                steady_seconds: h.steady_seconds,
+                cost_usd: h.cost_usd,
+                good: h.good.clone(),
+            };
+            self.latest.insert(record.labels.clone(), record);
+        }
+        for h in &held.series {
+            let Some(measure) = Measure::by_name(&h.measure) else {
+                continue;
+            };
+            let window = self.key_window(Duration::from_secs_f64(h.window_seconds));
+            let l = labels(&h.labels);
+            let wanted = self.wants.iter().any(|w| {
+                w.measure == measure && w.window == window && labels_match(&l, &w.matchers)
+            });
+            if !wanted {
+                continue;
+            }
+            let slots = if self.fixed.is_some() { 1 } else { SLOTS };
+            let config = WindowConfig {
+                window,
+                slots,
+                scale: ValueScale::SECONDS,
+            };
+            let Ok(sliding) = SlidingWindow::new(config, now) else {
+                continue;
+            };
+            self.windows.insert(
+                (l, measure, window),
+                Series {
+                    window: sliding,
+                    latest: WindowSnapshot::from_units(ValueScale::SECONDS, &h.values),
+                },
+            );
+        }
     }
 
     /// Number of windows held (memory is about 94 KiB per slot of each).
@@ -467,16 +635,27 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
                 Fit::R2 => r2_interval(&xs, &ys),
             })
         }
-        Value::Baseline(inner, span) => {
+        Value::Baseline(inner, past) => {
             let key = baseline_key(ctx.slo, inner);
-            ctx.cycle_baselines
-                .lookup(&key, ctx.now_unix, *span)
-                .ok_or_else(|| Insufficient {
-                    reason: format!(
-                        "{v}: no completed cycle in the last {}",
-                        format_duration(*span)
-                    ),
-                })
+            match past {
+                BaselineRef::Span(span) => ctx
+                    .cycle_baselines
+                    .lookup(&key, ctx.now_unix, *span)
+                    .ok_or_else(|| Insufficient {
+                        reason: format!(
+                            "{v}: no completed passing cycle in the last {}",
+                            format_duration(*span)
+                        ),
+                    }),
+                BaselineRef::Pinned(name) => ctx
+                    .cycle_baselines
+                    .pinned(name, &key)
+                    .ok_or_else(|| Insufficient {
+                        reason: format!(
+                            "{v}: no baseline pinned as `{name}` holds this term (pin one with POST /api/v1/baselines)"
+                        ),
+                    }),
+            }
         }
     }
 }

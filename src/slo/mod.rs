@@ -10,6 +10,7 @@ pub mod eval;
 mod lex;
 pub mod parse;
 pub mod rules;
+pub mod state;
 pub mod verdict;
 
 use std::collections::BTreeMap;
@@ -67,6 +68,9 @@ pub struct SloDef {
     pub for_: Duration,
     pub severity: Severity,
     pub runbook_url: Option<String>,
+    /// Labels on the SLO's alerts (the config's `alerting.labels` are added when generating).
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Burn-rate SLOs without a `period` use the common 30 days.
@@ -88,6 +92,23 @@ impl SloDef {
                 ast::format_duration(period.as_secs_f64())
             ),
         }
+    }
+
+    /// Every selector the SLO reads (a burn-rate SLO's one, or each side's of every comparison).
+    pub fn selectors(&self) -> Vec<&Selector> {
+        let mut out = Vec::new();
+        match &self.kind {
+            SloKind::Expr(c) => {
+                let mut cmps = Vec::new();
+                c.comparisons(&mut cmps);
+                for (_, a, b) in cmps {
+                    a.selectors(&mut out);
+                    b.selectors(&mut out);
+                }
+            }
+            SloKind::BurnRate { selector, .. } => out.push(selector),
+        }
+        out
     }
 
     /// Latency thresholds (seconds) that should be exact histogram bucket bounds: SLI thresholds,
@@ -259,6 +280,12 @@ pub fn compile(slo: &SloConfig, domain: &LabelDomain) -> Result<SloDef, SloError
         for_: slo.for_.value.0,
         severity: slo.severity,
         runbook_url: slo.runbook_url.clone(),
+        labels: slo
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value.clone()))
+            .collect(),
+        annotations: slo.annotations.clone(),
     })
 }
 
@@ -404,7 +431,9 @@ pub fn pin_label(v: &Value, label: &str, value: &str) -> Value {
         Value::Fit(f, inner, l) => {
             Value::Fit(*f, Box::new(pin_label(inner, label, value)), l.clone())
         }
-        Value::Baseline(inner, d) => Value::Baseline(Box::new(pin_label(inner, label, value)), *d),
+        Value::Baseline(inner, r) => {
+            Value::Baseline(Box::new(pin_label(inner, label, value)), r.clone())
+        }
         Value::Neg(inner) => Value::Neg(Box::new(pin_label(inner, label, value))),
         Value::Binary(op, a, b) => Value::Binary(
             *op,

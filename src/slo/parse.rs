@@ -458,17 +458,28 @@ impl Parser {
                 }
                 self.expect(
                     Tok::Comma,
-                    "and a duration such as `24h` in `baseline(...)`",
+                    "and a duration such as `24h` (or a pinned baseline's name) in `baseline(...)`",
                 )?;
                 let d_at = self.offset();
-                let seconds = match self.next() {
-                    Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
+                let past = match self.next() {
+                    Tok::Duration(d) if d > 0.0 && d.is_finite() => BaselineRef::Span(d),
+                    Tok::Str(name) if valid_pin_name(&name) => BaselineRef::Pinned(name),
+                    Tok::Str(_) => {
+                        return err(
+                            d_at,
+                            "a pinned baseline's name has 1 to 63 letters, digits, `.`, `_` or `-`",
+                        );
+                    }
                     other => {
-                        return expected(d_at, "a positive duration such as `24h`", &other);
+                        return expected(
+                            d_at,
+                            "a positive duration such as `24h` or a pinned baseline's name such as \"release-1.2\"",
+                            &other,
+                        );
                     }
                 };
                 self.expect(Tok::RParen, "to close `baseline(`")?;
-                Ok(Value::Baseline(Box::new(inner), seconds))
+                Ok(Value::Baseline(Box::new(inner), past))
             }
             "goodput" => {
                 let sel_at = self.offset();
@@ -698,6 +709,15 @@ fn contains(v: &Value, pred: &dyn Fn(&Value) -> bool) -> bool {
         Value::Binary(_, a, b) => contains(a, pred) || contains(b, pred),
         _ => false,
     }
+}
+
+/// A pinned baseline's name: 1 to 63 letters, digits, `.`, `_` or `-` (it becomes part of URLs
+/// and log lines).
+pub fn valid_pin_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// A label regex as PromQL reads it: anchored at both ends.
@@ -978,8 +998,10 @@ mod tests {
                     prop::sample::select(NUMERIC_LABELS.to_vec())
                 )
                     .prop_map(|(f, v, l)| Value::Fit(f, Box::new(v), l.to_owned())),
-                1 => (with_data, duration())
-                    .prop_map(|(v, d)| Value::Baseline(Box::new(v), d)),
+                1 => (with_data.clone(), duration())
+                    .prop_map(|(v, d)| Value::Baseline(Box::new(v), BaselineRef::Span(d))),
+                1 => (with_data, prop::sample::select(vec!["release-1.2", "good_v3"]))
+                    .prop_map(|(v, n)| Value::Baseline(Box::new(v), BaselineRef::Pinned(n.to_owned()))),
             ]
         }
 

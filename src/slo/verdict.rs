@@ -73,6 +73,18 @@ impl Verdict {
         }
     }
 
+    /// A verdict saved before a restart: `state` since `since_unix` (the instant is mapped onto
+    /// this process's clock).
+    pub fn restored(state: SloState, since_unix: f64, now: Instant, now_unix: f64) -> Self {
+        let age = Duration::from_secs_f64((now_unix - since_unix).max(0.0));
+        Verdict {
+            state,
+            since: now.checked_sub(age).unwrap_or(now),
+            since_unix,
+            pending: None,
+        }
+    }
+
     /// The state a clear verdict is waiting to become, and since when.
     pub fn pending(&self) -> Option<(SloState, Instant)> {
         self.pending
