@@ -142,6 +142,21 @@ pub struct KubeDiscovery {
     /// leader writes it; absent = a file (`LLM_CANARY_STATE_FILE`, else the temp directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_configmap: Option<At<String>>,
+    /// A PrometheusRule (in the canary's namespace) that the leader keeps equal to
+    /// `llm-canary rules` for the config in force, rewritten after every reload: no stale rules
+    /// after an SLO changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus_rule: Option<ManagedRule>,
+}
+
+/// The PrometheusRule the daemon keeps.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagedRule {
+    pub name: At<String>,
+    /// Labels on the object (kube-prometheus-stack selects rules by its `release` label).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn yes() -> bool {

@@ -223,24 +223,30 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     {
         c.err(None, "discovery is on but finds nothing: `dynamo_graph_deployments` is false and there are no static targets", None);
     }
-    if let Some(name) = cfg
-        .discovery
-        .as_ref()
-        .and_then(|d| d.kubernetes.state_configmap.as_ref())
-    {
-        let dns = !name.is_empty()
-            && name.len() <= 253
-            && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'));
-        if !dns {
-            c.err(
-                name.pos,
-                format!("`state_configmap` `{}` is not a ConfigMap name", **name),
-                Some("lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit".into()),
-            );
+    if let Some(k) = cfg.discovery.as_ref().map(|d| &d.kubernetes) {
+        let names = [
+            ("state_configmap", k.state_configmap.as_ref()),
+            (
+                "prometheus_rule.name",
+                k.prometheus_rule.as_ref().map(|r| &r.name),
+            ),
+        ];
+        for (key, name) in names {
+            let Some(name) = name else { continue };
+            let dns = !name.is_empty()
+                && name.len() <= 253
+                && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && name.chars().all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.')
+                });
+            if !dns {
+                c.err(
+                    name.pos,
+                    format!("`{key}` `{}` is not a Kubernetes object name", **name),
+                    Some("lower-case letters, digits, `-` and `.`, starting and ending with a letter or digit".into()),
+                );
+            }
         }
     }
 

@@ -81,6 +81,36 @@ pub(super) fn target_set(targets: &[LiveTarget]) -> TargetSet {
     }
 }
 
+/// Keeps the PrometheusRule of `prometheus_rule` equal to the rules of the setup in force,
+/// written only while this replica may send (the leader's rules win).
+pub(super) struct RulesPublisher {
+    pub(super) rules: crate::k8s::rules::ManagedRules,
+    pub(super) leadership: Option<watch::Receiver<crate::schedule::Leadership>>,
+}
+
+impl RulesPublisher {
+    pub(super) async fn publish(&self, setup: &Setup) {
+        if self
+            .leadership
+            .as_ref()
+            .is_some_and(|l| !l.borrow().is_active())
+        {
+            return;
+        }
+        let text = crate::slo::rules::generate(
+            &setup.slos,
+            &setup.domain,
+            &setup.rules_options(),
+            &setup.label(),
+            crate::slo::rules::Format::Rules,
+        );
+        match self.rules.publish(&text).await {
+            Ok(()) => tracing::info!(slos = setup.slos.len(), "PrometheusRule updated"),
+            Err(e) => tracing::warn!("cannot update the PrometheusRule: {e}"),
+        }
+    }
+}
+
 /// The setup in force and what a reload changes.
 pub(super) struct Live {
     setup: Mutex<Arc<Setup>>,
@@ -95,6 +125,7 @@ pub(super) struct Live {
     tasks: TaskTracker,
     slo: Arc<SloEngine>,
     events: Option<Arc<SloEvents>>,
+    rules: Option<Arc<RulesPublisher>>,
     /// One reload at a time (SIGHUP, `POST /-/reload` and the file watch may coincide).
     reloading: tokio::sync::Mutex<()>,
     /// Hash of the file's content as last loaded or rejected: the file watch reloads on change.
@@ -110,6 +141,7 @@ impl Live {
         targets: Vec<LiveTarget>,
         slo: Arc<SloEngine>,
         events: Option<Arc<SloEvents>>,
+        rules: Option<Arc<RulesPublisher>>,
         tasks: TaskTracker,
     ) -> (Live, watch::Receiver<TargetSet>) {
         let (statics, rx) = watch::channel(target_set(&targets));
@@ -128,6 +160,7 @@ impl Live {
             tasks,
             slo,
             events,
+            rules,
             reloading: tokio::sync::Mutex::new(()),
             loaded_hash: Mutex::new(loaded_hash),
         };
@@ -247,7 +280,11 @@ impl Live {
         }
         self.statics.send_replace(target_set(&next));
         *lock(&self.targets) = next;
-        *lock(&self.setup) = Arc::new(new);
+        let new = Arc::new(new);
+        *lock(&self.setup) = Arc::clone(&new);
+        if let Some(rules) = &self.rules {
+            rules.publish(&new).await;
+        }
         Ok(msg)
     }
 

@@ -26,7 +26,7 @@ use crate::slo::SloEngine;
 use crate::slo::baseline::BaselineStore;
 use crate::slo::state::{EngineState, FileBackend, StateBackend};
 use crate::targets::Deployment;
-use live::{Live, LiveTarget, Reload};
+use live::{Live, LiveTarget, Reload, RulesPublisher};
 
 pub use live::CONFIG_POLL_INTERVAL;
 
@@ -198,18 +198,21 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     };
     let backend = state_backend(&setup, kube.as_ref());
     let slo = Arc::new(slo_engine(&setup, &metrics, backend.clone()).await);
-    if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
-        shutdown.spawn(take_over_state_on_leading(
-            leadership,
-            Arc::clone(&slo),
-            backend,
-            shutdown.service(),
-        ));
-    }
     let events = kube.as_ref().and_then(|k| k.events.clone());
     if let Some(events) = &events {
         events.set_slos(&setup.slos);
         slo.add_hook(events.clone());
+    }
+    let rules = kube.as_ref().and_then(|k| {
+        k.rules.clone().map(|rules| {
+            Arc::new(RulesPublisher {
+                rules,
+                leadership: k.leadership.clone(),
+            })
+        })
+    });
+    if let Some(r) = &rules {
+        r.publish(&setup).await;
     }
     let (live, statics) = Live::new(
         Arc::clone(&setup),
@@ -218,10 +221,21 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         live_targets,
         Arc::clone(&slo),
         events.clone(),
+        rules.clone(),
         shutdown.tracker().clone(),
     );
     let live = Arc::new(live);
     let _ = live_tx.send(Arc::clone(&live));
+    if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
+        shutdown.spawn(take_over_on_leading(
+            leadership,
+            Arc::clone(&slo),
+            backend,
+            rules,
+            Arc::clone(&live),
+            shutdown.service(),
+        ));
+    }
 
     let board = Arc::new(Board::default());
     let current = Arc::new(CurrentTargets(RwLock::new(
@@ -313,12 +327,14 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     Ok(())
 }
 
-/// A replica that becomes the leader continues from the state its predecessor saved: it loads
-/// it before its first step (the scheduler waits for the same Leadership change).
-async fn take_over_state_on_leading(
+/// A replica that becomes the leader continues from the state its predecessor saved (it loads
+/// it as its first steps start) and writes its PrometheusRule.
+async fn take_over_on_leading(
     mut leadership: tokio::sync::watch::Receiver<crate::schedule::Leadership>,
     slo: Arc<SloEngine>,
     backend: Arc<dyn StateBackend>,
+    rules: Option<Arc<RulesPublisher>>,
+    live: Arc<Live>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut was_active = leadership.borrow_and_update().is_active();
@@ -331,6 +347,9 @@ async fn take_over_state_on_leading(
         if active && !was_active {
             tracing::info!("leading now: taking over the saved SLO state");
             restore_state(&slo, backend.as_ref()).await;
+            if let Some(r) = &rules {
+                r.publish(&live.setup()).await;
+            }
         }
         was_active = active;
     }

@@ -5,6 +5,7 @@
 pub mod discovery;
 pub mod events;
 pub mod lease;
+pub mod rules;
 pub mod state;
 pub mod traffic;
 
@@ -93,6 +94,8 @@ pub struct KubeParts {
     pub events: Option<std::sync::Arc<events::SloEvents>>,
     /// The SLO state's ConfigMap (`state_configmap`).
     pub state: Option<std::sync::Arc<state::ConfigMapState>>,
+    /// The PrometheusRule the daemon keeps (`prometheus_rule`).
+    pub rules: Option<rules::ManagedRules>,
 }
 
 impl KubeParts {
@@ -154,11 +157,20 @@ impl KubeParts {
                 shutdown.tracker(),
             ))
         });
+        let rules = cfg.prometheus_rule.as_ref().map(|r| {
+            rules::ManagedRules::new(
+                client.clone(),
+                &identity.namespace,
+                &r.name,
+                r.labels.clone(),
+            )
+        });
         Ok(KubeParts {
             discovered,
             leadership,
             events,
             state,
+            rules,
         })
     }
 }
@@ -226,6 +238,7 @@ mod tests {
             events: true,
             leader_election: None,
             state_configmap: None,
+            prometheus_rule: None,
         };
         assert_eq!(watched_namespaces(&cfg, "monitoring"), ["monitoring"]);
         cfg.namespaces = vec!["b".into(), "a".into()];

@@ -1026,8 +1026,25 @@ mod tests {
         assert_eq!(state(&engine), SloState::Fail);
         assert_eq!(metrics.slo_state("gain"), Some(SloState::Fail));
 
-        // The samples leave the window: too little data is reported at once.
+        // The step leaves the window, and its run is held until the next one: the verdict stays
+        // (a step runs once per cycle; docs/SLO.md, verdicts across the cycle).
         advance(Duration::from_secs(130)).await;
+        assert_eq!(state(&engine), SloState::Fail);
+        let age = engine.status_json()[0]["data_age_seconds"]
+            .as_f64()
+            .unwrap();
+        assert!(age > 120.0, "held data {age} s old");
+
+        // The targets leave: their data goes with them, and too little data is reported at once.
+        let removed = ["agg".to_owned(), "disagg".to_owned()];
+        Sink::targets(
+            &engine,
+            &TargetChange {
+                now: &[],
+                added: &[],
+                removed: &removed,
+            },
+        );
         assert_eq!(state(&engine), SloState::InsufficientData);
 
         let changes = hook.0.lock().unwrap().clone();

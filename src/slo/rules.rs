@@ -1,17 +1,30 @@
-//! `llm-canary rules`: every SLO as Prometheus rules, so Prometheus alerts on the same definitions
-//! even when the daemon is down. Each side of a comparison becomes a recording rule
-//! (`histogram_quantile` over the exported buckets, the same selectors and window), the verdict a
-//! `llm_canary:slo_compliant` record and an alert; burn-rate SLOs become per-window error-ratio
-//! records and the multi-window multi-burn-rate alert pair.
+//! `llm-canary rules`: the alerts of every SLO, and the SLOs as Prometheus rules.
+//!
+//! One alert per breach pages: `LlmCanarySloFailing`, on the daemon's verdict
+//! (`llm_canary_slo_state`, confidence intervals and `for` already applied), with the SLO's
+//! severity and routing labels. Each side of a comparison is also recomputed in PromQL (a
+//! recording rule of `histogram_quantile` over the exported buckets, the same selectors, over the
+//! SLO's window or the cycle, whichever is longer, so every step it selects is always in range),
+//! the verdict a `llm_canary:slo_compliant` record, and `LlmCanarySloFailingPromQL` (severity
+//! `info`) fires only where that disagrees with the daemon, or the daemon's verdict is gone.
+//! `LlmCanarySloNoData` fires on an SLO stuck without data for two cycles. Burn-rate SLOs become
+//! per-window error-ratio records and the multi-window multi-burn-rate alert pair.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::ast::*;
 use super::{LabelDomain, SloDef, SloKind, fit_groups, pin_label};
+use crate::config::Severity;
 
-/// The alert of a comparison SLO that does not hold.
+/// The paging alert of an SLO whose daemon verdict is `fail`.
 pub const ALERT_FAILING: &str = "LlmCanarySloFailing";
+/// The PromQL recomputation of a comparison SLO fails while the daemon's verdict does not.
+pub const ALERT_FAILING_PROMQL: &str = "LlmCanarySloFailingPromQL";
+/// An SLO in `insufficient_data` for longer than two cycles.
+pub const ALERT_NO_DATA: &str = "LlmCanarySloNoData";
+/// A workload of the cycle sent no request for two cycles.
+pub const ALERT_WORKLOAD_SILENT: &str = "LlmCanaryWorkloadSilent";
 /// The burn-rate alerts (severity `page` and `ticket`).
 pub const ALERT_BURN: &str = "LlmCanarySloErrorBudgetBurn";
 /// Recording rule of each comparison side (labels `slo`, `side`).
@@ -21,9 +34,72 @@ pub const RECORD_COMPLIANT: &str = "llm_canary:slo_compliant";
 /// Prefix of the burn-rate error-ratio records; the window follows (`...:rate5m`).
 pub const RECORD_ERROR_RATIO: &str = "llm_canary:slo_error_ratio:rate";
 
-/// Where runbooks point when an SLO names none.
-const DEFAULT_RUNBOOK: &str =
-    "https://github.com/llm-canary/llm-canary/blob/main/docs/SLO.md#when-an-slo-fails";
+/// Where runbooks live when `alerting.runbook_base_url` says nothing: the project's docs.
+const DEFAULT_RUNBOOK_BASE: &str = "docs/";
+
+/// What the generated alerts carry besides each SLO's own settings, and how long a cycle takes.
+#[derive(Debug, Clone, Default)]
+pub struct RulesOptions {
+    /// `alerting.labels`: on every alert.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `alerting.runbook_base_url`.
+    pub runbook_base_url: Option<String>,
+    /// The longest a cycle takes (`Config::cycle_upper_bound`): the shortest PromQL range of a
+    /// recomputed SLO, and half the time before an SLO without data alerts.
+    pub cycle: Duration,
+}
+
+impl RulesOptions {
+    fn runbook(&self, def: Option<&SloDef>, anchor: &str) -> String {
+        if let Some(url) = def.and_then(|d| d.runbook_url.clone()) {
+            return url;
+        }
+        let base = self
+            .runbook_base_url
+            .as_deref()
+            .unwrap_or(DEFAULT_RUNBOOK_BASE);
+        let sep = if base.ends_with('/') { "" } else { "/" };
+        format!("{base}{sep}SLO.md#{anchor}")
+    }
+
+    /// Severity, SLO, the routing labels (the SLO's over the config's) and, where every selector
+    /// of the SLO names one, its `target` and `serving_mode`.
+    fn labels(&self, def: &SloDef, severity: &str) -> Vec<(String, String)> {
+        let mut out = vec![
+            ("severity".to_owned(), severity.to_owned()),
+            ("slo".to_owned(), def.name.clone()),
+        ];
+        for label in ["target", "serving_mode"] {
+            if let Some(v) = pinned_label(def, label) {
+                out.push((label.to_owned(), v));
+            }
+        }
+        let mut routing = self.labels.clone();
+        routing.extend(def.labels.clone());
+        for (k, v) in routing {
+            out.retain(|(name, _)| *name != k);
+            out.push((k, v));
+        }
+        out
+    }
+}
+
+/// The value of `label` when every selector of the SLO matches exactly that one value.
+fn pinned_label(def: &SloDef, label: &str) -> Option<String> {
+    let mut value: Option<&str> = None;
+    for sel in def.selectors() {
+        let mut eq = sel
+            .matchers
+            .iter()
+            .filter(|m| m.label == label && m.op == MatchOp::Eq);
+        let m = eq.next()?;
+        if eq.next().is_some() || value.is_some_and(|v| v != m.value) {
+            return None;
+        }
+        value = Some(&m.value);
+    }
+    value.map(str::to_owned)
+}
 
 /// The label set of the per-request series, for `on(...)` matching of step gauges.
 const STEP_LABELS: &str =
@@ -31,11 +107,11 @@ const STEP_LABELS: &str =
 
 /// The multi-window multi-burn-rate table for a 30-day period (Google SRE workbook): long
 /// window, short window, burn factor, severity.
-const BURN_WINDOWS: [(u64, u64, f64, &str); 4] = [
-    (3_600, 300, 14.4, "page"),
-    (21_600, 1_800, 6.0, "page"),
-    (86_400, 7_200, 3.0, "ticket"),
-    (259_200, 21_600, 1.0, "ticket"),
+const BURN_WINDOWS: [(u64, u64, f64, Severity); 4] = [
+    (3_600, 300, 14.4, Severity::Critical),
+    (21_600, 1_800, 6.0, Severity::Critical),
+    (86_400, 7_200, 3.0, Severity::Warning),
+    (259_200, 21_600, 1.0, Severity::Warning),
 ];
 const BURN_REFERENCE_PERIOD: f64 = 30.0 * 86_400.0;
 
@@ -48,10 +124,35 @@ pub enum Format {
     PrometheusRule,
 }
 
-/// A measurement Prometheus has no series for (server-side timings): such an SLO is evaluated
-/// by the daemon only.
+/// What Prometheus cannot evaluate: a measurement it has no series for (server-side timings),
+/// or a pinned baseline (it lives in the daemon's state). Such an SLO is the daemon's alone.
 #[derive(Debug, Clone, PartialEq)]
-struct DaemonOnly(Measure);
+enum DaemonOnly {
+    Measure(Measure),
+    Pinned(String),
+}
+
+impl DaemonOnly {
+    fn reason(&self) -> String {
+        match self {
+            DaemonOnly::Measure(m) => format!(
+                "reads `{}`, a server-side timing with no Prometheus series",
+                m.name()
+            ),
+            DaemonOnly::Pinned(name) => {
+                format!("compares with the pinned baseline `{name}`, which only the daemon keeps")
+            }
+        }
+    }
+}
+
+/// The span of a rolling baseline; a pinned one has no PromQL form.
+fn span(past: &BaselineRef) -> Result<f64, DaemonOnly> {
+    match past {
+        BaselineRef::Span(s) => Ok(*s),
+        BaselineRef::Pinned(name) => Err(DaemonOnly::Pinned(name.clone())),
+    }
+}
 
 enum Rule {
     Record {
@@ -144,7 +245,7 @@ impl Pq<'_> {
     }
 
     fn family(m: Measure) -> Result<&'static str, DaemonOnly> {
-        m.histogram_family().ok_or(DaemonOnly(m))
+        m.histogram_family().ok_or(DaemonOnly::Measure(m))
     }
 
     /// A step gauge averaged over the window, leaving out steps flagged degraded.
@@ -216,7 +317,7 @@ impl Pq<'_> {
                     Measure::CostPerMtok => {
                         self.step_gauge("llm_canary_step_cost_per_million_tokens_usd", sel)
                     }
-                    other => return Err(DaemonOnly(other)),
+                    other => return Err(DaemonOnly::Measure(other)),
                 }
             }
             Value::Goodput(sel, objectives) => {
@@ -276,10 +377,10 @@ impl Pq<'_> {
                     }
                 }
             }
-            Value::Baseline(inner, span) => {
+            Value::Baseline(inner, past) => {
                 let past = Pq {
                     domain: self.domain,
-                    range: Duration::from_secs_f64(*span),
+                    range: Duration::from_secs_f64(span(past)?),
                     offset: Some(self.range),
                 };
                 past.value(inner)?
@@ -321,10 +422,10 @@ impl Pq<'_> {
                     self.guards(&pin_label(inner, label, &text), min_samples, out)?;
                 }
             }
-            Value::Baseline(inner, span) => {
+            Value::Baseline(inner, past) => {
                 let past = Pq {
                     domain: self.domain,
-                    range: Duration::from_secs_f64(*span),
+                    range: Duration::from_secs_f64(span(past)?),
                     offset: Some(self.range),
                 };
                 past.guards(inner, min_samples, out)?;
@@ -347,10 +448,6 @@ impl Pq<'_> {
         }
         Ok(expr)
     }
-}
-
-fn severity(def: &SloDef) -> String {
-    format!("{:?}", def.severity).to_lowercase()
 }
 
 fn side_ref(slo: &str, side: &str) -> String {
@@ -400,10 +497,132 @@ fn plain(text: &str) -> String {
     text.replace("{{", "{ {").replace("}}", "} }")
 }
 
-fn expr_group(def: &SloDef, cond: &Cond, domain: &LabelDomain) -> Result<Group, DaemonOnly> {
+/// Alerts that need the cycle's length: a workload of the cycle that has sent nothing for two
+/// cycles (the schedule is stuck, or the workload was dropped from the cycle).
+fn cycle_group(opts: &RulesOptions) -> Group {
+    let two = Duration::from_secs((opts.cycle * 2).as_secs().div_ceil(60).max(1) * 60);
+    let mut labels = vec![("severity".to_owned(), Severity::Warning.as_str().to_owned())];
+    labels.extend(opts.labels.clone());
+    Group {
+        name: "llm-canary-cycle".into(),
+        rules: vec![Rule::Alert {
+            name: ALERT_WORKLOAD_SILENT.into(),
+            expr: format!(
+                "sum by (target, serving_mode, workload) (increase(llm_canary_requests_total[{}])) == 0 unless on() (max(llm_canary_paused) == 1)",
+                prom_duration(two)
+            ),
+            for_: Duration::from_secs(300),
+            labels,
+            annotations: vec![
+                (
+                    "summary".into(),
+                    "llm-canary sent no {{ $labels.workload }} requests to {{ $labels.target }} for two cycles".into(),
+                ),
+                (
+                    "description".into(),
+                    format!(
+                        "A workload of the cycle (up to {} long) has not run for {}: the schedule is stuck, the workload left the cycle, or the canary lost its targets.",
+                        prom_duration(opts.cycle),
+                        prom_duration(two)
+                    ),
+                ),
+                ("runbook_url".into(), opts.runbook(None, "canary-health-alerts")),
+            ],
+        }],
+    }
+}
+
+/// The PromQL range of a recomputed SLO: its window, or a whole cycle where that is longer, so
+/// every step it selects is in range whatever the cycle's position (the daemon holds the latest
+/// run of each step instead; docs/SLO.md, verdicts across the cycle).
+fn promql_range(def: &SloDef, opts: &RulesOptions) -> Duration {
+    let cycle = Duration::from_secs(opts.cycle.as_secs().div_ceil(60) * 60);
+    def.window.max(cycle)
+}
+
+/// The alerts every SLO has: the paging one on the daemon's verdict, and the one on an SLO stuck
+/// without data for two cycles.
+fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
+    let slo = prom_string(&def.name);
+    let what = def.description.as_deref().unwrap_or(text);
+    let stuck = Duration::from_secs((opts.cycle * 2).as_secs().div_ceil(60).max(1) * 60);
+    let with_own = |mut annotations: Vec<(String, String)>| {
+        for (k, v) in &def.annotations {
+            annotations.retain(|(name, _)| name != k);
+            annotations.push((k.clone(), v.clone()));
+        }
+        annotations
+    };
+    vec![
+        Rule::Alert {
+            name: ALERT_FAILING.into(),
+            expr: format!("llm_canary_slo_state{{slo={slo}, state=\"fail\"}} == 1"),
+            for_: Duration::ZERO,
+            labels: opts.labels(def, def.severity.as_str()),
+            annotations: with_own(vec![
+                (
+                    "summary".into(),
+                    plain(&format!("SLO {} fails: {what}", def.name)),
+                ),
+                (
+                    "description".into(),
+                    plain(&format!(
+                        "The daemon's verdict on `{text}` is fail: its 95 % confidence interval \
+                         is on the failing side, and has been for {} (`for`). Value, interval \
+                         and threshold: llm_canary_slo_value{{slo=\"{}\"}} and /api/v1/status.",
+                        prom_duration(def.for_),
+                        def.name
+                    )),
+                ),
+                (
+                    "runbook_url".into(),
+                    opts.runbook(Some(def), "when-an-slo-fails"),
+                ),
+            ]),
+        },
+        Rule::Alert {
+            name: ALERT_NO_DATA.into(),
+            expr: format!("llm_canary_slo_state{{slo={slo}, state=\"insufficient_data\"}} == 1"),
+            for_: stuck,
+            labels: opts.labels(def, Severity::Warning.as_str()),
+            annotations: with_own(vec![
+                (
+                    "summary".into(),
+                    plain(&format!(
+                        "SLO {} has had no verdict for two cycles ({})",
+                        def.name,
+                        prom_duration(stuck)
+                    )),
+                ),
+                (
+                    "description".into(),
+                    plain(&format!(
+                        "`{text}` stays insufficient_data: too few samples, a selector that \
+                         matches nothing, no baseline, or a server that never sends the timing it \
+                         reads. /api/v1/status names the reason; \
+                         llm_canary_slo_data_age_seconds{{slo=\"{}\"}} how old its data is.",
+                        def.name
+                    )),
+                ),
+                (
+                    "runbook_url".into(),
+                    opts.runbook(Some(def), "an-slo-without-data"),
+                ),
+            ]),
+        },
+    ]
+}
+
+fn expr_group(
+    def: &SloDef,
+    cond: &Cond,
+    domain: &LabelDomain,
+    opts: &RulesOptions,
+) -> Result<Vec<Rule>, DaemonOnly> {
+    let range = promql_range(def, opts);
     let pq = Pq {
         domain,
-        range: def.window,
+        range,
         offset: None,
     };
     let mut cmps = Vec::new();
@@ -425,47 +644,41 @@ fn expr_group(def: &SloDef, cond: &Cond, domain: &LabelDomain) -> Result<Group, 
         labels: vec![("slo".into(), def.name.clone())],
     });
     let text = cond.to_string();
+    let slo = prom_string(&def.name);
     rules.push(Rule::Alert {
-        name: ALERT_FAILING.into(),
-        expr: format!("{RECORD_COMPLIANT}{{slo={}}} == 0", prom_string(&def.name)),
+        name: ALERT_FAILING_PROMQL.into(),
+        expr: format!(
+            "{RECORD_COMPLIANT}{{slo={slo}}} == 0 unless on(slo) (llm_canary_slo_state{{slo={slo}, state=\"fail\"}} == 1)"
+        ),
         for_: def.for_,
-        labels: vec![
-            ("severity".into(), severity(def)),
-            ("slo".into(), def.name.clone()),
-        ],
+        labels: opts.labels(def, Severity::Info.as_str()),
         annotations: vec![
             (
                 "summary".into(),
                 plain(&format!(
-                    "SLO {} fails: {}",
-                    def.name,
-                    def.description.as_deref().unwrap_or(&text)
+                    "SLO {} fails in PromQL but not in the daemon's verdict",
+                    def.name
                 )),
             ),
             (
                 "description".into(),
                 plain(&format!(
-                    "`{text}` does not hold over the last {} (each side needs {} samples). \
-                     Sides: {RECORD_SIDE}{{slo=\"{}\"}}; the daemon's verdict with confidence \
-                     intervals: llm_canary_slo_state{{slo=\"{}\"}}.",
-                    prom_duration(def.window),
+                    "`{text}` does not hold over the last {} of the exported histograms (each \
+                     side needs {} samples; sides: {RECORD_SIDE}{{slo=\"{}\"}}), while the \
+                     daemon's verdict, with confidence intervals, is not fail or is missing. \
+                     Informational: {ALERT_FAILING} is the alert that pages.",
+                    prom_duration(range),
                     def.min_samples,
-                    def.name,
                     def.name
                 )),
             ),
             (
                 "runbook_url".into(),
-                def.runbook_url
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_RUNBOOK.into()),
+                opts.runbook(Some(def), "which-alert-pages"),
             ),
         ],
     });
-    Ok(Group {
-        name: format!("llm-canary-slo-{}", def.name),
-        rules,
-    })
+    Ok(rules)
 }
 
 fn burn_group(
@@ -475,7 +688,8 @@ fn burn_group(
     objective: f64,
     period: Duration,
     domain: &LabelDomain,
-) -> Group {
+    opts: &RulesOptions,
+) -> Vec<Rule> {
     let scale = period.as_secs_f64() / BURN_REFERENCE_PERIOD;
     let scaled = |secs: u64| Duration::from_secs_f64((secs as f64 * scale).max(60.0));
     let family = selector
@@ -527,7 +741,7 @@ fn burn_group(
     // (100 − objective) / 100 is exact for objectives written with few decimals.
     let budget = (100.0 - objective) / 100.0;
     let sel = format!("{{slo={}}}", prom_string(&def.name));
-    for severity in ["page", "ticket"] {
+    for severity in [Severity::Critical, Severity::Warning] {
         let clauses: Vec<String> = BURN_WINDOWS
             .iter()
             .filter(|(.., s)| *s == severity)
@@ -543,16 +757,14 @@ fn burn_group(
             name: ALERT_BURN.into(),
             expr: clauses.join(" or "),
             for_: def.for_,
-            labels: vec![
-                ("severity".into(), severity.into()),
-                ("slo".into(), def.name.clone()),
-            ],
+            labels: opts.labels(def, severity.as_str()),
             annotations: vec![
                 (
                     "summary".into(),
                     plain(&format!(
-                        "SLO {} burns its error budget too fast ({severity})",
-                        def.name
+                        "SLO {} burns its error budget too fast ({})",
+                        def.name,
+                        severity.as_str()
                     )),
                 ),
                 (
@@ -568,17 +780,12 @@ fn burn_group(
                 ),
                 (
                     "runbook_url".into(),
-                    def.runbook_url
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_RUNBOOK.into()),
+                    opts.runbook(Some(def), "burn-rate-alerts"),
                 ),
             ],
         });
     }
-    Group {
-        name: format!("llm-canary-slo-{}", def.name),
-        rules,
-    }
+    rules
 }
 
 fn yaml_str(s: &str) -> String {
@@ -640,24 +847,40 @@ fn render_groups(groups: &[Group], indent: usize, out: &mut String) {
 
 /// The rule file for `defs`. `source` names the config in the header (its file name, so the
 /// output does not depend on the working directory).
-pub fn generate(defs: &[SloDef], domain: &LabelDomain, source: &str, format: Format) -> String {
+pub fn generate(
+    defs: &[SloDef],
+    domain: &LabelDomain,
+    opts: &RulesOptions,
+    source: &str,
+    format: Format,
+) -> String {
     let mut groups = Vec::new();
     let mut daemon_only = Vec::new();
     for d in defs {
+        let mut rules = Vec::new();
+        let text = d.text();
         match &d.kind {
-            SloKind::Expr(c) => match expr_group(d, c, domain) {
-                Ok(g) => groups.push(g),
-                Err(DaemonOnly(m)) => daemon_only.push((d.name.clone(), m)),
+            SloKind::Expr(c) => match expr_group(d, c, domain, opts) {
+                Ok(r) => rules = r,
+                Err(why) => daemon_only.push((d.name.clone(), why)),
             },
             SloKind::BurnRate {
                 selector,
                 threshold,
                 objective,
                 period,
-            } => groups.push(burn_group(
-                d, selector, *threshold, *objective, *period, domain,
-            )),
+            } => {
+                rules = burn_group(d, selector, *threshold, *objective, *period, domain, opts);
+            }
         }
+        rules.extend(verdict_alerts(d, opts, &text));
+        groups.push(Group {
+            name: format!("llm-canary-slo-{}", d.name),
+            rules,
+        });
+    }
+    if !opts.cycle.is_zero() {
+        groups.push(cycle_group(opts));
     }
     let mut out = String::new();
     let _ = writeln!(
@@ -666,21 +889,22 @@ pub fn generate(defs: &[SloDef], domain: &LabelDomain, source: &str, format: For
     );
     let _ = writeln!(
         out,
-        "# Regenerate with `llm-canary rules --config {source}`; the daemon evaluates the same SLOs"
+        "# Regenerate with `llm-canary rules --config {source}`. {ALERT_FAILING} pages on the daemon's"
     );
     let _ = writeln!(
         out,
-        "# with confidence intervals (llm_canary_slo_state); these rules alert when it is down."
+        "# verdict (confidence intervals, `for`); the PromQL recomputation of each SLO reads at least"
     );
-    for (name, m) in &daemon_only {
+    let _ = writeln!(
+        out,
+        "# a whole cycle (up to {}) and only informs. docs/SLO.md explains both.",
+        prom_duration(opts.cycle)
+    );
+    for (name, why) in &daemon_only {
         let _ = writeln!(
             out,
-            "# SLO `{name}` reads `{}`, a server-side timing with no Prometheus series: the daemon",
-            m.name()
-        );
-        let _ = writeln!(
-            out,
-            "#   evaluates it, and LlmCanarySloStateFail (rules/canary-health.yaml) alerts on its verdict."
+            "# SLO `{name}` {}: only the daemon's verdict alerts.",
+            why.reason()
         );
     }
     match format {

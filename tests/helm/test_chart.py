@@ -8,9 +8,13 @@ offline) for the default values and every ci/*-values.yaml, and checks what come
   (tests/testdata/crds), with unknown fields rejected;
 - the Deployment is hardened and probed, RBAC grants exactly what the daemon uses, every
   dashboard in dashboards/ becomes a labelled ConfigMap with the file's bytes;
-- for the default values: the rendered config passes `llm-canary check`, the SLO
-  PrometheusRule's spec equals `llm-canary rules --format prometheus-rule` for that config, and
-  its groups pass `promtool check rules`.
+- for the default values: the rendered config passes `llm-canary check` and names the
+  PrometheusRule the daemon keeps and its state ConfigMap; Helm renders no SLO PrometheusRule of
+  its own (it could go stale), and with changed SLO values the rendered config carries the change
+  and `llm-canary rules` on it (what the daemon writes) the changed rule;
+- with `prometheusRule.managed: false` (ci/unmanaged-rules-values.yaml) the SLO PrometheusRule's
+  spec equals `llm-canary rules --format prometheus-rule` for the config, and every rendered
+  rule group passes `promtool check rules`.
 
 Usage: test_chart.py --bin target/debug/llm-canary   (run from the repository root)
 Exits 1 with every failure listed.
@@ -72,8 +76,10 @@ def crd_schemas():
     return out
 
 
-def render(values_file):
+def render(values_file, extra=None):
     values = helm.values_from_yaml(open(values_file).read()) if values_file else None
+    if extra is not None:
+        values = helm.values_from_yaml(yaml.safe_dump(extra))
     report = helm.lint(CHART, values, strict=False, kube_version=f"v{KUBE_VERSION}")
     for m in report["messages"]:
         # Severity 1 is INFO (e.g. "icon is recommended"); warnings and errors fail.
@@ -161,7 +167,14 @@ def check_rbac(docs, config, label):
         verbs = rules.get((le.get("namespace") or NAMESPACE, "coordination.k8s.io", "leases"))
         want = {"get", "create", "patch"} | ({"list"} if le.get("sharding") else set())
         check(verbs == want, f"{label}: lease verbs {verbs} != {want}")
-    allowed = {"dynamographdeployments", "pods", "events", "leases"}
+    for key, group, res in (("state_configmap", "", "configmaps"),
+                            ("prometheus_rule", "monitoring.coreos.com", "prometheusrules")):
+        verbs = rules.get((NAMESPACE, group, res))
+        if kube.get(key):
+            check(verbs == {"create", "get", "patch"}, f"{label}: {res} verbs {verbs}")
+        else:
+            check(verbs is None, f"{label}: {res} granted without {key}")
+    allowed = {"dynamographdeployments", "pods", "events", "leases", "configmaps", "prometheusrules"}
     check(all(res in allowed for (_, _, res) in rules), f"{label}: extra RBAC resources {rules}")
 
 
@@ -186,27 +199,75 @@ def check_monitoring(docs, values, label):
                 check(d["metadata"]["labels"].get("release") == release, f"{label}: {kind} release label")
 
 
-def check_rules(docs, binary):
+def config_of(docs):
     (cm,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"]]
+    return cm["data"]["config.yaml"]
+
+
+def slo_rules(docs):
+    return [d for d in by_kind(docs, "PrometheusRule")
+            if d["metadata"]["labels"].get("app.kubernetes.io/component") == "slo-rules"]
+
+
+def generated(binary, config_text, tmp):
+    cfg = os.path.join(tmp, "config.yaml")
+    open(cfg, "w").write(config_text)
+    r = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
+    check(r.returncode == 0, f"rendered config fails `llm-canary check`: {r.stdout}{r.stderr}")
+    r = subprocess.run([binary, "rules", "--config", cfg, "--format", "prometheus-rule"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"`llm-canary rules` failed: {r.stderr}")
+    return yaml.safe_load(r.stdout) if r.returncode == 0 else None
+
+
+def promtool_check(docs, tmp):
+    for d in by_kind(docs, "PrometheusRule"):
+        path = os.path.join(tmp, d["metadata"]["name"] + ".yaml")
+        yaml.safe_dump(d["spec"], open(path, "w"))
+        p = subprocess.run(["promtool", "check", "rules", path], capture_output=True, text=True)
+        check(p.returncode == 0, f"promtool check rules {d['metadata']['name']}: {p.stdout}{p.stderr}")
+
+
+def check_managed_rules(docs, binary):
+    """Default values: the daemon keeps the SLO rules, Helm renders none that could go stale."""
+    config = yaml.safe_load(config_of(docs))
+    kube = config["discovery"]["kubernetes"]
+    check(kube.get("prometheus_rule", {}).get("name") == f"{RELEASE}-llm-canary-slos",
+          f"the config names the managed PrometheusRule: {kube.get('prometheus_rule')}")
+    check(kube.get("state_configmap") == f"{RELEASE}-llm-canary-state",
+          f"the config names the state ConfigMap: {kube.get('state_configmap')}")
+    check(not slo_rules(docs), "Helm renders an SLO PrometheusRule although the daemon keeps it")
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = os.path.join(tmp, "config.yaml")
-        open(cfg, "w").write(cm["data"]["config.yaml"])
-        r = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
-        check(r.returncode == 0, f"default config fails `llm-canary check`: {r.stdout}{r.stderr}")
-        r = subprocess.run([binary, "rules", "--config", cfg, "--format", "prometheus-rule"],
-                           capture_output=True, text=True)
-        if not check(r.returncode == 0, f"`llm-canary rules` failed: {r.stderr}"):
-            return
-        generated = yaml.safe_load(r.stdout)
-        (rendered,) = [d for d in by_kind(docs, "PrometheusRule")
-                       if d["metadata"]["labels"].get("app.kubernetes.io/component") == "slo-rules"]
-        check(rendered["spec"] == generated["spec"],
-              "rendered SLO PrometheusRule spec differs from `llm-canary rules --format prometheus-rule` for the default config")
-        for d in by_kind(docs, "PrometheusRule"):
-            path = os.path.join(tmp, d["metadata"]["name"] + ".yaml")
-            yaml.safe_dump(d["spec"], open(path, "w"))
-            p = subprocess.run(["promtool", "check", "rules", path], capture_output=True, text=True)
-            check(p.returncode == 0, f"promtool check rules {d['metadata']['name']}: {p.stdout}{p.stderr}")
+        generated(binary, config_of(docs), tmp)
+        promtool_check(docs, tmp)
+    # Changed SLO values: the rendered config carries them, and so do the rules the daemon writes.
+    changed = yaml.safe_load(open(f"{CHART}/values.yaml"))["config"]["slos"]
+    for s in changed:
+        if s["name"] == "ttft-p99-aggregated":
+            s["expr"] = s["expr"].replace("<= 2s", "<= 1500ms")
+    docs = render(None, {"config": {"slos": changed}})
+    text = config_of(docs)
+    check("<= 1500ms" in text, "changed SLO values reach the rendered config")
+    check(not slo_rules(docs), "changed SLO values render a stale SLO PrometheusRule")
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = generated(binary, text, tmp)
+        if rules:
+            (group,) = [g for g in rules["spec"]["groups"]
+                        if g["name"] == "llm-canary-slo-ttft-p99-aggregated"]
+            texts = yaml.safe_dump(group)
+            check("<= 1.5s" in texts and "<= 2s" not in texts,
+                  "the rules for changed SLO values carry the change")
+
+
+def check_bundled_rules(docs, binary):
+    """managed: false: Helm renders the rules, equal to `llm-canary rules` for the config."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = generated(binary, config_of(docs), tmp)
+        rendered = slo_rules(docs)
+        if check(len(rendered) == 1, f"one SLO PrometheusRule rendered, not {len(rendered)}") and rules:
+            check(rendered[0]["spec"] == rules["spec"],
+                  "rendered SLO PrometheusRule spec differs from `llm-canary rules --format prometheus-rule`")
+        promtool_check(docs, tmp)
 
 
 def main():
@@ -240,7 +301,9 @@ def main():
         check_dashboards(docs, values, label)
         check_monitoring(docs, values, label)
         if case is None:
-            check_rules(docs, a.bin)
+            check_managed_rules(docs, a.bin)
+        elif case.endswith("unmanaged-rules-values.yaml"):
+            check_bundled_rules(docs, a.bin)
         print(f"{label}: {len(docs)} objects: " + ", ".join(sorted({d['kind'] for d in docs})))
     if failures:
         print("\n".join(f"FAIL {f}" for f in failures), file=sys.stderr)
