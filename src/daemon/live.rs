@@ -132,18 +132,31 @@ pub(super) struct Live {
     loaded_hash: Mutex<Option<u64>>,
 }
 
+/// What a reload reaches besides the setup and the targets.
+pub(super) struct LiveParts {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) client: StreamClient,
+    pub(super) slo: Arc<SloEngine>,
+    pub(super) events: Option<Arc<SloEvents>>,
+    pub(super) rules: Option<Arc<RulesPublisher>>,
+    pub(super) tasks: TaskTracker,
+}
+
 impl Live {
     /// The daemon's state after start-up; `targets` are the configured ones, started.
     pub(super) fn new(
         setup: Arc<Setup>,
-        metrics: Arc<Metrics>,
-        client: StreamClient,
         targets: Vec<LiveTarget>,
-        slo: Arc<SloEngine>,
-        events: Option<Arc<SloEvents>>,
-        rules: Option<Arc<RulesPublisher>>,
-        tasks: TaskTracker,
+        parts: LiveParts,
     ) -> (Live, watch::Receiver<TargetSet>) {
+        let LiveParts {
+            metrics,
+            client,
+            slo,
+            events,
+            rules,
+            tasks,
+        } = parts;
         let (statics, rx) = watch::channel(target_set(&targets));
         let loaded_hash = setup
             .path

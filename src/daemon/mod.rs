@@ -26,7 +26,7 @@ use crate::slo::SloEngine;
 use crate::slo::baseline::BaselineStore;
 use crate::slo::state::{EngineState, FileBackend, StateBackend};
 use crate::targets::Deployment;
-use live::{Live, LiveTarget, Reload, RulesPublisher};
+use live::{Live, LiveParts, LiveTarget, Reload, RulesPublisher};
 
 pub use live::CONFIG_POLL_INTERVAL;
 
@@ -216,13 +216,15 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     }
     let (live, statics) = Live::new(
         Arc::clone(&setup),
-        Arc::clone(&metrics),
-        deployment.client.clone(),
         live_targets,
-        Arc::clone(&slo),
-        events.clone(),
-        rules.clone(),
-        shutdown.tracker().clone(),
+        LiveParts {
+            metrics: Arc::clone(&metrics),
+            client: deployment.client.clone(),
+            slo: Arc::clone(&slo),
+            events: events.clone(),
+            rules: rules.clone(),
+            tasks: shutdown.tracker().clone(),
+        },
     );
     let live = Arc::new(live);
     let _ = live_tx.send(Arc::clone(&live));
