@@ -75,9 +75,9 @@ async fn stream_client(addr: SocketAddr, requests: u64, osl: u64) -> std::io::Re
 }
 
 fn main() {
-    let Some(args) =
-        args::bench_args("cargo bench --bench sim_throughput -- [streams] [requests_per_stream] [osl]")
-    else {
+    let Some(args) = args::bench_args(
+        "cargo bench --bench sim_throughput -- [streams] [requests_per_stream] [osl]",
+    ) else {
         return;
     };
     let streams = arg(&args, 0, 128);
