@@ -14,34 +14,28 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
 
 /// Short requests (OSL ≤ 32) so that even 2.4 s steps measure dozens of requests per mode.
-const CONFIG: &str = r#"
+fn config_text() -> String {
+    format!(
+        r#"
 targets:
-  - { name: agg, serving_mode: aggregated, simulated: { profile: default }, cost_per_hour_usd: 65.54 }
-  - { name: disagg, serving_mode: disaggregated, simulated: { profile: default }, cost_per_hour_usd: 107.50 }
-time_scale: 0.02
-workloads:
-  concurrency_sweep: { levels: [1, 4, 16], isl: 256, osl: 24, step: 120s, warmup: 20s }
-  multi_turn: { turns: 3, conversations: 2, isl: 64, osl: 12, duration: 300s }
-  sequence_distribution:
-    distributions: [uniform, lognormal]
-    isl: { min: 128, max: 1024 }
-    osl: { min: 8, max: 32 }
-    concurrency: 4
-    step: 120s
-    warmup: 20s
-  prefix_cache: { hit_ratios: [0.0, 0.5, 1.0], isl: 2048, osl: 8, concurrency: 4, step: 120s, warmup: 20s, block_size: 64, pool_size: 2 }
-schedule: { drain_grace: 5s }
-slos:
+  - {{ name: agg, serving_mode: aggregated, simulated: {{ profile: default }}, cost_per_hour_usd: 65.54 }}
+  - {{ name: disagg, serving_mode: disaggregated, simulated: {{ profile: default }}, cost_per_hour_usd: 107.50 }}
+{}slos:
   - name: disagg-ttft-near-agg-c16
     expr: >
-      p50(ttft{serving_mode="disaggregated", workload="concurrency_sweep", concurrency="16"})
-        <= 2 * p50(ttft{serving_mode="aggregated", workload="concurrency_sweep", concurrency="16"})
+      p50(ttft{{serving_mode="disaggregated", workload="concurrency_sweep", concurrency="16"}})
+        <= 2 * p50(ttft{{serving_mode="aggregated", workload="concurrency_sweep", concurrency="16"}})
     window: 30m
     min_samples: 20
-"#;
+"#,
+        support::config::four_workloads("[1, 4, 16]", "[uniform, lognormal]")
+    )
+}
 
 const MODES: [&str; 2] = ["aggregated", "disaggregated"];
 
@@ -66,10 +60,16 @@ impl Run {
     }
 }
 
+/// Writes `text` to the file `name` in `dir`; returns its path.
+fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 fn bench(args: &[&str]) -> Run {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bench.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
+    let config = write_file(dir.path(), "bench.yaml", &config_text());
     let out = dir.path().join("out");
     let output = Command::new(BIN)
         .arg("bench")
@@ -177,6 +177,16 @@ fn render(cell: &Value, column: &Value) -> String {
         }
         other => panic!("unexpected cell {other}"),
     }
+}
+
+/// Every cell of `row` as printed under `columns`.
+fn rendered(row: &Value, columns: &[Value]) -> Vec<String> {
+    row.as_array()
+        .unwrap()
+        .iter()
+        .zip(columns)
+        .map(|(c, col)| render(c, col))
+        .collect()
 }
 
 #[test]
@@ -357,6 +367,19 @@ fn md_cells(line: &str) -> Vec<String> {
     cells.iter().map(|c| c.trim().to_owned()).collect()
 }
 
+/// The lines of `text` after the line `heading`, less the `gap` lines that follow it.
+fn after_heading<'a>(
+    text: &'a str,
+    heading: &str,
+    gap: usize,
+) -> impl Iterator<Item = &'a str> + use<'a> {
+    let start = text
+        .lines()
+        .position(|l| l == heading)
+        .unwrap_or_else(|| panic!("no {heading} in\n{text}"));
+    text.lines().skip(start + 1 + gap)
+}
+
 #[test]
 fn the_json_holds_exactly_the_numbers_the_markdown_tables_print() {
     let run = full_run();
@@ -364,13 +387,7 @@ fn the_json_holds_exactly_the_numbers_the_markdown_tables_print() {
     let md = run.stdout();
     for t in s["tables"].as_array().unwrap() {
         let title = format!("### {}", t["title"].as_str().unwrap());
-        let start = md
-            .lines()
-            .position(|l| l == title)
-            .unwrap_or_else(|| panic!("no {title} in\n{md}"));
-        let lines: Vec<&str> = md
-            .lines()
-            .skip(start + 2)
+        let lines: Vec<&str> = after_heading(&md, &title, 1)
             .take_while(|l| l.starts_with('|'))
             .collect();
         let columns = t["columns"].as_array().unwrap();
@@ -385,13 +402,7 @@ fn the_json_holds_exactly_the_numbers_the_markdown_tables_print() {
         let rows = t["rows"].as_array().unwrap();
         assert_eq!(lines.len(), rows.len() + 2, "{title}");
         for (line, row) in lines[2..].iter().zip(rows) {
-            let expected: Vec<String> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(columns)
-                .map(|(c, col)| render(c, col))
-                .collect();
+            let expected = rendered(row, columns);
             assert_eq!(md_cells(line), expected, "{title}");
         }
     }
@@ -584,12 +595,11 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
     let tmp = tempfile::tempdir().unwrap();
 
     // The detector works: a page that logs an error shows up in the log.
-    let bad = tmp.path().join("bad.html");
-    std::fs::write(
-        &bad,
+    let bad = write_file(
+        tmp.path(),
+        "bad.html",
         "<html><body><script>console.error('boom')</script></body></html>",
-    )
-    .unwrap();
+    );
     let (_, log) = headless(&chromium, &bad, &tmp.path().join("p0"), &["--dump-dom"]);
     assert!(
         console_lines(&log).iter().any(|l| l.contains("boom")),
@@ -673,24 +683,12 @@ fn table_format_with_chosen_workloads_and_token_times() {
     for t in s["tables"].as_array().unwrap() {
         let columns = t["columns"].as_array().unwrap();
         let title = t["title"].as_str().unwrap();
-        let start = text
-            .lines()
-            .position(|l| l == title)
-            .unwrap_or_else(|| panic!("{title}"));
-        let body: Vec<&str> = text
-            .lines()
-            .skip(start + 1)
+        let body: Vec<&str> = after_heading(&text, title, 0)
             .take_while(|l| !l.is_empty())
             .collect();
         let blocks = body.first().is_some_and(|l| l.starts_with("[1]"));
         for (i, row) in t["rows"].as_array().unwrap().iter().enumerate() {
-            let expected: Vec<String> = row
-                .as_array()
-                .unwrap()
-                .iter()
-                .zip(columns)
-                .map(|(c, col)| render(c, col))
-                .collect();
+            let expected = rendered(row, columns);
             let printed: Vec<String> = if blocks {
                 let at = body
                     .iter()
@@ -754,13 +752,12 @@ fn table_format_with_chosen_workloads_and_token_times() {
 #[test]
 fn ctrl_c_stops_cleanly_and_reports_the_finished_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bench.yaml");
     // Three 3-second sweep steps; the signal comes as the second starts.
-    std::fs::write(
-        &config,
-        CONFIG.replace("time_scale: 0.02", "time_scale: 0.025"),
-    )
-    .unwrap();
+    let config = write_file(
+        dir.path(),
+        "bench.yaml",
+        &config_text().replace("time_scale: 0.02", "time_scale: 0.025"),
+    );
     let mut child = Command::new(BIN)
         .args(["bench", "--workload", "concurrency_sweep", "--config"])
         .arg(&config)
@@ -835,12 +832,11 @@ fn bad_options_exit_2_before_any_traffic() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--time-scale"), "{err}");
     let dir = tempfile::tempdir().unwrap();
-    let only_sweep = dir.path().join("sweep.yaml");
-    std::fs::write(
-        &only_sweep,
+    let only_sweep = write_file(
+        dir.path(),
+        "sweep.yaml",
         "targets: [{ name: a, serving_mode: aggregated, simulated: {} }]\nworkloads: { concurrency_sweep: {} }\n",
-    )
-    .unwrap();
+    );
     let (code, err) = run(&[
         "--config",
         only_sweep.to_str().unwrap(),
@@ -849,8 +845,7 @@ fn bad_options_exit_2_before_any_traffic() {
     ]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("does not run"), "{err}");
-    let broken = dir.path().join("broken.yaml");
-    std::fs::write(&broken, "targets: [{ nam: a }]\n").unwrap();
+    let broken = write_file(dir.path(), "broken.yaml", "targets: [{ nam: a }]\n");
     let (code, err) = run(&["--config", broken.to_str().unwrap()]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("broken.yaml:1:"), "{err}");

@@ -427,13 +427,20 @@ async fn ttft_and_itl_match_the_server_schedule_for_64_concurrent_streams() {
          |ITL error| p50 {itl_p50:?} p99 {itl_p99:?}; \
          server-send -> client-stamp per chunk p50 {chunk_p50:?} p99 {chunk_p99:?} max {chunk_max:?}"
     );
+    // Bounds a stamp taken anywhere but at the read that carried the bytes would break (a stamp
+    // after the stream, or after a hop through another task, is off by several token gaps of
+    // 10 ms), and that a healthy run on a busy 2-core machine, debug build, server in the same
+    // process, still meets: scheduler hiccups move single requests by milliseconds, so the
+    // median carries the tight bound and the p99 a loose one. How accurate the client is, is a
+    // figure of the release benchmark (`cargo bench --bench client -- accuracy`, goal: TTFT
+    // error p99 <= 2 ms), not of this test.
     assert!(
-        ttft_p99 <= Duration::from_millis(2),
-        "TTFT error p99 {ttft_p99:?}"
+        ttft_p50 <= Duration::from_millis(5) && ttft_p99 <= Duration::from_millis(50),
+        "TTFT error p50 {ttft_p50:?} p99 {ttft_p99:?}"
     );
     assert!(
-        itl_p99 <= Duration::from_millis(2),
-        "ITL error p99 {itl_p99:?}"
+        itl_p50 <= Duration::from_millis(5) && itl_p99 <= Duration::from_millis(50),
+        "ITL error p50 {itl_p50:?} p99 {itl_p99:?}"
     );
 
     // The wire format the server received.

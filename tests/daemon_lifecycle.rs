@@ -6,13 +6,16 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use support::http::{get_text, http_client};
+use support::metrics::{sample, sum};
 use support::{eventually, start_daemon};
 
 fn http() -> reqwest::Client {
-    llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
+    http_client(Some(Duration::from_secs(5)))
+}
+
+async fn scrape(client: &reqwest::Client, addr: std::net::SocketAddr) -> String {
+    support::http::scrape(client, &format!("http://{addr}")).await
 }
 
 const GOOD: &str = r#"
@@ -61,16 +64,9 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
         r.status().is_success().then_some(())
     })
     .await;
-    let metric = |text: &str, name: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    };
+    let reload_ok = |text: &str| sample(text, "llm_canary_config_last_reload_successful", &[]);
     let scrape = || scrape(&client, addr);
-    assert_eq!(
-        metric(&scrape().await, "llm_canary_config_last_reload_successful"),
-        Some(1.0)
-    );
+    assert_eq!(reload_ok(&scrape().await), Some(1.0));
 
     // A bad file: rejected with its diagnostics, the daemon keeps serving, the gauge says 0.
     std::fs::write(&path, GOOD.replace("levels: [2]", "levels: [0]")).unwrap();
@@ -85,26 +81,20 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
         body.contains("concurrency level 0 must be between 1 and 4096"),
         "{body}"
     );
-    let text = scrape().await;
-    assert_eq!(
-        metric(&text, "llm_canary_config_last_reload_successful"),
-        Some(0.0)
-    );
-    let ok_before = eventually(
+    assert_eq!(reload_ok(&scrape().await), Some(0.0));
+    eventually(
         "traffic after the bad reload",
         Duration::from_secs(30),
         || async {
-            let t = scrape().await;
-            t.lines()
-                .find(|l| {
-                    l.starts_with("llm_canary_requests_total{") && l.contains("outcome=\"ok\"")
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .filter(|v| *v > 0.0)
+            sample(
+                &scrape().await,
+                "llm_canary_requests_total",
+                &[("outcome", "ok")],
+            )
+            .filter(|v| *v > 0.0)
         },
     )
     .await;
-    assert!(ok_before > 0.0);
     // GET is not a reload.
     assert_eq!(
         client
@@ -124,59 +114,20 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    assert_eq!(
-        metric(&scrape().await, "llm_canary_config_last_reload_successful"),
-        Some(1.0)
-    );
+    assert_eq!(reload_ok(&scrape().await), Some(1.0));
 
     // SIGTERM: drain, exit 0, well inside the bounded drain.
-    let pid = daemon.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = eventually("exit after SIGTERM", Duration::from_secs(15), || {
-        let s = daemon.child.try_wait().unwrap();
-        async move { s }
-    })
-    .await;
+    daemon.signal("TERM");
+    let status = daemon
+        .wait_exit("exit after SIGTERM", Duration::from_secs(15))
+        .await;
     assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
     let log = daemon.log_text();
     assert!(log.contains("shutdown complete"), "{log}");
 }
 
-fn kill(signal: &str, daemon: &support::Proc) {
-    let pid = daemon.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
-async fn scrape(client: &reqwest::Client, addr: std::net::SocketAddr) -> String {
-    client
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// Sum of a counter/histogram family's samples whose line contains `needle`.
-fn total(text: &str, name: &str, needle: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(needle))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+const AGG: &[(&str, &str)] = &[("target", "sim-agg")];
+const EXTRA: &[(&str, &str)] = &[("target", "sim-extra")];
 
 const TWO: &str = r#"
 targets:
@@ -196,19 +147,17 @@ async fn reload_by_sighup_and_file_change_adds_and_removes_targets_keeping_histo
     let client = http();
     let ttft = "llm_canary_time_to_first_token_seconds_count";
     eventually("traffic to sim-agg", Duration::from_secs(30), || async {
-        (total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"") > 0.0).then_some(())
+        (sum(&scrape(&client, addr).await, ttft, AGG) > 0.0).then_some(())
     })
     .await;
 
     // SIGHUP with a second target: it gets traffic from a following step.
     std::fs::write(&path, TWO).unwrap();
-    kill("-HUP", &daemon);
+    daemon.signal("HUP");
     eventually(
         "traffic to the added target",
         Duration::from_secs(30),
-        || async {
-            (total(&scrape(&client, addr).await, ttft, "target=\"sim-extra\"") > 0.0).then_some(())
-        },
+        || async { (sum(&scrape(&client, addr).await, ttft, EXTRA) > 0.0).then_some(()) },
     )
     .await;
     let text = scrape(&client, addr).await;
@@ -216,7 +165,7 @@ async fn reload_by_sighup_and_file_change_adds_and_removes_targets_keeping_histo
         text.contains("llm_canary_config_last_reload_successful 1"),
         "{text}"
     );
-    let agg_before = total(&text, ttft, "target=\"sim-agg\"");
+    let agg_before = sum(&text, ttft, AGG);
 
     // A file change alone (no signal): the target is removed with every series of it.
     std::fs::write(&path, GOOD).unwrap();
@@ -230,7 +179,7 @@ async fn reload_by_sighup_and_file_change_adds_and_removes_targets_keeping_histo
     )
     .await;
     // The remaining target's histograms survived both reloads.
-    assert!(total(&text, ttft, "target=\"sim-agg\"") >= agg_before);
+    assert!(sum(&text, ttft, AGG) >= agg_before);
     // A bad file by file change: rejected, old config keeps running, gauge 0.
     std::fs::write(&path, "targets: [ {name: broken").unwrap();
     eventually("reload failure seen", Duration::from_secs(30), || async {
@@ -240,13 +189,11 @@ async fn reload_by_sighup_and_file_change_adds_and_removes_targets_keeping_histo
             .then_some(())
     })
     .await;
-    let n = total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"");
+    let n = sum(&scrape(&client, addr).await, ttft, AGG);
     eventually(
         "traffic goes on after the bad file",
         Duration::from_secs(30),
-        || async {
-            (total(&scrape(&client, addr).await, ttft, "target=\"sim-agg\"") > n).then_some(())
-        },
+        || async { (sum(&scrape(&client, addr).await, ttft, AGG) > n).then_some(()) },
     )
     .await;
     let log = daemon.log_text();
@@ -272,11 +219,11 @@ async fn a_second_signal_exits_at_once_without_waiting_for_the_drain() {
     let client = http();
     eventually("requests in flight", Duration::from_secs(30), || async {
         let t = scrape(&client, addr).await;
-        (total(&t, "llm_canary_inflight_requests", "sim-agg") > 0.0).then_some(())
+        (sum(&t, "llm_canary_inflight_requests", AGG) > 0.0).then_some(())
     })
     .await;
     let t0 = tokio::time::Instant::now();
-    kill("-TERM", &daemon);
+    daemon.signal("TERM");
     eventually("drain started", Duration::from_secs(10), || async {
         daemon
             .log_text()
@@ -284,17 +231,11 @@ async fn a_second_signal_exits_at_once_without_waiting_for_the_drain() {
             .then_some(())
     })
     .await;
-    kill("-TERM", &daemon);
+    daemon.signal("TERM");
     let mut daemon = daemon;
-    let status = eventually(
-        "exit after the second signal",
-        Duration::from_secs(5),
-        || {
-            let s = daemon.child.try_wait().unwrap();
-            async move { s }
-        },
-    )
-    .await;
+    let status = daemon
+        .wait_exit("exit after the second signal", Duration::from_secs(5))
+        .await;
     // Well inside the 10 s drain bound: the second signal cut it.
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert_eq!(status.code(), Some(130), "{}", daemon.log_text());
@@ -346,10 +287,10 @@ export: {{ listen: "127.0.0.1:{port}", reload_endpoint: false }}
     assert_eq!(addr, format!("127.0.0.1:{port}").parse().unwrap());
     let client = http();
     eventually("authorised requests", Duration::from_secs(30), || async {
-        (total(
+        (sum(
             &scrape(&client, addr).await,
             "llm_canary_requests_total",
-            "outcome=\"ok\"",
+            &[("outcome", "ok")],
         ) >= 4.0)
             .then_some(())
     })
@@ -366,21 +307,12 @@ export: {{ listen: "127.0.0.1:{port}", reload_endpoint: false }}
     assert_eq!(client.get(&reload).send().await.unwrap().status(), 405);
     // Nothing the daemon shows holds the key.
     let metrics = scrape(&client, addr).await;
-    let status = client
-        .get(format!("http://{addr}/api/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .text()
+    let status = get_text(&client, &format!("http://{addr}/api/v1/status"))
         .await
         .unwrap();
-    kill("-TERM", &daemon);
+    daemon.signal("TERM");
     let mut daemon = daemon;
-    eventually("exit", Duration::from_secs(15), || {
-        let s = daemon.child.try_wait().unwrap();
-        async move { s }
-    })
-    .await;
+    daemon.wait_exit("exit", Duration::from_secs(15)).await;
     let log = daemon.log_text();
     assert!(log.contains("DEBUG"), "debug logging was on");
     for (what, text) in [

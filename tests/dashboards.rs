@@ -434,18 +434,10 @@ fn socket_of(url: &str) -> SocketAddr {
 }
 
 async fn status(addr: SocketAddr) -> Value {
-    let body = llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-        .get(format!("http://{addr}/api/v1/status"))
-        .send()
+    let client = support::http::http_client(Some(Duration::from_secs(5)));
+    support::http::get_json(&client, &format!("http://{addr}/api/v1/status"))
         .await
-        .expect("GET /api/v1/status")
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&body).expect("status is JSON")
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,7 +461,7 @@ async fn every_dashboard_query_parses_and_returns_data_from_the_demo() {
     let prom = Prometheus::start(dir.path(), &scrape, &[]);
 
     // Every workload has completed a step for both targets.
-    let steps_done = eventually(
+    eventually(
         "a completed step of every workload for both targets",
         Duration::from_secs(150),
         || async {
@@ -481,7 +473,6 @@ async fn every_dashboard_query_parses_and_returns_data_from_the_demo() {
         },
     )
     .await;
-    assert_eq!(steps_done.len(), 8);
     prom.wait_for(r#"up{job=~"dynamo-.*"} == 1"#, Duration::from_secs(30))
         .await;
 

@@ -2,6 +2,8 @@
 //! families, types, labels), readiness, reload, status passthrough, method and path errors, and
 //! the graceful shutdown.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,6 +14,7 @@ use llm_canary::export::{
 };
 use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
 use llm_canary::slo::{SloReading, SloState};
+use support::metrics::{FAMILIES, LATE_FAMILIES, sample, sum};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +23,14 @@ struct Running {
     shutdown: CancellationToken,
     server: JoinHandle<ShutdownOutcome>,
     readiness: Readiness,
+}
+
+impl Running {
+    /// Cancels the server, which must drain.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        assert_eq!(self.server.await.expect("join"), ShutdownOutcome::Drained);
+    }
 }
 
 async fn start(state: AppState) -> Running {
@@ -39,31 +50,13 @@ async fn start(state: AppState) -> Running {
 }
 
 fn client() -> reqwest::Client {
-    // reqwest is built without a default TLS provider; plain http still needs one installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    llm_canary::client::http_client_builder().build().unwrap()
+    support::http::http_client(None)
 }
 
 fn status_source() -> Arc<dyn llm_canary::export::StatusSource> {
     Arc::new(
         || serde_json::json!({"targets": [{"name": "agg", "up": true}], "slos": {"gain": "pass"}}),
     )
-}
-
-/// The value of `name{...}` whose label block contains every `k="v"` of `labels`.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(name)?;
-        let (label_part, value) = match rest.strip_prefix('{') {
-            Some(r) => r.split_once("} ")?,
-            None => ("", rest.strip_prefix(' ')?),
-        };
-        labels
-            .iter()
-            .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")))
-            .then(|| value.parse().ok())
-            .flatten()
-    })
 }
 
 fn fill(metrics: &Metrics) {
@@ -162,49 +155,20 @@ async fn scrape_serves_openmetrics_with_every_family() {
         &text[text.len().saturating_sub(80)..]
     );
 
-    let families = [
-        ("llm_canary_time_to_first_token_seconds", "histogram"),
-        ("llm_canary_inter_token_latency_seconds", "histogram"),
-        ("llm_canary_request_duration_seconds", "histogram"),
-        ("llm_canary_chunk_gap_seconds", "histogram"),
-        ("llm_canary_requests", "counter"),
-        ("llm_canary_prompt_tokens", "counter"),
-        ("llm_canary_cached_tokens", "counter"),
-        ("llm_canary_output_tokens", "counter"),
-        ("llm_canary_osl_mismatch", "counter"),
-        ("llm_canary_client_token_count_mismatch", "counter"),
-        ("llm_canary_step_ttft_seconds", "gauge"),
-        ("llm_canary_step_itl_seconds", "gauge"),
-        ("llm_canary_step_request_duration_seconds", "gauge"),
-        ("llm_canary_step_output_tokens_per_second", "gauge"),
-        ("llm_canary_step_requests_per_second", "gauge"),
-        ("llm_canary_step_error_ratio", "gauge"),
-        ("llm_canary_step_cache_hit_ratio", "gauge"),
-        ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
-        ("llm_canary_step_end_timestamp_seconds", "gauge"),
-        ("llm_canary_step_degraded", "gauge"),
-        ("llm_canary_step_faulted", "gauge"),
-        ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
-        ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
-        ("llm_canary_server_preemptions", "counter"),
-        ("llm_canary_server_kv_offload_blocks", "counter"),
-        ("llm_canary_server_ttft_mean_seconds", "gauge"),
-        ("llm_canary_slo_state", "gauge"),
-        ("llm_canary_slo_value", "gauge"),
-        ("llm_canary_slo_threshold", "gauge"),
-        ("llm_canary_slo_value_lower", "gauge"),
-        ("llm_canary_slo_value_upper", "gauge"),
-        ("llm_canary_target_up", "gauge"),
-        ("llm_canary_schedule_lag_seconds", "histogram"),
-        ("llm_canary_inflight_requests", "gauge"),
-        ("llm_canary_build", "info"),
-        ("llm_canary_config_last_reload_successful", "gauge"),
-        (
-            "llm_canary_config_last_reload_success_timestamp_seconds",
-            "gauge",
-        ),
+    // Every family: `fill` gives a series to all the late ones but the KVBM hit ratios and the
+    // scrape errors.
+    let unfilled = [
+        "llm_canary_server_kvbm_host_cache_hit_ratio",
+        "llm_canary_server_kvbm_disk_cache_hit_ratio",
+        "llm_canary_server_scrape_errors",
     ];
-    for (name, kind) in families {
+    let families: Vec<(&str, &str)> = FAMILIES
+        .iter()
+        .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
+        .copied()
+        .collect();
+    assert_eq!(families.len(), 37);
+    for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());
     }
@@ -290,11 +254,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         ),
         Some(1.0)
     );
-    running.shutdown.cancel();
-    assert_eq!(
-        running.server.await.expect("join"),
-        ShutdownOutcome::Drained
-    );
+    running.stop().await;
 }
 
 #[tokio::test]
@@ -338,11 +298,7 @@ async fn health_readiness_status_and_errors() {
         .await
         .expect("403");
     assert_eq!(forbidden.status(), 403);
-    running.shutdown.cancel();
-    assert_eq!(
-        running.server.await.expect("join"),
-        ShutdownOutcome::Drained
-    );
+    running.stop().await;
 }
 
 #[tokio::test]
@@ -390,11 +346,7 @@ async fn reload_reports_success_and_failure() {
     let wrong_method = client.get(&url).send().await.expect("405");
     assert_eq!(wrong_method.status(), 405);
     assert_eq!(wrong_method.headers()["allow"], "POST");
-    running.shutdown.cancel();
-    assert_eq!(
-        running.server.await.expect("join"),
-        ShutdownOutcome::Drained
-    );
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,17 +393,9 @@ async fn recording_during_scrapes_loses_nothing() {
         recorder.join().expect("recorder");
     }
     let text = metrics.encode().expect("encode");
-    let total: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("llm_canary_time_to_first_token_seconds_count{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let total = sum(&text, "llm_canary_time_to_first_token_seconds_count", &[]);
     assert_eq!(total, (RECORDERS * PER_RECORDER) as f64);
-    running.shutdown.cancel();
-    assert_eq!(
-        running.server.await.expect("join"),
-        ShutdownOutcome::Drained
-    );
+    running.stop().await;
 }
 
 #[tokio::test]
@@ -468,11 +412,25 @@ async fn shutdown_stops_accepting() {
             .status(),
         200
     );
-    running.shutdown.cancel();
-    assert_eq!(
-        running.server.await.expect("join"),
-        ShutdownOutcome::Drained
-    );
     let addr = running.base.trim_start_matches("http://").to_owned();
+    running.stop().await;
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[test]
+fn support_looks_samples_up_by_name_and_label_pairs() {
+    let text = "# TYPE x counter\n\
+                x_total{a=\"1\",b=\"q\\\"uote\"} 3\n\
+                x_total{a=\"2\", b=\"\"} 4.5\n\
+                x_total_more{a=\"1\"} 100\n\
+                y 7\n\
+                # EOF\n";
+    assert_eq!(sample(text, "x_total", &[("a", "1")]), Some(3.0));
+    assert_eq!(sample(text, "x_total", &[("b", "q\"uote")]), Some(3.0));
+    assert_eq!(sample(text, "x_total", &[("a", "2"), ("b", "")]), Some(4.5));
+    assert_eq!(sample(text, "x_total", &[("a", "3")]), None);
+    assert_eq!(sample(text, "x", &[]), None, "a name is matched whole");
+    assert_eq!(sample(text, "y", &[]), Some(7.0));
+    assert_eq!(sum(text, "x_total", &[]), 7.5);
+    assert_eq!(sum(text, "x_total", &[("a", "9")]), 0.0);
 }

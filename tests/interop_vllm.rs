@@ -12,13 +12,14 @@
 //! loudly outside CI and fail in CI (`CI=true`), where `scripts/test` installs it first.
 
 mod interop;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use interop::{Server, sample};
+use interop::Server;
 use llm_canary::client::{Endpoint, Outcome, Prompt, RequestRecord, StreamRequest};
 use llm_canary::config::{Api, Config, Dialect};
 use llm_canary::export::metrics::Metrics;
@@ -27,6 +28,7 @@ use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cy
 use llm_canary::scrape::{ScrapeTarget, ServerTotals};
 use llm_canary::shutdown::Shutdown;
 use llm_canary::targets::Deployment;
+use support::metrics::sample;
 use tokio_util::sync::CancellationToken;
 
 /// vLLM's KV block size on the CPU backend: prefix-cache hits come in multiples of it.
@@ -167,11 +169,9 @@ fn print_steps(title: &str, results: &[StepResult]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
-    let Some(venv) = interop::vllm_venv() else {
+    let Some((venv, _one, model_dir)) = interop::prepare("qwen3-tiny").await else {
         return;
     };
-    let _one = interop::ONE_SERVER_AT_A_TIME.lock().await;
-    let model_dir = interop::tiny_models(&venv).join("qwen3-tiny");
     let mut server = Server::vllm(&venv, &model_dir, &[]).await;
 
     let yaml = format!("{}{FOUR_WORKLOADS}", target_yaml(&server, &model_dir));
@@ -450,15 +450,12 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
         let never = CancellationToken::new();
         step_runner.run_step(&plan[0], 0, &never, &never).await
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    let running = support::within(Duration::from_secs(60), || async {
         let text = server.metrics_text().await;
-        if sample(&text, "vllm:num_requests_running").is_some_and(|n| n >= 1.0) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "nothing ran");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        sample(&text, "vllm:num_requests_running", &[]).filter(|n| *n >= 1.0)
+    })
+    .await;
+    assert!(running.is_some(), "nothing ran");
     server.kill();
     let killed = step.await.unwrap();
     let seen = capture.all();
@@ -486,16 +483,14 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
     assert!(m.error_ratio > 0.99, "{m:?}");
 }
 
-/// The source document's architecture family (Qwen3 MoE), with vLLM batching four tokens per
+/// The benchmark plan's architecture family (Qwen3 MoE), with vLLM batching four tokens per
 /// stream chunk (`--stream-interval 4`): output lengths and ITL still come from usage, not from
 /// the chunk count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen3_moe_with_several_tokens_per_chunk() {
-    let Some(venv) = interop::vllm_venv() else {
+    let Some((venv, _one, model_dir)) = interop::prepare("qwen3-moe-tiny").await else {
         return;
     };
-    let _one = interop::ONE_SERVER_AT_A_TIME.lock().await;
-    let model_dir = interop::tiny_models(&venv).join("qwen3-moe-tiny");
     let server = Server::vllm(&venv, &model_dir, &["--stream-interval", "4"]).await;
     let yaml = format!(
         "{}workloads:\n  concurrency_sweep: {{ levels: [2], isl: 512, osl: 64, step: 8s, \
@@ -547,11 +542,9 @@ async fn qwen3_moe_with_several_tokens_per_chunk() {
 /// measures it: the output length holds and its streams count as complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transformers_serve_gets_errors_that_name_the_setting() {
-    let Some(venv) = interop::vllm_venv() else {
+    let Some((venv, _one, model_dir)) = interop::prepare("qwen3-tiny").await else {
         return;
     };
-    let _one = interop::ONE_SERVER_AT_A_TIME.lock().await;
-    let model_dir = interop::tiny_models(&venv).join("qwen3-tiny");
     let server = Server::transformers(&venv, &model_dir).await;
     let model = model_dir.display().to_string();
     let target = |extra: &str| {
@@ -575,6 +568,10 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
         "{err}"
     );
 
+    let deploy = |yaml: String| async move {
+        let cfg = Config::parse(&yaml, "t.yaml", Path::new(".")).unwrap();
+        Deployment::start(&cfg, Path::new(".")).await.unwrap()
+    };
     let send = |endpoint: Endpoint, osl: u32, client: llm_canary::client::StreamClient| async move {
         let req = StreamRequest {
             request_id: format!("tserve-{osl}"),
@@ -587,13 +584,7 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
     };
 
     // The vLLM dialect's length recipe: 422, and the message names `length_control`.
-    let cfg = Config::parse(
-        &target(&format!("model: {model}, dialect: vllm")),
-        "t.yaml",
-        Path::new("."),
-    )
-    .unwrap();
-    let d = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let d = deploy(target(&format!("model: {model}, dialect: vllm"))).await;
     let rec = send(d.targets[0].endpoint.clone(), 8, d.client.clone()).await;
     let message = rec.error.clone().unwrap_or_default();
     eprintln!("dialect vllm -> {}: {message}", rec.outcome);
@@ -607,16 +598,10 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
 
     // The openai preset sends only `max_completion_tokens`, which this server ignores: the output
     // runs to the server's default length. This server also ends its streams without `[DONE]`
-    // (its usage rides on the `finish_reason` chunk), which DESIGN §4 classifies as
+    // (its usage rides on the `finish_reason` chunk), which docs/DESIGN.md §4 classifies as
     // `stream_truncated`: the outcome says so, and the OSL mismatch counter, which judges only
     // successful requests, stays out of it.
-    let cfg = Config::parse(
-        &target(&format!("model: {model}, dialect: openai")),
-        "t.yaml",
-        Path::new("."),
-    )
-    .unwrap();
-    let d = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let d = deploy(target(&format!("model: {model}, dialect: openai"))).await;
     let rec = send(d.targets[0].endpoint.clone(), 4, d.client.clone()).await;
     eprintln!(
         "dialect openai, OSL 4 -> {} ({}), finish_reason {:?}, usage {:?}",
@@ -640,14 +625,8 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
     // cap (a random model may still draw its end-of-sequence token early, rarely); the role-only
     // first chunk carries no token; and a stream that ends cleanly after its `finish_reason`
     // chunk is complete. The same server under the openai preset with `max_tokens` alone keeps
-    // DESIGN §4's strict reading: no `[DONE]`, `stream_truncated`.
-    let cfg = Config::parse(
-        &target(&format!("model: {model}, dialect: transformers")),
-        "t.yaml",
-        Path::new("."),
-    )
-    .unwrap();
-    let d = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    // docs/DESIGN.md §4's strict reading: no `[DONE]`, `stream_truncated`.
+    let d = deploy(target(&format!("model: {model}, dialect: transformers"))).await;
     let mut exact = 0;
     for _ in 0..3 {
         let rec = send(d.targets[0].endpoint.clone(), 12, d.client.clone()).await;
@@ -657,10 +636,14 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
         let completion = rec.usage.map(|u| u.completion_tokens).unwrap();
         assert!(completion <= 12, "{rec:?}");
         assert!(rec.ttft().is_some() && rec.itl().is_some(), "{rec:?}");
-        assert_eq!(
-            rec.content_chunk_count() as u64,
-            completion,
-            "one token per chunk"
+        // The role-only first chunk carries no token, so there are at most as many content
+        // chunks as tokens. Not exactly as many: the server's streamer holds back a token that
+        // does not decode to whole text yet (random weights draw such byte pieces) and sends it
+        // with the next one.
+        let chunks = rec.content_chunk_count() as u64;
+        assert!(
+            chunks >= 1 && chunks <= completion,
+            "{chunks} content chunks for {completion} tokens"
         );
         if completion == 12 {
             exact += 1;
@@ -669,16 +652,11 @@ async fn transformers_serve_gets_errors_that_name_the_setting() {
     eprintln!("dialect transformers: {exact} of 3 requests at the OSL");
     assert!(exact >= 2, "{exact} of 3");
 
-    let cfg = Config::parse(
-        &target(&format!(
-            "model: {model}, dialect: openai, length_control: {{ max_tokens: true, \
+    let d = deploy(target(&format!(
+        "model: {model}, dialect: openai, length_control: {{ max_tokens: true, \
              max_completion_tokens: false, min_tokens: false, ignore_eos: false }}"
-        )),
-        "t.yaml",
-        Path::new("."),
-    )
-    .unwrap();
-    let d = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    )))
+    .await;
     let rec = send(d.targets[0].endpoint.clone(), 12, d.client.clone()).await;
     assert_eq!(rec.outcome, Outcome::StreamTruncated, "{rec:?}");
     assert!(

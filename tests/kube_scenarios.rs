@@ -4,6 +4,7 @@
 //! posts an Event on the right object.
 
 mod kube_support;
+mod support;
 
 use std::time::Duration;
 
@@ -64,6 +65,11 @@ fn pod(name: &str, dgd: &str, component: &str, ip: &str) -> Value {
     })
 }
 
+/// Creates or replaces that Pod.
+fn put_pod(api: &MockApi, name: &str, dgd: &str, component: &str, ip: &str) {
+    api.put(&pods(), pod(name, dgd, component, ip));
+}
+
 async fn until<T: Clone>(
     rx: &mut watch::Receiver<T>,
     what: &str,
@@ -99,14 +105,14 @@ async fn discovery_follows_deployments_live() {
 
     // The aggregated example appears with its Pods.
     api.put(&dgds(), example("vllm-agg.yaml"));
-    api.put(
-        &pods(),
-        pod("vllm-agg-frontend-0", "vllm-agg", "frontend", "10.0.0.1"),
+    put_pod(
+        &api,
+        "vllm-agg-frontend-0",
+        "vllm-agg",
+        "frontend",
+        "10.0.0.1",
     );
-    api.put(
-        &pods(),
-        pod("vllm-agg-worker-0", "vllm-agg", "worker", "10.0.0.2"),
-    );
+    put_pod(&api, "vllm-agg-worker-0", "vllm-agg", "worker", "10.0.0.2");
     let t = until(&mut rx, "agg appears", |t| {
         t.len() == 1 && !t[0].server_metrics.is_empty()
     })
@@ -124,22 +130,26 @@ async fn discovery_follows_deployments_live() {
 
     // The disaggregated example appears: prefill + decode workers, both scraped.
     api.put(&dgds(), example("vllm-disagg.yaml"));
-    api.put(
-        &pods(),
-        pod(
-            "vllm-disagg-frontend-0",
-            "vllm-disagg",
-            "frontend",
-            "10.0.1.1",
-        ),
+    put_pod(
+        &api,
+        "vllm-disagg-frontend-0",
+        "vllm-disagg",
+        "frontend",
+        "10.0.1.1",
     );
-    api.put(
-        &pods(),
-        pod("vllm-disagg-prefill-0", "vllm-disagg", "worker", "10.0.1.2"),
+    put_pod(
+        &api,
+        "vllm-disagg-prefill-0",
+        "vllm-disagg",
+        "worker",
+        "10.0.1.2",
     );
-    api.put(
-        &pods(),
-        pod("vllm-disagg-decode-0", "vllm-disagg", "worker", "10.0.1.3"),
+    put_pod(
+        &api,
+        "vllm-disagg-decode-0",
+        "vllm-disagg",
+        "worker",
+        "10.0.1.3",
     );
     let t = until(&mut rx, "disagg appears", |t| {
         t.len() == 2 && t[1].server_metrics.len() == 2
@@ -180,9 +190,12 @@ async fn discovery_follows_deployments_live() {
     // The frontend Pod goes, then the deployment: no target left.
     api.delete(&pods(), "vllm-agg-frontend-0");
     until(&mut rx, "no frontend, no target", |t| t.is_empty()).await;
-    api.put(
-        &pods(),
-        pod("vllm-agg-frontend-1", "vllm-agg", "frontend", "10.0.0.9"),
+    put_pod(
+        &api,
+        "vllm-agg-frontend-1",
+        "vllm-agg",
+        "frontend",
+        "10.0.0.9",
     );
     until(&mut rx, "frontend back", |t| t.len() == 1).await;
     api.delete(&dgds(), "vllm-agg");
@@ -196,6 +209,44 @@ fn leases() -> String {
 
 fn settings(identity: &str, sharding: bool) -> LeaseSettings {
     LeaseSettings::new("llm-canary", "monitoring", identity, LEASE, sharding).unwrap()
+}
+
+/// The leadership of a replica `identity` electing through `api` until `stop`.
+async fn elect(
+    api: &MockApi,
+    identity: &str,
+    sharding: bool,
+    stop: &CancellationToken,
+) -> watch::Receiver<Leadership> {
+    lease::elect(
+        api.client(),
+        settings(identity, sharding),
+        stop.clone(),
+        &TaskTracker::new(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Two replicas, `canary-a` and `canary-b`, electing through one API server until `stop`.
+async fn two_replicas(
+    sharding: bool,
+    stop: &CancellationToken,
+) -> (watch::Receiver<Leadership>, watch::Receiver<Leadership>) {
+    let api = MockApi::new();
+    let a = elect(&api, "canary-a", sharding, stop).await;
+    let b = elect(&api, "canary-b", sharding, stop).await;
+    (a, b)
+}
+
+/// Whether `done` holds within [`PATIENCE`], polling.
+async fn within_patience(mut done: impl FnMut() -> bool) -> bool {
+    support::within(PATIENCE, || {
+        let ok = done();
+        async move { ok.then_some(()) }
+    })
+    .await
+    .is_some()
 }
 
 /// Another replica takes the Lease (its renewal `ago` seconds back).
@@ -216,14 +267,7 @@ fn taken_by(api: &MockApi, holder: &str, ago: f64) {
 async fn lease_is_held_lost_fenced_regained_and_released() {
     let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut rx = lease::elect(
-        api.client(),
-        settings("canary-0", false),
-        stop.clone(),
-        &TaskTracker::new(),
-    )
-    .await
-    .unwrap();
+    let mut rx = elect(&api, "canary-0", false, &stop).await;
 
     // Held: the Lease is created and names this replica.
     until(&mut rx, "acquire", |l| *l == Leadership::Leading).await;
@@ -266,41 +310,17 @@ async fn lease_is_held_lost_fenced_regained_and_released() {
     // Released on stop, so a standby takes over at once.
     stop.cancel();
     until(&mut rx, "standby on stop", |l| *l == Leadership::Standby).await;
-    let released = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let holder =
-                api.get(&leases(), "llm-canary").unwrap()["spec"]["holderIdentity"].clone();
-            if holder.is_null() {
-                return;
-            }
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let released = within_patience(|| {
+        api.get(&leases(), "llm-canary").unwrap()["spec"]["holderIdentity"].is_null()
     })
     .await;
-    assert!(released.is_ok(), "the Lease is not released on stop");
+    assert!(released, "the Lease is not released on stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_replica_leads() {
-    let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut a = lease::elect(
-        api.client(),
-        settings("canary-a", false),
-        stop.clone(),
-        &TaskTracker::new(),
-    )
-    .await
-    .unwrap();
-    let mut b = lease::elect(
-        api.client(),
-        settings("canary-b", false),
-        stop.clone(),
-        &TaskTracker::new(),
-    )
-    .await
-    .unwrap();
+    let (mut a, mut b) = two_replicas(false, &stop).await;
     // Whichever wins, the other stays standby while the winner renews (two lease periods).
     let winner_a = tokio::select! {
         _ = a.wait_for(|l| *l == Leadership::Leading) => true,
@@ -317,24 +337,8 @@ async fn exactly_one_replica_leads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_replicas_split_the_targets() {
-    let api = MockApi::new();
     let stop = CancellationToken::new();
-    let mut a = lease::elect(
-        api.client(),
-        settings("canary-a", true),
-        stop.clone(),
-        &TaskTracker::new(),
-    )
-    .await
-    .unwrap();
-    let mut b = lease::elect(
-        api.client(),
-        settings("canary-b", true),
-        stop.clone(),
-        &TaskTracker::new(),
-    )
-    .await
-    .unwrap();
+    let (mut a, mut b) = two_replicas(true, &stop).await;
     let two = |l: &Leadership| matches!(l, Leadership::Shard { members, .. } if members.len() == 2);
     let la = until(&mut a, "a sees both members", two).await;
     let lb = until(&mut b, "b sees both members", two).await;
@@ -418,17 +422,9 @@ slos:
     );
 
     let posted = |ns: &str| api.list(&collection("events.k8s.io/v1", ns, "events"));
-    let got = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if !posted(NS).is_empty() && !posted("monitoring").is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    let got = within_patience(|| !posted(NS).is_empty() && !posted("monitoring").is_empty()).await;
     assert!(
-        got.is_ok(),
+        got,
         "Events not posted: {:?} {:?}",
         posted(NS),
         posted("monitoring")

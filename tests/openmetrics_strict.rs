@@ -1,6 +1,6 @@
 //! The daemon's `/metrics` after real traffic (the compressed demo) parses with the strict
 //! OpenMetrics parser of the official Python client (`prometheus_client.openmetrics.parser`),
-//! and every family is named and typed as DESIGN §6 says. The parser's strictness is checked on
+//! and every family is named and typed as docs/DESIGN.md §6 says. The parser's strictness is checked on
 //! the same text: without `# EOF`, with a clashing family and with a broken histogram it refuses.
 //!
 //! The Python venv comes from `scripts/test` (`~/.cache/llm-canary/py`, or `LLM_CANARY_PY`). Outside
@@ -12,62 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use support::metrics::{FAMILIES, LATE_FAMILIES};
 use support::{eventually, start_daemon};
-
-/// The families every exposition has after traffic, with their OpenMetrics type (DESIGN §6 and
-/// the export extensions documented in docs/METRICS.md).
-const FAMILIES: &[(&str, &str)] = &[
-    ("llm_canary_time_to_first_token_seconds", "histogram"),
-    ("llm_canary_inter_token_latency_seconds", "histogram"),
-    ("llm_canary_request_duration_seconds", "histogram"),
-    ("llm_canary_chunk_gap_seconds", "histogram"),
-    ("llm_canary_schedule_lag_seconds", "histogram"),
-    ("llm_canary_requests", "counter"),
-    ("llm_canary_prompt_tokens", "counter"),
-    ("llm_canary_cached_tokens", "counter"),
-    ("llm_canary_output_tokens", "counter"),
-    ("llm_canary_step_ttft_seconds", "gauge"),
-    ("llm_canary_step_itl_seconds", "gauge"),
-    ("llm_canary_step_request_duration_seconds", "gauge"),
-    ("llm_canary_step_output_tokens_per_second", "gauge"),
-    ("llm_canary_step_requests_per_second", "gauge"),
-    ("llm_canary_step_error_ratio", "gauge"),
-    ("llm_canary_step_cache_hit_ratio", "gauge"),
-    ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
-    ("llm_canary_step_end_timestamp_seconds", "gauge"),
-    ("llm_canary_step_degraded", "gauge"),
-    ("llm_canary_step_faulted", "gauge"),
-    ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
-    ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
-    ("llm_canary_server_preemptions", "counter"),
-    ("llm_canary_server_ttft_mean_seconds", "gauge"),
-    ("llm_canary_target_up", "gauge"),
-    ("llm_canary_inflight_requests", "gauge"),
-    ("llm_canary_build", "info"),
-    ("llm_canary_config_last_reload_successful", "gauge"),
-    (
-        "llm_canary_config_last_reload_success_timestamp_seconds",
-        "gauge",
-    ),
-];
-
-/// Families the encoder writes only once they have a series: counted events that the demo may not
-/// produce (mismatches, scrape errors), the KVBM-fed series (the demo's simulators have no KVBM
-/// tiers, and the simulator no KVBM hit rates) and the SLO families (with the first evaluated
-/// SLO). Typed when present.
-const LATE_FAMILIES: &[(&str, &str)] = &[
-    ("llm_canary_osl_mismatch", "counter"),
-    ("llm_canary_client_token_count_mismatch", "counter"),
-    ("llm_canary_server_kv_offload_blocks", "counter"),
-    ("llm_canary_server_kvbm_host_cache_hit_ratio", "gauge"),
-    ("llm_canary_server_kvbm_disk_cache_hit_ratio", "gauge"),
-    ("llm_canary_server_scrape_errors", "counter"),
-    ("llm_canary_slo_state", "gauge"),
-    ("llm_canary_slo_value", "gauge"),
-    ("llm_canary_slo_threshold", "gauge"),
-    ("llm_canary_slo_value_lower", "gauge"),
-    ("llm_canary_slo_value_upper", "gauge"),
-];
 
 /// Parses stdin strictly and prints `name type samples` per family; exits 1 with the error.
 const PARSE: &str = r#"
@@ -129,10 +75,7 @@ async fn exposition_after_traffic_passes_the_strict_openmetrics_parser() {
     let dir = tempfile::tempdir().unwrap();
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/fast-demo.yaml");
     let (daemon, addr) = start_daemon(Some(&config), dir.path());
-    let http = llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let http = support::http::http_client(Some(Duration::from_secs(5)));
     let url = format!("http://{addr}/metrics");
     // After the first step of both modes: requests, step gauges and the simulators' own metrics.
     let (content_type, text) = eventually("traffic in /metrics", Duration::from_secs(90), || {

@@ -138,16 +138,22 @@ fn histogram_points(received: &Received, name: &str) -> Vec<HistogramDataPoint> 
     points
 }
 
+/// The exporter's config: `endpoint` over `protocol`, exporting every `interval_secs`, with spans
+/// or without.
+fn otlp(endpoint: &str, protocol: OtlpProtocol, interval_secs: u64, spans: bool) -> Otlp {
+    Otlp {
+        endpoint: At::dflt(endpoint.to_owned()),
+        protocol: At::dflt(protocol),
+        interval: At::dflt(Dur::secs(interval_secs)),
+        spans,
+    }
+}
+
 /// Starts the exporter (spans on) for `protocol` at `url`, records [`record`] once as a steady
 /// and once as a warmup request, and shuts the exporter down.
 async fn export_one_request(url: &str, protocol: OtlpProtocol) {
-    let cfg = Otlp {
-        endpoint: At::dflt(url.to_owned()),
-        protocol: At::dflt(protocol),
-        // Longer than the test: only the shutdown flush can deliver the data.
-        interval: At::dflt(Dur::secs(3600)),
-        spans: true,
-    };
+    // An interval longer than the test: only the shutdown flush can deliver the data.
+    let cfg = otlp(url, protocol, 3600, true);
     let target = OtlpTarget::new(
         "sim-agg",
         Api::Chat,
@@ -290,12 +296,7 @@ where
 /// not need it (the receiver runs elsewhere). With an interval longer than the test, that final
 /// export is the only one.
 async fn dropped_exporter_flushes(url: &str, protocol: OtlpProtocol, received: &Mutex<Received>) {
-    let cfg = Otlp {
-        endpoint: At::dflt(url.to_owned()),
-        protocol: At::dflt(protocol),
-        interval: At::dflt(Dur::secs(3600)),
-        spans: false,
-    };
+    let cfg = otlp(url, protocol, 3600, false);
     let exporter = OtlpExporter::start(&cfg, vec![]).await.unwrap();
     let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep");
     exporter.record(&labels, true, &record());
@@ -312,19 +313,22 @@ async fn dropping_the_exporter_on_a_blocked_runtime_still_flushes_over_http() {
     dropped_exporter_flushes(&url, OtlpProtocol::HttpProtobuf, &received).await;
 }
 
+/// Why an exporter over gRPC to `endpoint` does not start.
+async fn grpc_start_error(endpoint: &str) -> String {
+    let cfg = otlp(endpoint, OtlpProtocol::Grpc, 15, false);
+    OtlpExporter::start(&cfg, vec![])
+        .await
+        .unwrap_err()
+        .to_string()
+}
+
 #[tokio::test]
 async fn grpc_without_the_feature_is_a_clear_error() {
     if cfg!(feature = "otlp-grpc") {
         return;
     }
-    let cfg = Otlp {
-        endpoint: At::dflt("http://127.0.0.1:4317".to_owned()),
-        protocol: At::dflt(OtlpProtocol::Grpc),
-        interval: At::dflt(Dur::secs(15)),
-        spans: false,
-    };
-    let err = OtlpExporter::start(&cfg, vec![]).await.unwrap_err();
-    assert!(err.to_string().contains("otlp-grpc"), "{err}");
+    let err = grpc_start_error("http://127.0.0.1:4317").await;
+    assert!(err.contains("otlp-grpc"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,14 +373,7 @@ async fn daemon_pushes_and_flushes(otlp: &str, received: &Mutex<Received>) {
     .await;
     // SIGTERM: the daemon drains and flushes once more before it exits.
     let before = received.lock().unwrap().metrics.len();
-    let pid = daemon.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    daemon.signal("TERM");
     let status = tokio::task::spawn_blocking(move || {
         let mut daemon = daemon;
         let status = daemon.child.wait().unwrap();
@@ -395,8 +392,7 @@ async fn daemon_pushes_and_flushes(otlp: &str, received: &Mutex<Received>) {
 mod grpc {
     use std::sync::{Arc, Mutex};
 
-    use llm_canary::config::{At, Dur, Otlp, OtlpProtocol};
-    use llm_canary::export::otlp::OtlpExporter;
+    use llm_canary::config::OtlpProtocol;
     use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
         MetricsService, MetricsServiceServer,
     };
@@ -500,14 +496,8 @@ mod grpc {
 
     #[tokio::test]
     async fn grpc_over_tls_is_a_clear_error() {
-        let cfg = Otlp {
-            endpoint: At::dflt("https://127.0.0.1:4317".to_owned()),
-            protocol: At::dflt(OtlpProtocol::Grpc),
-            interval: At::dflt(Dur::secs(15)),
-            spans: false,
-        };
-        let err = OtlpExporter::start(&cfg, vec![]).await.unwrap_err();
-        assert!(err.to_string().contains("HTTPS"), "{err}");
+        let err = super::grpc_start_error("https://127.0.0.1:4317").await;
+        assert!(err.contains("HTTPS"), "{err}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

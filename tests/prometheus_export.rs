@@ -23,7 +23,7 @@ fn label_values(series: &[serde_json::Value], label: &str) -> Vec<String> {
 async fn prometheus_scrapes_every_workload_of_both_modes() {
     let dir = tempfile::tempdir().unwrap();
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/fast-demo.yaml");
-    let (daemon, addr) = start_daemon(Some(&config), dir.path());
+    let (_daemon, addr) = start_daemon(Some(&config), dir.path());
     let prom = Prometheus::start(dir.path(), &[("canary", addr)], &[]);
 
     prom.wait_for(r#"up{job="canary"} == 1"#, Duration::from_secs(60))
@@ -38,13 +38,11 @@ async fn prometheus_scrapes_every_workload_of_both_modes() {
     assert_eq!(label_values(&up, "target"), ["sim-agg", "sim-disagg"]);
 
     // The last step of the cycle ends after about 45 s of schedule; every step gauge then exists.
-    let steps = prom
-        .wait_for(
+    prom.wait_for(
             r#"count(llm_canary_step_end_timestamp_seconds{workload="prefix_cache", prefix_ratio="1"}) == 2"#,
             Duration::from_secs(150),
         )
         .await;
-    assert!(!steps.is_empty(), "{}", daemon.log_text());
 
     let step_label = [
         ("concurrency_sweep", "concurrency", vec!["1", "32", "8"]),

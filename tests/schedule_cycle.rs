@@ -2,6 +2,8 @@
 //! disaggregated) at a small time scale: labels, ISL/OSL from usage, multi-turn histories,
 //! prefix-cache hit ratios, and identical prompt sequences for both targets.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -57,24 +59,16 @@ impl Sink for Capture {
     }
 }
 
-const CONFIG: &str = r#"
+fn config() -> String {
+    format!(
+        r#"
 targets:
-  - { name: agg, serving_mode: aggregated, simulated: { profile: default } }
-  - { name: disagg, serving_mode: disaggregated, simulated: { profile: default } }
-time_scale: 0.02
-workloads:
-  concurrency_sweep: { levels: [1, 4], isl: 256, osl: 24, step: 120s, warmup: 20s }
-  multi_turn: { turns: 3, conversations: 2, isl: 64, osl: 12, duration: 300s }
-  sequence_distribution:
-    distributions: [uniform, zipf]
-    isl: { min: 128, max: 1024 }
-    osl: { min: 8, max: 32 }
-    concurrency: 4
-    step: 120s
-    warmup: 20s
-  prefix_cache: { hit_ratios: [0.0, 0.5, 1.0], isl: 2048, osl: 8, concurrency: 4, step: 120s, warmup: 20s, block_size: 64, pool_size: 2 }
-schedule: { drain_grace: 5s }
-"#;
+  - {{ name: agg, serving_mode: aggregated, simulated: {{ profile: default }} }}
+  - {{ name: disagg, serving_mode: disaggregated, simulated: {{ profile: default }} }}
+{}"#,
+        support::config::four_workloads("[1, 4]", "[uniform, zipf]")
+    )
+}
 
 /// The request id without its target suffix: the same for both targets' copies of a request.
 fn slot(id: &str) -> &str {
@@ -83,7 +77,7 @@ fn slot(id: &str) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cycle_against_both_simulators() {
-    let cfg = Config::parse(CONFIG, "cycle.yaml", Path::new(".")).unwrap();
+    let cfg = Config::parse(&config(), "cycle.yaml", Path::new(".")).unwrap();
     let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
     let capture = Arc::new(Capture::default());
     let metrics = Arc::new(Metrics::new(&[]));

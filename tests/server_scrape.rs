@@ -11,36 +11,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llm_canary::config::ServingMode;
-use llm_canary::export::Metrics;
-use llm_canary::scrape::{ScrapeTarget, ServerScraper};
-use llm_canary::sim::{PoolSpec, SimHandle, SimSpec, TierSpec, start};
+use llm_canary::sim::{PoolSpec, SimSpec, TierSpec};
 use serde_json::json;
+use support::http::{http_client, scrape};
+use support::metrics::{sample, sum};
+use support::sim::{fast, scraped_sim, scraper, start_sim, words};
 use tokio_util::sync::CancellationToken;
 
 fn http() -> reqwest::Client {
-    llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
-
-/// Σ of every sample of `family` in the raw exposition (one sample per worker).
-fn raw_sum(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{family}{{")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    http_client(Some(Duration::from_secs(20)))
 }
 
 async fn raw_metrics(base: &str) -> String {
-    http()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    scrape(&http(), base).await
 }
 
 /// A streamed chat request of `words` words; returns when the stream ends.
@@ -62,60 +45,27 @@ async fn chat(base: &str, prompt: &str) {
     resp.bytes().await.unwrap();
 }
 
-fn sentence(n: usize, salt: &str) -> String {
-    (0..n)
-        .map(|i| format!("{salt}{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// A simulator on loopback, its base URL, and a scraper of its `/metrics` as target `sim`
-/// publishing into fresh metrics.
-async fn scraped_sim(
-    spec: SimSpec,
-    mode: ServingMode,
-) -> (SimHandle, String, Arc<Metrics>, ServerScraper) {
-    let sim = start(spec, mode, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let base = sim.base_url();
-    let metrics = Arc::new(Metrics::new(&[]));
-    let scraper = ServerScraper::new(
-        vec![ScrapeTarget {
-            name: "sim".into(),
-            urls: vec![format!("{base}/metrics")],
-        }],
-        metrics.clone(),
-    )
-    .unwrap();
-    (sim, base, metrics, scraper)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_hit_ratio_matches_the_simulators_counters() {
     for mode in [ServingMode::Aggregated, ServingMode::Disaggregated] {
-        let spec = SimSpec {
-            profile: "fast".into(),
-            ..SimSpec::default()
-        };
-        let (sim, base, metrics, scraper) = scraped_sim(spec, mode).await;
+        let (sim, base, metrics, scraper) = scraped_sim(fast(), mode).await;
 
         // Traffic before the step must not count in it.
-        chat(&base, &sentence(300, "before")).await;
+        chat(&base, &words(300, "before")).await;
         let raw_before = raw_metrics(&base).await;
         let mark = scraper.begin_step().await;
         // A shared prefix sent four times (three can hit) and two unique prompts.
-        let shared = sentence(400, "shared");
+        let shared = words(400, "shared");
         for i in 0..4 {
             chat(&base, &format!("{shared} tail{i}")).await;
         }
-        chat(&base, &sentence(400, "unique-a")).await;
-        chat(&base, &sentence(400, "unique-b")).await;
+        chat(&base, &words(400, "unique-a")).await;
+        chat(&base, &words(400, "unique-b")).await;
         let raw_after = raw_metrics(&base).await;
         let steps = scraper.end_step(mark).await;
         let step = steps["sim"];
 
-        let delta = |f| raw_sum(&raw_after, f) - raw_sum(&raw_before, f);
+        let delta = |f| sum(&raw_after, f, &[]) - sum(&raw_before, f, &[]);
         let queries = delta("vllm:prefix_cache_queries_total");
         let hits = delta("vllm:prefix_cache_hits_total");
         let expected = hits / queries;
@@ -166,7 +116,6 @@ async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
     // third unique prompt on cached blocks are evicted. The simulator offloads a block to host
     // memory only then (real KVBM copies every computed block), so offloads need the eviction.
     let spec = SimSpec {
-        profile: "fast".into(),
         aggregated: PoolSpec {
             kv_blocks: Some(16),
             ..PoolSpec::default()
@@ -175,15 +124,15 @@ async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
             capacity_gb: 1.0,
             bandwidth_gbps: 20.0,
         }),
-        ..SimSpec::default()
+        ..fast()
     };
     let (sim, base, metrics, scraper) = scraped_sim(spec, ServingMode::Aggregated).await;
 
-    chat(&base, &sentence(400, "before")).await;
+    chat(&base, &words(400, "before")).await;
     let raw_before = raw_metrics(&base).await;
     let mark = scraper.begin_step().await;
     for salt in ["a", "b", "c", "d"] {
-        chat(&base, &sentence(400, salt)).await;
+        chat(&base, &words(400, salt)).await;
     }
     let raw_after = raw_metrics(&base).await;
     let steps = scraper.end_step(mark).await;
@@ -193,8 +142,8 @@ async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
         raw_after.contains("# TYPE kvbm_offload_blocks_d2h counter"),
         "{raw_after}"
     );
-    let offloads = raw_sum(&raw_after, "kvbm_offload_blocks_d2h")
-        - raw_sum(&raw_before, "kvbm_offload_blocks_d2h");
+    let offloads = sum(&raw_after, "kvbm_offload_blocks_d2h", &[])
+        - sum(&raw_before, "kvbm_offload_blocks_d2h", &[]);
     assert!(
         offloads > 0.0,
         "the small pool must evict, and offload:\n{raw_after}"
@@ -203,49 +152,25 @@ async fn step_kv_offloads_are_kvbms_gpu_to_host_block_copies() {
     assert!(step.kv_offload_blocks_per_second.unwrap() > 0.0);
 
     let text = metrics.encode().unwrap();
-    let series = "llm_canary_server_kv_offload_blocks_total{target=\"sim\"} ";
-    let published = text
-        .lines()
-        .find_map(|l| l.strip_prefix(series))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{series}missing:\n{text}"));
-    assert_eq!(published, raw_sum(&raw_after, "kvbm_offload_blocks_d2h"));
+    let series = "llm_canary_server_kv_offload_blocks_total";
+    let published = sample(&text, series, &[("target", "sim")])
+        .unwrap_or_else(|| panic!("{series}{{target=\"sim\"}} missing:\n{text}"));
+    assert_eq!(published, sum(&raw_after, "kvbm_offload_blocks_d2h", &[]));
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_scrape_publishes_and_counts_a_dead_endpoint() {
-    let sim = start(
-        SimSpec {
-            profile: "fast".into(),
-            ..SimSpec::default()
-        },
-        ServingMode::Aggregated,
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
+    let sim = start_sim(fast(), ServingMode::Aggregated).await;
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}/metrics", l.local_addr().unwrap())
     };
-    let metrics = Arc::new(Metrics::new(&[]));
-    let scraper = Arc::new(
-        ServerScraper::new(
-            vec![
-                ScrapeTarget {
-                    name: "live".into(),
-                    urls: vec![format!("{}/metrics", sim.base_url())],
-                },
-                ScrapeTarget {
-                    name: "dead".into(),
-                    urls: vec![dead],
-                },
-            ],
-            metrics.clone(),
-        )
-        .unwrap(),
-    );
+    let (metrics, scraper) = scraper(&[
+        ("live", format!("{}/metrics", sim.base_url())),
+        ("dead", dead),
+    ]);
+    let scraper = Arc::new(scraper);
     let stop = CancellationToken::new();
     let task = tokio::spawn(Arc::clone(&scraper).run(Duration::from_millis(50), stop.clone()));
     support::eventually(
@@ -254,12 +179,11 @@ async fn periodic_scrape_publishes_and_counts_a_dead_endpoint() {
         || {
             let text = metrics.encode().unwrap();
             async move {
-                let errors = text
-                    .lines()
-                    .find_map(|l| {
-                        l.strip_prefix("llm_canary_server_scrape_errors_total{target=\"dead\"} ")
-                    })
-                    .and_then(|v| v.parse::<f64>().ok())?;
+                let errors = sample(
+                    &text,
+                    "llm_canary_server_scrape_errors_total",
+                    &[("target", "dead")],
+                )?;
                 (errors >= 3.0
                     && text.contains("llm_canary_server_kv_cache_usage_ratio{target=\"live\"}"))
                 .then_some(())

@@ -27,6 +27,17 @@ impl Run {
     }
 }
 
+/// The default profile with an aggregated pool of `blocks` KV blocks.
+fn aggregated_kv_blocks(blocks: u64) -> SimSpec {
+    SimSpec {
+        aggregated: PoolSpec {
+            kv_blocks: Some(blocks),
+            ..PoolSpec::default()
+        },
+        ..SimSpec::default()
+    }
+}
+
 async fn run(cluster: &Cluster, req: GenerateRequest) -> Run {
     let start = Instant::now();
     let mut stream = cluster.submit(req);
@@ -43,6 +54,24 @@ async fn run(cluster: &Cluster, req: GenerateRequest) -> Run {
             StreamEvent::Rejected(m) => panic!("rejected: {m}"),
         }
     }
+}
+
+/// Sends a 1000-token prompt (`salt`), two others (`salt + 1`, `salt + 2`), then the first
+/// again, each for 2 tokens; returns the last run.
+async fn first_again_after_two_others(cluster: &Cluster, salt: u64) -> Run {
+    let a = unique_prompt(salt, 1000);
+    run(cluster, GenerateRequest::exact(a.clone(), 2)).await;
+    run(
+        cluster,
+        GenerateRequest::exact(unique_prompt(salt + 1, 1000), 2),
+    )
+    .await;
+    run(
+        cluster,
+        GenerateRequest::exact(unique_prompt(salt + 2, 1000), 2),
+    )
+    .await;
+    run(cluster, GenerateRequest::exact(a, 2)).await
 }
 
 /// Token ids no other prompt shares (so nothing hits the prefix cache by accident).
@@ -145,19 +174,9 @@ async fn repeated_prompt_hits_whole_blocks_of_the_prefix_cache() {
 #[tokio::test(start_paused = true)]
 async fn prefix_cache_evicts_under_pressure() {
     // 40 blocks of 64 tokens: room for two 1000-token prompts, not three.
-    let spec = SimSpec {
-        aggregated: PoolSpec {
-            kv_blocks: Some(40),
-            ..PoolSpec::default()
-        },
-        ..SimSpec::default()
-    };
+    let spec = aggregated_kv_blocks(40);
     let cluster = Cluster::start(&spec, ServingMode::Aggregated, None).unwrap();
-    let a = unique_prompt(10, 1000);
-    run(&cluster, GenerateRequest::exact(a.clone(), 2)).await;
-    run(&cluster, GenerateRequest::exact(unique_prompt(11, 1000), 2)).await;
-    run(&cluster, GenerateRequest::exact(unique_prompt(12, 1000), 2)).await;
-    let again = run(&cluster, GenerateRequest::exact(a, 2)).await;
+    let again = first_again_after_two_others(&cluster, 10).await;
     let snap = &cluster.snapshots()[0];
     assert!(snap.kv.evicted_blocks > 0, "{snap:?}");
     assert!(
@@ -170,13 +189,7 @@ async fn prefix_cache_evicts_under_pressure() {
 #[tokio::test(start_paused = true)]
 async fn preemption_when_kv_runs_out_and_every_request_still_completes() {
     // 20 blocks = 1280 tokens; four requests that each grow to 500 tokens need 32 blocks.
-    let spec = SimSpec {
-        aggregated: PoolSpec {
-            kv_blocks: Some(20),
-            ..PoolSpec::default()
-        },
-        ..SimSpec::default()
-    };
+    let spec = aggregated_kv_blocks(20);
     let cluster = Cluster::start(&spec, ServingMode::Aggregated, None).unwrap();
     let runs = futures_util::future::join_all((0..4).map(|i| {
         run(
@@ -205,22 +218,14 @@ async fn preemption_when_kv_runs_out_and_every_request_still_completes() {
 #[tokio::test(start_paused = true)]
 async fn cpu_tier_onboards_evicted_prefixes_at_its_bandwidth() {
     let spec = SimSpec {
-        aggregated: PoolSpec {
-            kv_blocks: Some(40),
-            ..PoolSpec::default()
-        },
         cpu_tier: Some(TierSpec {
             capacity_gb: 10.0,
             bandwidth_gbps: 10.0,
         }),
-        ..SimSpec::default()
+        ..aggregated_kv_blocks(40)
     };
     let cluster = Cluster::start(&spec, ServingMode::Aggregated, None).unwrap();
-    let a = unique_prompt(30, 1000);
-    run(&cluster, GenerateRequest::exact(a.clone(), 2)).await;
-    run(&cluster, GenerateRequest::exact(unique_prompt(31, 1000), 2)).await;
-    run(&cluster, GenerateRequest::exact(unique_prompt(32, 1000), 2)).await;
-    let again = run(&cluster, GenerateRequest::exact(a, 2)).await;
+    let again = first_again_after_two_others(&cluster, 30).await;
     assert_eq!(
         again.completion.cached_tokens, 960,
         "GPU + CPU tier cover the prefix"
@@ -351,7 +356,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-/// The source document's hardware: A100 × 4 aggregated workers against A100 × 4 prefill with
+/// The benchmark plan's hardware: A100 × 4 aggregated workers against A100 × 4 prefill with
 /// L40S × 2 decode workers (see `SimSpec::source_document`).
 fn document_spec(workers: u32, prefill: u32, decode: u32) -> SimSpec {
     SimSpec {

@@ -1,7 +1,8 @@
 //! Every fault the simulator injects is seen by the project's own streaming client as its own
-//! outcome class, with an error latency (DESIGN §4 error kinds; the simulator's fault matrix).
+//! outcome class, with an error latency (docs/DESIGN.md §4 error kinds; the simulator's fault matrix).
 
-use std::net::SocketAddr;
+mod support;
+
 use std::time::Duration;
 
 use llm_canary::client::{ClientConfig, Endpoint, Outcome, Prompt, StreamClient, StreamRequest};
@@ -15,10 +16,7 @@ fn spec(faults: &str) -> SimSpec {
 }
 
 async fn one(faults: &str, timeout: Duration) -> llm_canary::client::RequestRecord {
-    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let sim = llm_canary::sim::start(spec(faults), ServingMode::Aggregated, loopback)
-        .await
-        .unwrap();
+    let sim = support::sim::start_sim(spec(faults), ServingMode::Aggregated).await;
     let client = StreamClient::new(ClientConfig {
         request_timeout: timeout,
         ..ClientConfig::default()

@@ -2,45 +2,47 @@
 //! (streaming and not), usage and `nvext`, `/v1/models`, `/health`, `/metrics`, every injected
 //! fault as a client sees it, and the `fixed` profile's recorded send instants.
 
-use std::net::SocketAddr;
+mod support;
+
 use std::time::Duration;
 
 use llm_canary::config::ServingMode;
 use llm_canary::sim::{
     AfterTokens, ErrorEventFault, ErrorFault, FaultSpec, RefuseMode, SimHandle, SimSpec,
-    SlowFirstByte, StallFault, TruncateFault, start,
+    SlowFirstByte, StallFault, TruncateFault,
 };
 use serde_json::{Value, json};
+use support::http::{get_json, http_client, scrape};
+use support::sim::{fast, start_sim, words};
 use tokio::time::Instant;
 
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
+    http_client(Some(Duration::from_secs(20)))
 }
 
-fn loopback() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-async fn sim(spec: SimSpec, mode: ServingMode) -> SimHandle {
-    start(spec, mode, loopback()).await.unwrap()
-}
-
-fn fast() -> SimSpec {
-    SimSpec {
-        profile: "fast".into(),
-        ..SimSpec::default()
+/// `POST url` of `body` (JSON), with an `x-request-id` when given.
+async fn post(
+    c: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    request_id: Option<&str>,
+) -> reqwest::Result<reqwest::Response> {
+    let mut req = c.post(url).header("content-type", "application/json");
+    if let Some(id) = request_id {
+        req = req.header("x-request-id", id);
     }
+    req.body(serde_json::to_vec(body).unwrap()).send().await
 }
 
-fn words(n: usize, salt: &str) -> String {
-    (0..n)
-        .map(|i| format!("{salt}{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// The JSON answer to `POST url` of `body`.
+async fn post_json(c: &reqwest::Client, url: &str, body: &Value) -> Value {
+    let bytes = post(c, url, body, None)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
 }
 
 fn chat_body(prompt: &str, osl: u32) -> Value {
@@ -99,15 +101,10 @@ fn content_events(events: &Events) -> Vec<(String, Instant)> {
 
 #[tokio::test]
 async fn streaming_chat_has_the_openai_shape_usage_and_nvext() {
-    let sim = sim(fast(), ServingMode::Disaggregated).await;
+    let sim = start_sim(fast(), ServingMode::Disaggregated).await;
     let url = format!("{}/v1/chat/completions", sim.base_url());
     let prompt = words(300, "w");
-    let resp = client()
-        .post(&url)
-        .header("x-request-id", "req-1")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body(&prompt, 12)).unwrap())
-        .send()
+    let resp = post(&client(), &url, &chat_body(&prompt, 12), Some("req-1"))
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
@@ -151,11 +148,7 @@ async fn streaming_chat_has_the_openai_shape_usage_and_nvext() {
     );
 
     // The same prompt again hits the prefix cache: 305 tokens → 4 whole blocks of 64.
-    let again = client()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body(&prompt, 4)).unwrap())
-        .send()
+    let again = post(&client(), &url, &chat_body(&prompt, 4), None)
         .await
         .unwrap();
     let ev = read_events(again).await;
@@ -169,23 +162,16 @@ async fn streaming_chat_has_the_openai_shape_usage_and_nvext() {
 
 #[tokio::test]
 async fn non_streaming_completions_and_the_read_endpoints() {
-    let sim = sim(fast(), ServingMode::Aggregated).await;
+    let sim = start_sim(fast(), ServingMode::Aggregated).await;
     let base = sim.base_url();
     let c = client();
-    let v: Value = c
-        .post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(
-            json!({"model": "m", "prompt": words(100, "p"), "max_tokens": 7, "ignore_eos": true})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap();
+    let completions = format!("{base}/v1/completions");
+    let v = post_json(
+        &c,
+        &completions,
+        &json!({"model": "m", "prompt": words(100, "p"), "max_tokens": 7, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["prompt_tokens"], 100);
     assert_eq!(v["usage"]["completion_tokens"], 7);
@@ -198,43 +184,17 @@ async fn non_streaming_completions_and_the_read_endpoints() {
         7
     );
     // Token ids are accepted as the prompt too.
-    let v: Value = c
-        .post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(
-            serde_json::to_vec(
-                &json!({"prompt": [1, 2, 3, 4], "max_tokens": 2, "ignore_eos": true}),
-            )
-            .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap();
+    let v = post_json(
+        &c,
+        &completions,
+        &json!({"prompt": [1, 2, 3, 4], "max_tokens": 2, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(v["usage"]["prompt_tokens"], 4);
 
-    let models: Value = c
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap();
+    let models = get_json(&c, &format!("{base}/v1/models")).await.unwrap();
     assert_eq!(models["data"][0]["id"], "Qwen/Qwen3-30B-A3B-FP8");
-    let health: Value = c
-        .get(format!("{base}/health"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .map(|b| serde_json::from_slice(&b).unwrap())
-        .unwrap();
+    let health = get_json(&c, &format!("{base}/health")).await.unwrap();
     assert_eq!(health["status"], "healthy");
     assert_eq!(health["instances"].as_array().unwrap().len(), 1);
     let bad = c
@@ -245,14 +205,7 @@ async fn non_streaming_completions_and_the_read_endpoints() {
         .unwrap();
     assert_eq!(bad.status(), 400);
 
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&c, &base).await;
     for name in [
         "dynamo_frontend_time_to_first_token_seconds_bucket",
         "dynamo_frontend_inter_token_latency_seconds_bucket",
@@ -295,15 +248,8 @@ async fn kvbm_counters_appear_with_offload_tiers() {
         }),
         ..fast()
     };
-    let sim = sim(spec, ServingMode::Aggregated).await;
-    let text = client()
-        .get(format!("{}/metrics", sim.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let sim = start_sim(spec, ServingMode::Aggregated).await;
+    let text = scrape(&client(), &sim.base_url()).await;
     // Dynamo's KVBM names: counters of the Rust `prometheus` crate, which adds no `_total`.
     for name in [
         "kvbm_offload_blocks_d2h",
@@ -341,15 +287,33 @@ async fn stream_with(
     faults: FaultSpec,
     osl: u32,
 ) -> (SimHandle, reqwest::Result<reqwest::Response>, Instant) {
-    let sim = sim(SimSpec { faults, ..fast() }, ServingMode::Aggregated).await;
+    let sim = start_sim(SimSpec { faults, ..fast() }, ServingMode::Aggregated).await;
     let sent = Instant::now();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", sim.base_url()))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body("a b c", osl)).unwrap())
-        .send()
-        .await;
+    let url = format!("{}/v1/chat/completions", sim.base_url());
+    let resp = post(&client(), &url, &chat_body("a b c", osl), None).await;
     (sim, resp, sent)
+}
+
+/// The events of a stream of `osl` tokens with `faults`, read to its end.
+async fn events_with(faults: FaultSpec, osl: u32) -> Events {
+    let (_sim, resp, _) = stream_with(faults, osl).await;
+    read_events(resp.unwrap()).await
+}
+
+/// The events of a stream of 10 tokens truncated after 4, with a reset (`abrupt`) or not.
+async fn truncated_after_4_of_10(abrupt: bool) -> Events {
+    events_with(
+        FaultSpec {
+            truncate: Some(TruncateFault {
+                rate: 1.0,
+                after_tokens: 4,
+                abrupt,
+            }),
+            ..FaultSpec::default()
+        },
+        10,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -375,7 +339,7 @@ async fn fault_error_status_with_an_openai_error_body() {
 
 #[tokio::test]
 async fn fault_error_rate_hits_about_its_share() {
-    let sim = sim(
+    let sim = start_sim(
         SimSpec {
             faults: FaultSpec {
                 error: Some(ErrorFault {
@@ -390,16 +354,11 @@ async fn fault_error_rate_hits_about_its_share() {
     )
     .await;
     let c = client();
+    let url = format!("{}/v1/completions", sim.base_url());
     let mut errors = 0;
     for _ in 0..100 {
         let body = json!({"prompt": "x y", "max_tokens": 1});
-        let r = c
-            .post(format!("{}/v1/completions", sim.base_url()))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap())
-            .send()
-            .await
-            .unwrap();
+        let r = post(&c, &url, &body, None).await.unwrap();
         if r.status() == 503 {
             errors += 1;
         }
@@ -413,7 +372,7 @@ async fn fault_error_rate_hits_about_its_share() {
 
 #[tokio::test]
 async fn fault_stall_pauses_after_n_tokens() {
-    let (_sim, resp, _) = stream_with(
+    let ev = events_with(
         FaultSpec {
             stall: Some(StallFault {
                 rate: 1.0,
@@ -425,7 +384,6 @@ async fn fault_stall_pauses_after_n_tokens() {
         6,
     )
     .await;
-    let ev = read_events(resp.unwrap()).await;
     let content = content_events(&ev);
     assert_eq!(content.len(), 6);
     let gap = content[3].1 - content[2].1;
@@ -435,19 +393,7 @@ async fn fault_stall_pauses_after_n_tokens() {
 
 #[tokio::test]
 async fn fault_truncated_stream_ends_without_done() {
-    let (_sim, resp, _) = stream_with(
-        FaultSpec {
-            truncate: Some(TruncateFault {
-                rate: 1.0,
-                after_tokens: 4,
-                abrupt: false,
-            }),
-            ..FaultSpec::default()
-        },
-        10,
-    )
-    .await;
-    let ev = read_events(resp.unwrap()).await;
+    let ev = truncated_after_4_of_10(false).await;
     assert!(ev.error.is_none(), "a clean end of the body");
     assert_eq!(content_events(&ev).len(), 4);
     assert!(ev.events.iter().all(|(e, _)| e != "data: [DONE]"));
@@ -455,26 +401,14 @@ async fn fault_truncated_stream_ends_without_done() {
 
 #[tokio::test]
 async fn fault_abrupt_truncation_resets_mid_body() {
-    let (_sim, resp, _) = stream_with(
-        FaultSpec {
-            truncate: Some(TruncateFault {
-                rate: 1.0,
-                after_tokens: 4,
-                abrupt: true,
-            }),
-            ..FaultSpec::default()
-        },
-        10,
-    )
-    .await;
-    let ev = read_events(resp.unwrap()).await;
+    let ev = truncated_after_4_of_10(true).await;
     assert!(ev.error.is_some(), "the body ends in an error");
     assert_eq!(content_events(&ev).len(), 4);
 }
 
 #[tokio::test]
 async fn fault_malformed_chunk_is_not_json() {
-    let (_sim, resp, _) = stream_with(
+    let ev = events_with(
         FaultSpec {
             malformed_chunk: Some(AfterTokens {
                 rate: 1.0,
@@ -485,7 +419,6 @@ async fn fault_malformed_chunk_is_not_json() {
         5,
     )
     .await;
-    let ev = read_events(resp.unwrap()).await;
     let bad: Vec<_> = ev
         .events
         .iter()
@@ -496,7 +429,7 @@ async fn fault_malformed_chunk_is_not_json() {
 
 #[tokio::test]
 async fn fault_error_event_frame() {
-    let (_sim, resp, _) = stream_with(
+    let ev = events_with(
         FaultSpec {
             error_event: Some(ErrorEventFault {
                 rate: 1.0,
@@ -508,7 +441,6 @@ async fn fault_error_event_frame() {
         10,
     )
     .await;
-    let ev = read_events(resp.unwrap()).await;
     let (last, _) = ev.events.last().unwrap();
     let mut lines = last.lines();
     assert_eq!(lines.next(), Some("event: error"));
@@ -537,9 +469,29 @@ async fn fault_slow_first_byte_delays_the_headers() {
     assert!(headers_at - sent >= Duration::from_millis(300));
 }
 
+/// Whether `done` holds of `GET url` within `tries` tries, each with a fresh client (a pooled
+/// keep-alive connection would bypass the listener), `pause`d between (or yielding).
+async fn get_until(
+    url: &str,
+    tries: usize,
+    pause: Option<Duration>,
+    done: impl Fn(&reqwest::Result<reqwest::Response>) -> bool,
+) -> bool {
+    for _ in 0..tries {
+        if done(&client().get(url).send().await) {
+            return true;
+        }
+        match pause {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => tokio::task::yield_now().await,
+        }
+    }
+    false
+}
+
 #[tokio::test]
 async fn fault_refused_connections_both_ways_and_recovery() {
-    let sim = sim(fast(), ServingMode::Aggregated).await;
+    let sim = start_sim(fast(), ServingMode::Aggregated).await;
     let url = format!("{}/v1/models", sim.base_url());
     // A fresh client per call: a pooled keep-alive connection would bypass the listener.
     assert!(
@@ -556,56 +508,36 @@ async fn fault_refused_connections_both_ways_and_recovery() {
         refuse_connections: Some(RefuseMode::StopAccepting),
         ..FaultSpec::default()
     });
-    let mut refused = false;
-    for _ in 0..50 {
-        match client().get(&url).send().await {
-            Err(e) if e.is_connect() => {
-                refused = true;
-                break;
-            }
-            // The accept loop may not have seen the change yet.
-            _ => tokio::task::yield_now().await,
-        }
-    }
+    // The accept loop may not have seen the change at once.
+    let refused = get_until(&url, 50, None, |r| {
+        r.as_ref().is_err_and(|e| e.is_connect())
+    })
+    .await;
     assert!(refused, "connects are refused");
 
     sim.set_faults(FaultSpec {
         refuse_connections: Some(RefuseMode::CloseImmediately),
         ..FaultSpec::default()
     });
-    let mut closed = false;
-    for _ in 0..100 {
-        match client().get(&url).send().await {
-            Err(e) if !e.is_connect() => {
-                closed = true;
-                break;
-            }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
+    let pause = Some(Duration::from_millis(20));
+    let closed = get_until(&url, 100, pause, |r| {
+        r.as_ref().is_err_and(|e| !e.is_connect())
+    })
+    .await;
     assert!(closed, "connections close before a response");
 
     sim.set_faults(FaultSpec::default());
-    let mut back = false;
-    for _ in 0..100 {
-        if client()
-            .get(&url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let back = get_until(&url, 100, pause, |r| {
+        r.as_ref().is_ok_and(|r| r.status().is_success())
+    })
+    .await;
     assert!(back, "service resumes when the fault is cleared");
     sim.shutdown().await;
 }
 
 #[tokio::test]
 async fn fixed_profile_records_each_tokens_send_instant() {
-    let sim = sim(
+    let sim = start_sim(
         SimSpec {
             profile: "fixed".into(),
             ..SimSpec::default()
@@ -613,13 +545,9 @@ async fn fixed_profile_records_each_tokens_send_instant() {
         ServingMode::Aggregated,
     )
     .await;
+    let url = format!("{}/v1/chat/completions", sim.base_url());
     let sent = Instant::now();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", sim.base_url()))
-        .header("x-request-id", "fixed-1")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body("a b c", 10)).unwrap())
-        .send()
+    let resp = post(&client(), &url, &chat_body("a b c", 10), Some("fixed-1"))
         .await
         .unwrap();
     let ev = read_events(resp).await;
@@ -653,13 +581,10 @@ async fn shutdown_is_graceful_for_open_streams() {
         fixed_itl: Duration::from_millis(20),
         ..SimSpec::default()
     };
-    let sim = sim(spec, ServingMode::Aggregated).await;
+    let sim = start_sim(spec, ServingMode::Aggregated).await;
     let addr = sim.local_addr();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", sim.base_url()))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body("a b", 20)).unwrap())
-        .send()
+    let url = format!("{}/v1/chat/completions", sim.base_url());
+    let resp = post(&client(), &url, &chat_body("a b", 20), None)
         .await
         .unwrap();
     // Shut down while the ~400 ms stream is open: it still completes.

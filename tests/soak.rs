@@ -10,6 +10,8 @@ mod support;
 
 use std::time::Duration;
 
+use support::http::{get_text, http_client};
+use support::metrics::{samples_of, sum};
 use support::{eventually, start_daemon};
 
 /// Steady seconds of one cycle of the plan below at time scale 1 (sweep 2 × 120, multi-turn
@@ -88,10 +90,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 fn inflight(text: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with("llm_canary_inflight_requests{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sum(text, "llm_canary_inflight_requests", &[])
 }
 
 fn cycles_completed(status: &serde_json::Value) -> u64 {
@@ -111,22 +110,10 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     std::fs::write(&path, config(time_scale, "0s")).unwrap();
     let (mut daemon, addr) = start_daemon(Some(&path), dir.path());
     let pid = daemon.child.id();
-    let client = llm_canary::client::http_client_builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let client = http_client(Some(Duration::from_secs(10)));
     let get = |p: &'static str| {
         let client = client.clone();
-        async move {
-            client
-                .get(format!("http://{addr}{p}"))
-                .send()
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()
-        }
+        async move { get_text(&client, &format!("http://{addr}{p}")).await.ok() }
     };
     eventually("ready", Duration::from_secs(60), || async {
         get("/-/ready").await.map(|_| ())
@@ -171,15 +158,10 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     .await;
     let end = sample(pid, start.elapsed().as_secs_f64());
     let text = get("/metrics").await.unwrap();
-    let requests: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("llm_canary_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    let errors: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("llm_canary_requests_total{") && !l.contains("outcome=\"ok\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    let requests = sum(&text, "llm_canary_requests_total", &[]);
+    let errors: f64 = samples_of(&text, "llm_canary_requests_total")
+        .filter(|s| s.label("outcome") != Some("ok"))
+        .map(|s| s.value)
         .sum();
 
     // Flat after the first cycle: the later samples against those just after it.
@@ -231,22 +213,9 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
         "{fds_peak} open descriptors, above the {fds_ceiling} that 2 targets × 64 connections explain"
     );
 
-    support_sigterm(&mut daemon).await;
-}
-
-async fn support_sigterm(daemon: &mut support::Proc) {
-    let pid = daemon.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = eventually("exit after SIGTERM", Duration::from_secs(30), || {
-        let s = daemon.child.try_wait().unwrap();
-        async move { s }
-    })
-    .await;
+    daemon.signal("TERM");
+    let status = daemon
+        .wait_exit("exit after SIGTERM", Duration::from_secs(30))
+        .await;
     assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
 }

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::free_port;
+use crate::support::http::{http_client, scrape};
+
 /// Only one vLLM server at a time: each one wants both cores of a small machine.
 pub static ONE_SERVER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -66,6 +69,18 @@ pub fn tiny_models(venv: &Path) -> PathBuf {
         .expect("run scripts/interop/build-models.py");
     assert!(status.success(), "building the tiny models failed");
     dir
+}
+
+/// What a test against a server needs first: the venv, its turn among the servers (held while
+/// the guard lives), and the folder of the tiny model `model`; `None` when the venv is missing
+/// outside CI (the test is skipped, loudly).
+pub async fn prepare(
+    model: &str,
+) -> Option<(PathBuf, tokio::sync::MutexGuard<'static, ()>, PathBuf)> {
+    let venv = vllm_venv()?;
+    let turn = ONE_SERVER_AT_A_TIME.lock().await;
+    let model_dir = tiny_models(&venv).join(model);
+    Some((venv, turn, model_dir))
 }
 
 /// A serving engine's child process (in its own process group, with the processes it spawns,
@@ -132,48 +147,41 @@ impl Server {
     }
 
     async fn wait_healthy(&mut self) {
-        let http = llm_canary::client::http_client_builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap();
+        let http = http_client(Some(Duration::from_secs(2)));
         let url = format!("{}/health", self.base_url);
         let started = tokio::time::Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+        let (child, log) = (&mut self.child, &self.log);
+        let healthy = crate::support::within(HEALTHY_WITHIN, || {
+            if let Some(status) = child.try_wait().unwrap() {
                 panic!(
                     "the server exited ({status}) before it was healthy; log {}:\n{}",
-                    self.log.display(),
-                    self.log_tail(60)
+                    log.display(),
+                    log_tail(log, 60)
                 );
             }
-            if let Ok(r) = http.get(&url).send().await
-                && r.status().is_success()
-            {
-                eprintln!(
-                    "{} serving {} at {} healthy after {:.0} s",
-                    self.engine,
-                    self.model_name,
-                    self.base_url,
-                    started.elapsed().as_secs_f64()
-                );
-                return;
-            }
-            assert!(
-                started.elapsed() < HEALTHY_WITHIN,
-                "{} not healthy within {HEALTHY_WITHIN:?}; log {}:\n{}",
-                self.engine,
-                self.log.display(),
-                self.log_tail(60)
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+            let probe = http.get(&url).send();
+            async move { probe.await.ok()?.status().is_success().then_some(()) }
+        })
+        .await;
+        assert!(
+            healthy.is_some(),
+            "{} not healthy within {HEALTHY_WITHIN:?}; log {}:\n{}",
+            self.engine,
+            self.log.display(),
+            self.log_tail(60)
+        );
+        eprintln!(
+            "{} serving {} at {} healthy after {:.0} s",
+            self.engine,
+            self.model_name,
+            self.base_url,
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// The last `n` lines of the server's log.
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        log_tail(&self.log, n)
     }
 
     /// Kills the server and its engine process at once (SIGKILL to the process group), as a
@@ -190,16 +198,7 @@ impl Server {
 
     /// The server's `/metrics` text.
     pub async fn metrics_text(&self) -> String {
-        llm_canary::client::http_client_builder()
-            .build()
-            .unwrap()
-            .get(format!("{}/metrics", self.base_url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        scrape(&http_client(None), &self.base_url).await
     }
 }
 
@@ -209,22 +208,9 @@ impl Drop for Server {
     }
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The value of the first sample of `family` in a Prometheus text exposition.
-pub fn sample(text: &str, family: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+/// The last `n` lines of the log at `path`.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

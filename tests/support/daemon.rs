@@ -1,0 +1,103 @@
+//! The daemon (`llm-canary run`) as a child process: started on a loopback address it logs,
+//! signalled, and awaited; killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A child process killed when dropped, with its stderr kept in a log file.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (`"TERM"`, `"HUP"`, …) with `kill`, which must succeed.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args([&format!("-{signal}"), &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+
+    /// Waits until the process exits, or panics with `what` after `limit`.
+    pub async fn wait_exit(&mut self, what: &str, limit: Duration) -> ExitStatus {
+        super::eventually(what, limit, || {
+            let s = self.child.try_wait().unwrap();
+            async move { s }
+        })
+        .await
+    }
+}
+
+/// `llm-canary run [--config FILE] --listen 127.0.0.1:0`; returns the process and its address.
+pub fn start_daemon(config: Option<&Path>, dir: &Path) -> (Proc, SocketAddr) {
+    start_daemon_with(config, dir, true, &[])
+}
+
+/// Like [`start_daemon`]; `listen: false` leaves the address to the config's `export.listen`, and
+/// `env` is added to the daemon's environment (`RUST_LOG` among them overrides `info`).
+pub fn start_daemon_with(
+    config: Option<&Path>,
+    dir: &Path,
+    listen: bool,
+    env: &[(&str, &str)],
+) -> (Proc, SocketAddr) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-canary"));
+    cmd.arg("run");
+    if listen {
+        cmd.arg("--listen").arg("127.0.0.1:0");
+    }
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    let log = dir.join("daemon.log");
+    cmd.env("RUST_LOG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start llm-canary");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let log_path = log.clone();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut out = std::fs::File::create(&log_path).unwrap();
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = writeln!(out, "{line}");
+            if !sent && let Some(addr) = line.split("listening on ").nth(1) {
+                if let Ok(a) = addr.trim().parse::<SocketAddr>() {
+                    let _ = tx.send(a);
+                    sent = true;
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the daemon logs `listening on ADDR`");
+    (Proc { child, log }, addr)
+}

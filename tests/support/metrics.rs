@@ -1,0 +1,147 @@
+//! Samples of a Prometheus or OpenMetrics text exposition (the daemon's, the simulator's or a
+//! serving engine's `/metrics`), looked up by name and label pairs; and the families the daemon's
+//! exposition has.
+
+/// One sample line: `name{k="v",…} value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample<'a> {
+    pub name: &'a str,
+    /// The label pairs, values unescaped, in the order of the line.
+    pub labels: Vec<(&'a str, String)>,
+    pub value: f64,
+}
+
+impl Sample<'_> {
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the sample has every `k="v"` of `labels` (and maybe others).
+    pub fn has(&self, labels: &[(&str, &str)]) -> bool {
+        labels.iter().all(|(k, v)| self.label(k) == Some(*v))
+    }
+}
+
+/// Splits a sample line; `None` when it is not one.
+fn parse(line: &str) -> Option<Sample<'_>> {
+    let end = line.find(['{', ' '])?;
+    let name = &line[..end];
+    let mut rest = &line[end..];
+    let mut labels = Vec::new();
+    if let Some(mut block) = rest.strip_prefix('{') {
+        loop {
+            block = block.trim_start_matches([',', ' ']);
+            if let Some(after) = block.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let (key, tail) = block.split_once('=')?;
+            let quoted = tail.strip_prefix('"')?;
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let close = loop {
+                match chars.next()? {
+                    (i, '"') => break i,
+                    (_, '\\') => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    (_, c) => value.push(c),
+                }
+            };
+            labels.push((key.trim(), value));
+            block = &quoted[close + 1..];
+        }
+    }
+    let value = rest.strip_prefix(' ')?.split(' ').next()?.parse().ok()?;
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// Every sample of `name` in `text` (exactly that name: `x_total` is not `x`), in order; a line
+/// of that name that does not parse as a sample panics (a broken exposition).
+pub fn samples_of<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample<'a>> {
+    text.lines()
+        .filter(move |l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .map(|l| parse(l).unwrap_or_else(|| panic!("malformed sample line: {l}")))
+}
+
+/// The value of the first sample of `name` that has every `k="v"` of `labels`.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples_of(text, name)
+        .find(|s| s.has(labels))
+        .map(|s| s.value)
+}
+
+/// The sum of the samples of `name` that have every `k="v"` of `labels` (0 without any).
+pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples_of(text, name)
+        .filter(|s| s.has(labels))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// The families every daemon exposition has after traffic, with their OpenMetrics type
+/// (docs/DESIGN.md §6 and the export extensions documented in docs/METRICS.md).
+pub const FAMILIES: &[(&str, &str)] = &[
+    ("llm_canary_time_to_first_token_seconds", "histogram"),
+    ("llm_canary_inter_token_latency_seconds", "histogram"),
+    ("llm_canary_request_duration_seconds", "histogram"),
+    ("llm_canary_chunk_gap_seconds", "histogram"),
+    ("llm_canary_schedule_lag_seconds", "histogram"),
+    ("llm_canary_requests", "counter"),
+    ("llm_canary_prompt_tokens", "counter"),
+    ("llm_canary_cached_tokens", "counter"),
+    ("llm_canary_output_tokens", "counter"),
+    ("llm_canary_step_ttft_seconds", "gauge"),
+    ("llm_canary_step_itl_seconds", "gauge"),
+    ("llm_canary_step_request_duration_seconds", "gauge"),
+    ("llm_canary_step_output_tokens_per_second", "gauge"),
+    ("llm_canary_step_requests_per_second", "gauge"),
+    ("llm_canary_step_error_ratio", "gauge"),
+    ("llm_canary_step_cache_hit_ratio", "gauge"),
+    ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
+    ("llm_canary_step_end_timestamp_seconds", "gauge"),
+    ("llm_canary_step_degraded", "gauge"),
+    ("llm_canary_step_faulted", "gauge"),
+    ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
+    ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
+    ("llm_canary_server_preemptions", "counter"),
+    ("llm_canary_server_ttft_mean_seconds", "gauge"),
+    ("llm_canary_target_up", "gauge"),
+    ("llm_canary_inflight_requests", "gauge"),
+    ("llm_canary_build", "info"),
+    ("llm_canary_config_last_reload_successful", "gauge"),
+    (
+        "llm_canary_config_last_reload_success_timestamp_seconds",
+        "gauge",
+    ),
+];
+
+/// Families the encoder writes only once they have a series: counted events that traffic may not
+/// produce (mismatches, scrape errors), the KVBM-fed series (simulators without KVBM tiers have
+/// none, and the simulator no KVBM hit rates) and the SLO families (with the first evaluated
+/// SLO). Typed as here when present.
+pub const LATE_FAMILIES: &[(&str, &str)] = &[
+    ("llm_canary_osl_mismatch", "counter"),
+    ("llm_canary_client_token_count_mismatch", "counter"),
+    ("llm_canary_server_kv_offload_blocks", "counter"),
+    ("llm_canary_server_kvbm_host_cache_hit_ratio", "gauge"),
+    ("llm_canary_server_kvbm_disk_cache_hit_ratio", "gauge"),
+    ("llm_canary_server_scrape_errors", "counter"),
+    ("llm_canary_slo_state", "gauge"),
+    ("llm_canary_slo_value", "gauge"),
+    ("llm_canary_slo_threshold", "gauge"),
+    ("llm_canary_slo_value_lower", "gauge"),
+    ("llm_canary_slo_value_upper", "gauge"),
+];

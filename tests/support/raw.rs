@@ -1,0 +1,97 @@
+//! A raw HTTP/1.1 server on loopback answering canned bytes (for what no real server sends), and
+//! a canned SSE chat completion.
+
+use std::net::SocketAddr;
+
+/// What [`raw_server`] answers to one request.
+pub enum RawReply {
+    /// These bytes (head and body), then the connection closes.
+    Bytes(Vec<u8>),
+    /// `head`, then `chunk` over and over until the client goes away (a server that streams
+    /// forever, or one endless line).
+    Endless { head: Vec<u8>, chunk: Vec<u8> },
+}
+
+/// An HTTP/1.1 server on loopback that answers every request with `reply(request head)` and
+/// keeps every request head it saw (to check what the client sent). Each connection serves one
+/// request.
+pub async fn raw_server(
+    reply: impl Fn(&str) -> RawReply + Send + Sync + 'static,
+) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&heads);
+    let reply = std::sync::Arc::new(reply);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let reply = std::sync::Arc::clone(&reply);
+            let seen = std::sync::Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                // The head, then as much body as Content-Length says.
+                let head_end = loop {
+                    let Ok(n) = stream.read(&mut tmp).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                while buf.len() < head_end + length {
+                    match stream.read(&mut tmp).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                seen.lock().unwrap().push(head.clone());
+                match reply(&head) {
+                    RawReply::Bytes(b) => {
+                        let _ = stream.write_all(&b).await;
+                    }
+                    RawReply::Endless { head, chunk } => {
+                        if stream.write_all(&head).await.is_err() {
+                            return;
+                        }
+                        while stream.write_all(&chunk).await.is_ok() {}
+                    }
+                }
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// A complete SSE chat-completion response of `tokens` one-word chunks, with usage.
+pub fn sse_ok(model: &str, tokens: usize) -> Vec<u8> {
+    let mut body = String::new();
+    for i in 0..tokens {
+        let chunk = serde_json::json!({"id": "r1", "object": "chat.completion.chunk", "model": model,
+            "choices": [{"index": 0, "delta": {"content": format!("w{i} ")}, "finish_reason": null}]});
+        body.push_str(&format!("data: {chunk}\n\n"));
+    }
+    let last = serde_json::json!({"id": "r1", "object": "chat.completion.chunk", "model": model, "choices": [],
+        "usage": {"prompt_tokens": 10, "completion_tokens": tokens}});
+    body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
