@@ -11,7 +11,7 @@ folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, a
 template, generation_config.json). Two models:
 
   qwen3-tiny      Qwen3ForCausalLM (dense)
-  qwen3-moe-tiny  Qwen3MoeForCausalLM (the source document's architecture family: Qwen3-30B-A3B)
+  qwen3-moe-tiny  Qwen3MoeForCausalLM (the benchmark plan's architecture family: Qwen3-30B-A3B)
 
 The tokenizer's alphabet is printable ASCII plus space and newline, so every token decodes to
 whole characters on its own: a streamed token is never held back waiting for the rest of a UTF-8
