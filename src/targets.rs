@@ -51,6 +51,11 @@ impl Deployment {
             connect_timeout: cfg.client.connect_timeout.0,
             request_timeout: cfg.client.request_timeout.0,
             max_event_bytes: *cfg.client.max_event_bytes as usize,
+            marker: crate::client::Marker {
+                // Validated with the config.
+                header: cfg.client.marker().ok().flatten(),
+                user: cfg.client.marker_user().map(str::to_owned),
+            },
             ..ClientConfig::default()
         })?;
         let client = if tokens.is_exact() {
@@ -91,6 +96,7 @@ impl Deployment {
             drain_grace: cfg.schedule.drain_grace.0,
             max_lag_p99: cfg.schedule.max_lag_p99.0,
             pairing: cfg.schedule.pairing,
+            budget: Arc::new(crate::schedule::budget::Budget::of(cfg)),
         }
     }
 
@@ -178,15 +184,21 @@ async fn resolve_at(
         }
         None => None,
     };
-    let model = resolve_model(t, url, tls.clone()).await.map_err(fail)?;
+    let key = api_key(t, base_dir).map_err(fail)?;
+    let lookup = ModelLookup {
+        tls: tls.clone(),
+        key: key.as_ref(),
+        marker: &client.config().marker,
+    };
+    let model = resolve_model(t, url, lookup).await.map_err(fail)?;
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
         .with_nvext(t.dialect.supports_nvext());
     if let Some(http) = tls {
         endpoint = endpoint.with_http_client(http);
     }
-    if let Some(key) = api_key(t, base_dir).map_err(fail)? {
-        endpoint = endpoint.with_api_key(&key)?;
+    if let Some(key) = &key {
+        endpoint = endpoint.with_api_key(key)?;
     }
     Ok(Target {
         name: t.name.value.clone(),
@@ -201,17 +213,25 @@ const MODEL_LIST_MAX_BYTES: usize = 1 << 20;
 /// Longest model id accepted from a server.
 const MODEL_ID_MAX_BYTES: usize = 512;
 
+/// How `GET /v1/models` is asked: as the target's requests are (its TLS client, its API key,
+/// the canary's marker).
+struct ModelLookup<'a> {
+    tls: Option<reqwest::Client>,
+    key: Option<&'a ApiKey>,
+    marker: &'a crate::client::Marker,
+}
+
 /// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
 async fn resolve_model(
     t: &TargetConfig,
     base: &str,
-    tls: Option<reqwest::Client>,
+    lookup: ModelLookup<'_>,
 ) -> Result<String, String> {
     if t.model != "auto" {
         return Ok(t.model.clone());
     }
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
-    let http = match tls {
+    let http = match lookup.tls {
         Some(http) => http,
         None => crate::client::http_client_builder()
             .build()
@@ -223,7 +243,15 @@ async fn resolve_model(
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        match http.get(&url).timeout(Duration::from_secs(10)).send().await {
+        let mut request = http.get(&url).timeout(Duration::from_secs(10));
+        if let Some(key) = lookup.key {
+            let value = key.authorization().map_err(|e| e.to_string())?;
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        if let Some((name, value)) = &lookup.marker.header {
+            request = request.header(name.clone(), value.clone());
+        }
+        match request.send().await {
             Ok(mut r) if r.status().is_success() => {
                 // The server decides the size: read at most MODEL_LIST_MAX_BYTES.
                 let mut bytes = Vec::new();

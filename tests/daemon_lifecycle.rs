@@ -24,6 +24,7 @@ targets:
 time_scale: 0.01
 workloads:
   concurrency_sweep: { levels: [2], isl: 64, osl: 8, step: 120s, warmup: 10s }
+export: { lifecycle: true }
 "#;
 
 #[test]
@@ -271,7 +272,7 @@ targets:
 time_scale: 0.01
 workloads:
   concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 120s, warmup: 10s }}
-export: {{ listen: "127.0.0.1:{port}", reload_endpoint: false }}
+export: {{ listen: "127.0.0.1:{port}" }}
 "#
         ),
     )
@@ -301,7 +302,7 @@ export: {{ listen: "127.0.0.1:{port}", reload_endpoint: false }}
         seen.iter().all(|h| h.contains(KEY)),
         "a request without the key"
     );
-    // `/-/reload` is off: 403 to POST, 405 to GET.
+    // `/-/reload` is off by default: 403 to POST, 405 to GET.
     let reload = format!("http://{addr}/-/reload");
     assert_eq!(client.post(&reload).send().await.unwrap().status(), 403);
     assert_eq!(client.get(&reload).send().await.unwrap().status(), 405);

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use llm_canary::config::ServingMode;
 use llm_canary::export::{
-    AppState, HttpServer, Metrics, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
-    ShutdownOutcome,
+    AppState, HttpLimits, HttpServer, Lifecycle, Metrics, OPENMETRICS_CONTENT_TYPE, PauseHook,
+    Readiness, ReloadFuture, ReloadHook, ShutdownOutcome,
 };
 use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
 use llm_canary::slo::{SloReading, SloState};
+use std::time::Duration;
 use support::metrics::{FAMILIES, LATE_FAMILIES, sample, sum};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -291,14 +293,31 @@ async fn health_readiness_status_and_errors() {
     assert_eq!(not_allowed.status(), 405);
     assert_eq!(not_allowed.headers()["allow"], "GET");
 
-    // Reload is off unless the daemon supplies a hook.
-    let forbidden = client
-        .post(format!("{}/-/reload", running.base))
-        .send()
-        .await
-        .expect("403");
-    assert_eq!(forbidden.status(), 403);
+    // The lifecycle endpoints are off unless the daemon enables them.
+    for path in ["/-/reload", "/-/pause", "/-/resume"] {
+        let forbidden = client
+            .post(format!("{}{path}", running.base))
+            .send()
+            .await
+            .expect("403");
+        assert_eq!(forbidden.status(), 403, "{path}");
+    }
     running.stop().await;
+}
+
+/// A pause switch that remembers its state.
+#[derive(Default)]
+struct Switch(std::sync::Mutex<Option<String>>);
+
+impl PauseHook for Switch {
+    fn pause(&self, note: String) -> serde_json::Value {
+        *self.0.lock().unwrap() = Some(note.clone());
+        serde_json::json!({"paused": true, "note": note})
+    }
+    fn resume(&self) -> serde_json::Value {
+        *self.0.lock().unwrap() = None;
+        serde_json::json!({"paused": false})
+    }
 }
 
 #[tokio::test]
@@ -319,9 +338,49 @@ async fn reload_reports_success_and_failure() {
             }
         })
     });
-    let running = start(AppState::new(metrics.clone(), status_source()).with_reload(hook)).await;
-    let client = client();
+    let token = "a-token-from-a-secret-0123";
+    let switch = Arc::new(Switch::default());
+    let running = start(
+        AppState::new(metrics.clone(), status_source()).with_lifecycle(Lifecycle {
+            reload: hook,
+            pause: switch.clone(),
+            token: Some(token.to_owned()),
+        }),
+    )
+    .await;
     let url = format!("{}/-/reload", running.base);
+    // Without the token: 401, and nothing reloads.
+    let anonymous = client().post(&url).send().await.expect("401");
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().unwrap(),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .unwrap();
+    // Pause and resume flip the switch.
+    let paused = client
+        .post(format!("{}/-/pause", running.base))
+        .body(r#"{"note": "release 1.4"}"#)
+        .send()
+        .await
+        .expect("pause");
+    assert_eq!(paused.status(), 200);
+    assert_eq!(switch.0.lock().unwrap().as_deref(), Some("release 1.4"));
+    let resumed = client
+        .post(format!("{}/-/resume", running.base))
+        .send()
+        .await
+        .expect("resume");
+    assert_eq!(resumed.status(), 200);
+    assert_eq!(*switch.0.lock().unwrap(), None);
 
     let ok = client.post(&url).send().await.expect("reload");
     assert_eq!(ok.status(), 200);
@@ -395,6 +454,125 @@ async fn recording_during_scrapes_loses_nothing() {
     let text = metrics.encode().expect("encode");
     let total = sum(&text, "llm_canary_time_to_first_token_seconds_count", &[]);
     assert_eq!(total, (RECORDERS * PER_RECORDER) as f64);
+    running.stop().await;
+}
+
+/// Connects and sends `head` (and nothing more).
+async fn raw(base: &str, head: &[u8]) -> tokio::net::TcpStream {
+    let mut conn = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    conn.write_all(head).await.expect("write");
+    conn
+}
+
+/// Reads until the server closes the connection (or `limit`), returning what came.
+async fn read_to_close(conn: &mut tokio::net::TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_and_slow_clients_cannot_hold_the_surface() {
+    let metrics = Arc::new(Metrics::new(&[]));
+    fill(&metrics);
+    let limits = HttpLimits {
+        max_connections: 4,
+        header_read_timeout: Duration::from_secs(1),
+        body_read_timeout: Duration::from_secs(1),
+        write_stall_timeout: Duration::from_secs(1),
+    };
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let reload: Arc<dyn ReloadHook> = Arc::new(move || -> ReloadFuture {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok("reloaded".to_owned()) })
+    });
+    let state = AppState::new(metrics, status_source())
+        .with_limits(limits)
+        .with_lifecycle(Lifecycle {
+            reload,
+            pause: Arc::new(Switch::default()),
+            token: None,
+        });
+    let running = start(state).await;
+    let bound = Duration::from_secs(10);
+
+    // Connections that send nothing fill the limit; one more is closed at once, and the idle
+    // ones are closed once their head is overdue, after which scrapes get through again.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(raw(&running.base, b"").await);
+    }
+    let mut extra = raw(&running.base, b"").await;
+    assert_eq!(read_to_close(&mut extra, bound).await, Some(Vec::new()));
+    for conn in &mut idle {
+        assert!(
+            read_to_close(conn, bound).await.is_some(),
+            "an idle connection was kept"
+        );
+    }
+    let scrape = client()
+        .get(format!("{}/metrics", running.base))
+        .send()
+        .await
+        .expect("scrape after the idle ones left");
+    assert_eq!(scrape.status(), 200);
+
+    // A body trickled too slowly is refused with 408, and the reload never runs.
+    let mut slow = raw(
+        &running.base,
+        b"POST /-/reload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
+    let answer = read_to_close(&mut slow, bound).await.expect("an answer");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // A head over the size limit is refused without reaching a handler.
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nhost: x\r\nx-padding: {}\r\n\r\n",
+        "p".repeat(32 * 1024)
+    );
+    let mut oversized = raw(&running.base, big.as_bytes()).await;
+    let answer = read_to_close(&mut oversized, bound)
+        .await
+        .expect("an answer");
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // A scraper that asks and never reads holds no lock: other scrapes keep being answered.
+    let _stalled = raw(&running.base, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    let client = client();
+    for _ in 0..20 {
+        let r = tokio::time::timeout(
+            bound,
+            client.get(format!("{}/metrics", running.base)).send(),
+        )
+        .await
+        .expect("a scrape beside a stalled one")
+        .expect("scrape");
+        assert_eq!(r.status(), 200);
+        assert!(r.text().await.expect("body").ends_with("# EOF\n"));
+    }
     running.stop().await;
 }
 

@@ -130,6 +130,12 @@ pub struct SimArgs {
     /// Workers per pool (aggregated: workers; disaggregated: prefill and decode workers each).
     #[arg(long, default_value_t = 1)]
     pub workers: u32,
+    /// Answer 400 to request fields the OpenAI API does not define (`min_tokens`, `nvext`, ...).
+    #[arg(long)]
+    pub reject_unknown_fields: bool,
+    /// Append one JSON line per completion request (headers, `user` field) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub request_log: Option<PathBuf>,
 }
 
 /// Parses the command line and runs it; the process exit code follows docs/DESIGN.md §2.
@@ -322,6 +328,8 @@ async fn sim(args: SimArgs) -> ExitCode {
         workers: args.workers,
         prefill_workers: args.workers,
         decode_workers: args.workers,
+        reject_unknown_fields: args.reject_unknown_fields,
+        request_log: args.request_log.clone(),
         ..crate::sim::SimSpec::default()
     };
     let problems = spec.validate();

@@ -54,6 +54,8 @@ pub struct BodySpec<'a> {
     pub model: &'a str,
     pub length_control: LengthControl,
     pub nvext: bool,
+    /// The OpenAI `user` field: the canary's traffic marker (docs/DESIGN.md §4).
+    pub user: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -99,6 +101,8 @@ struct Body<'a> {
     ignore_eos: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     nvext: Option<NvextRequest>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
 }
 
 /// Serialises the body once, into the bytes that go on the wire.
@@ -160,6 +164,7 @@ pub fn encode(spec: &BodySpec<'_>, prompt: &Prompt, osl: u32) -> Bytes {
         nvext: spec.nvext.then_some(NvextRequest {
             extra_fields: ["timing", "worker_id"],
         }),
+        user: spec.user,
     };
     // Serialising plain structs of strings, integers and booleans into a Vec cannot fail: there
     // is no map with non-string keys and no fallible Serialize impl.
@@ -182,6 +187,7 @@ mod tests {
             model: "qwen",
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
+            user: Some("llm-canary"),
         }
     }
 
@@ -209,6 +215,7 @@ mod tests {
                 "min_tokens": 512,
                 "ignore_eos": true,
                 "nvext": {"extra_fields": ["timing", "worker_id"]},
+                "user": "llm-canary",
             })
         );
         assert!(body.get("stop").is_none());
@@ -226,6 +233,7 @@ mod tests {
                 "stream": true,
                 "stream_options": {"include_usage": true},
                 "max_completion_tokens": 64,
+                "user": "llm-canary",
             })
         );
     }
@@ -247,6 +255,7 @@ mod tests {
                 "max_tokens": 7,
                 "min_tokens": 7,
                 "ignore_eos": true,
+                "user": "llm-canary",
             })
         );
         let openai = encode_json(
@@ -273,6 +282,7 @@ mod tests {
                 model: "m",
                 length_control: none,
                 nvext: false,
+                user: None,
             },
             &Prompt::Text("x".into()),
             9,
@@ -320,6 +330,7 @@ mod tests {
                     model: "m",
                     length_control: lc,
                     nvext: false,
+                    user: None,
                 },
                 &Prompt::Text("x".into()),
                 9,

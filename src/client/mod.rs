@@ -105,6 +105,29 @@ pub struct ClientConfig {
     pub tail_grace: Duration,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+    /// What marks every request as the canary's.
+    pub marker: Marker,
+}
+
+/// What marks the canary's traffic (docs/DESIGN.md §4), so the serving side can leave it out of
+/// its own metrics, logs and autoscaling: a header, and the OpenAI `user` field of the body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marker {
+    pub header: Option<(reqwest::header::HeaderName, HeaderValue)>,
+    pub user: Option<String>,
+}
+
+impl Default for Marker {
+    /// `X-Canary: llm-canary` and `user: llm-canary`, the config's defaults.
+    fn default() -> Self {
+        Self {
+            header: Some((
+                reqwest::header::HeaderName::from_static("x-canary"),
+                HeaderValue::from_static("llm-canary"),
+            )),
+            user: Some("llm-canary".to_owned()),
+        }
+    }
 }
 
 impl Default for ClientConfig {
@@ -117,6 +140,7 @@ impl Default for ClientConfig {
             max_error_bytes: 2048,
             tail_grace: Duration::from_millis(250),
             pool_idle_timeout: Duration::from_secs(90),
+            marker: Marker::default(),
         }
     }
 }
@@ -148,6 +172,15 @@ pub struct ApiKey(String);
 impl ApiKey {
     pub fn new(key: impl Into<String>) -> Self {
         Self(key.into())
+    }
+
+    /// `Bearer <key>` as a header value marked sensitive, which keeps it out of HTTP-level
+    /// debug output too.
+    pub fn authorization(&self) -> Result<HeaderValue, ClientError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", self.0))
+            .map_err(|_| ClientError::InvalidApiKey)?;
+        value.set_sensitive(true);
+        Ok(value)
     }
 }
 
@@ -258,11 +291,7 @@ impl Endpoint {
 
     /// Sends `Authorization: Bearer <key>` with every request.
     pub fn with_api_key(mut self, key: &ApiKey) -> Result<Self, ClientError> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.0))
-            .map_err(|_| ClientError::InvalidApiKey)?;
-        // Keeps the value out of HTTP-level debug output too.
-        value.set_sensitive(true);
-        self.authorization = Some(value);
+        self.authorization = Some(key.authorization()?);
         Ok(self)
     }
 
@@ -287,12 +316,13 @@ impl Endpoint {
         self.nvext
     }
 
-    fn body_spec(&self) -> BodySpec<'_> {
+    fn body_spec<'a>(&'a self, user: Option<&'a str>) -> BodySpec<'a> {
         BodySpec {
             api: self.api,
             model: &self.model,
             length_control: self.length_control,
             nvext: self.nvext,
+            user,
         }
     }
 }
@@ -440,7 +470,8 @@ impl StreamClient {
         intended: Instant,
         cutoff: impl std::future::Future<Output = ()>,
     ) -> RequestRecord {
-        let body = body::encode(&endpoint.body_spec(), &request.prompt, request.osl);
+        let user = self.config.marker.user.as_deref();
+        let body = body::encode(&endpoint.body_spec(user), &request.prompt, request.osl);
         let sent = Instant::now();
         let mut rec = RequestRecord::new(request.request_id.clone(), intended, sent);
         let deadline = sent + self.config.request_timeout;
@@ -487,6 +518,9 @@ impl StreamClient {
             .body(body);
         if let Some(authorization) = &endpoint.authorization {
             builder = builder.header(AUTHORIZATION, authorization.clone());
+        }
+        if let Some((name, value)) = &self.config.marker.header {
+            builder = builder.header(name.clone(), value.clone());
         }
         let mut response = match builder.send().await {
             Ok(response) => response,

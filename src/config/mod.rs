@@ -12,6 +12,7 @@ pub mod sim;
 mod summary;
 mod target;
 mod validate;
+mod windows;
 
 use std::path::Path;
 
@@ -19,7 +20,8 @@ pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
 pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode};
-pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL};
+pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, read_token};
+pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 
 /// The embedded demo: two simulated deployments (aggregated, disaggregated), all four workloads at
 /// a compressed time scale. `llm-canary run` without `--config` runs this.

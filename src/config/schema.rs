@@ -27,6 +27,9 @@ pub struct Config {
     pub seed: u64,
     #[serde(default)]
     pub client: ClientConfig,
+    /// A ceiling on the canary's load on all targets together (each target has its own too).
+    #[serde(default, skip_serializing_if = "Budget::is_empty")]
+    pub budget: Budget,
     #[serde(default)]
     pub workloads: Workloads,
     #[serde(default)]
@@ -82,6 +85,31 @@ pub struct TargetConfig {
     pub simulated: Option<At<super::sim::SimSpec>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// A ceiling on the canary's load on this target.
+    #[serde(default, skip_serializing_if = "Budget::is_empty")]
+    pub budget: Budget,
+}
+
+/// A ceiling on the canary's own load (docs/DESIGN.md §5), any subset of the three. The scheduler
+/// skips a step that would need more streams than `max_inflight`, paces sends to `max_rps`, and
+/// stops sending once `max_output_tokens_per_hour` output tokens went out in the last hour.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<At<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rps: Option<At<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens_per_hour: Option<At<u64>>,
+}
+
+impl Budget {
+    pub fn is_empty(&self) -> bool {
+        self.max_inflight.is_none()
+            && self.max_rps.is_none()
+            && self.max_output_tokens_per_hour.is_none()
+    }
 }
 
 fn auto() -> String {
@@ -147,6 +175,11 @@ pub struct KubeDiscovery {
     /// after an SLO changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus_rule: Option<ManagedRule>,
+    /// The canary's own Deployment (in its namespace): its annotation `llm-canary.io/paused:
+    /// "true"` pauses the traffic of every replica without a restart, and removing it (or
+    /// `"false"`) resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_annotation_on: Option<At<String>>,
 }
 
 /// The PrometheusRule the daemon keeps.
@@ -200,7 +233,18 @@ pub struct ClientConfig {
     /// Largest SSE line or event accepted from a server, in bytes.
     #[serde(default = "max_event_bytes")]
     pub max_event_bytes: At<u64>,
+    /// A header on every request (`Name: value`) so the serving side (its metrics, logs,
+    /// autoscalers) can tell the canary's traffic from users'; `""` sends none.
+    #[serde(default = "marker_header")]
+    pub marker_header: At<String>,
+    /// The OpenAI `user` field of every request body, for the same purpose; `""` sends none.
+    #[serde(default = "marker_user")]
+    pub user: At<String>,
 }
+
+/// The default traffic marker (docs/DESIGN.md §4).
+pub const DEFAULT_MARKER_HEADER: &str = "X-Canary: llm-canary";
+pub const DEFAULT_MARKER_USER: &str = "llm-canary";
 
 fn connect_timeout() -> At<Dur> {
     At::dflt(Dur::secs(5))
@@ -211,6 +255,51 @@ fn request_timeout() -> At<Dur> {
 fn max_event_bytes() -> At<u64> {
     At::dflt(1 << 20)
 }
+fn marker_header() -> At<String> {
+    At::dflt(DEFAULT_MARKER_HEADER.to_owned())
+}
+fn marker_user() -> At<String> {
+    At::dflt(DEFAULT_MARKER_USER.to_owned())
+}
+
+/// Headers the client sets itself, which a marker must not replace.
+const RESERVED_HEADERS: [&str; 9] = [
+    "accept",
+    "authorization",
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "te",
+    "transfer-encoding",
+    "x-request-id",
+];
+
+impl ClientConfig {
+    /// `marker_header` as a header name and value; `None` when it is `""`.
+    pub fn marker(&self) -> Result<Option<(http::HeaderName, http::HeaderValue)>, String> {
+        let text = self.marker_header.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let Some((name, value)) = text.split_once(':') else {
+            return Err("write `Name: value`, e.g. `X-Canary: llm-canary`".into());
+        };
+        let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+        if RESERVED_HEADERS.contains(&name.as_str()) {
+            return Err(format!("`{name}` is set by the client itself"));
+        }
+        let value = http::HeaderValue::from_str(value.trim())
+            .map_err(|_| "the value has characters a header cannot carry".to_owned())?;
+        Ok(Some((name, value)))
+    }
+
+    /// `user` when it is not `""`.
+    pub fn marker_user(&self) -> Option<&str> {
+        Some(self.user.as_str()).filter(|u| !u.is_empty())
+    }
+}
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -218,6 +307,8 @@ impl Default for ClientConfig {
             connect_timeout: connect_timeout(),
             request_timeout: request_timeout(),
             max_event_bytes: max_event_bytes(),
+            marker_header: marker_header(),
+            user: marker_user(),
         }
     }
 }
@@ -554,6 +645,49 @@ pub struct Schedule {
     /// Pause between cycles.
     #[serde(default = "s0")]
     pub cycle_pause: At<Dur>,
+    /// When traffic may be sent; absent = always.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<ActiveWindows>,
+    /// Start with traffic paused (an operator resumes it, or a reload with `false`).
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// The times traffic may be sent (quiet hours are the rest), in one time zone.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActiveWindows {
+    /// An IANA time zone (`Europe/Berlin`, `America/New_York`); default UTC.
+    #[serde(default = "utc")]
+    pub time_zone: At<String>,
+    pub windows: Vec<Window>,
+}
+
+fn utc() -> At<String> {
+    At::dflt("UTC".to_owned())
+}
+
+/// One window: on each of `days`, from `from` to `to` local time; `to` at or before `from`
+/// ends on the next day (`22:00`-`06:00`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// `mon` ... `sun`; absent = every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub days: Vec<At<String>>,
+    /// `HH:MM`; default `00:00`.
+    #[serde(default = "midnight")]
+    pub from: At<String>,
+    /// `HH:MM` (`24:00` = the end of the day); default `24:00`.
+    #[serde(default = "end_of_day")]
+    pub to: At<String>,
+}
+
+fn midnight() -> At<String> {
+    At::dflt("00:00".to_owned())
+}
+fn end_of_day() -> At<String> {
+    At::dflt("24:00".to_owned())
 }
 
 fn drain_grace() -> At<Dur> {
@@ -571,6 +705,8 @@ impl Default for Schedule {
             drain_grace: drain_grace(),
             max_lag_p99: max_lag_p99(),
             cycle_pause: s0(),
+            active: None,
+            paused: false,
         }
     }
 }
@@ -662,9 +798,15 @@ pub struct Export {
     /// How often the servers' own `/metrics` are scraped.
     #[serde(default = "s15")]
     pub server_metrics_interval: At<Dur>,
-    /// Whether `POST /-/reload` is served.
-    #[serde(default = "yes")]
-    pub reload_endpoint: bool,
+    /// Whether the endpoints that change the daemon's state are served (`POST /-/reload`,
+    /// `/-/pause`, `/-/resume`, baseline pins), as Prometheus' `--web.enable-lifecycle`: off by
+    /// default, so a reachable port cannot steer the canary.
+    #[serde(default, alias = "reload_endpoint")]
+    pub lifecycle: bool,
+    /// A file holding a token (e.g. a mounted Secret) that those endpoints then require as
+    /// `Authorization: Bearer <token>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle_token_file: Option<At<String>>,
 }
 
 fn listen() -> At<String> {
@@ -680,7 +822,8 @@ impl Default for Export {
             listen: listen(),
             otlp: None,
             server_metrics_interval: s15(),
-            reload_endpoint: true,
+            lifecycle: false,
+            lifecycle_token_file: None,
         }
     }
 }

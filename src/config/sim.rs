@@ -66,6 +66,12 @@ pub struct SimSpec {
     /// Seed of every random choice (EOS positions, fault sampling).
     pub seed: u64,
     pub faults: FaultSpec,
+    /// Answer 400 to request fields the OpenAI API does not define (`min_tokens`, `ignore_eos`,
+    /// `nvext`), as OpenAI's own API and strict gateways do.
+    pub reject_unknown_fields: bool,
+    /// Append one JSON line per completion request (its headers, `user` field and id) to this
+    /// file: what the serving side sees of the canary's traffic.
+    pub request_log: Option<PathBuf>,
 }
 
 impl Default for SimSpec {
@@ -96,6 +102,8 @@ impl Default for SimSpec {
             eos_probability: 0.002,
             seed: 0,
             faults: FaultSpec::default(),
+            reject_unknown_fields: false,
+            request_log: None,
         }
     }
 }

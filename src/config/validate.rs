@@ -121,6 +121,19 @@ impl Check {
 }
 
 /// Checks every value of `cfg`; returns all problems found (empty = valid).
+/// The lifecycle token of `path`: the file's content without surrounding whitespace.
+pub fn read_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let token = text.trim();
+    if token.len() < 16 {
+        return Err("the token is shorter than 16 characters".into());
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("the token has whitespace or control characters inside".into());
+    }
+    Ok(token.to_owned())
+}
+
 pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     let mut c = Check { diags: Vec::new() };
 
@@ -165,6 +178,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
                 Some("add `url: http://host:port` or `simulated: {}`".into()),
             ),
         }
+        validate_budget(&mut c, &t.budget, &format!("targets[{}].budget", *t.name));
         if t.model.trim().is_empty() {
             c.err(
                 t.name.pos,
@@ -277,6 +291,22 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         );
     }
 
+    if let Err(why) = cc.marker() {
+        c.err(
+            cc.marker_header.pos,
+            format!("`client.marker_header` `{}`: {why}", *cc.marker_header),
+            Some("write `Name: value`, e.g. `X-Canary: llm-canary`, or `\"\"` for none".into()),
+        );
+    }
+    if cc.user.len() > 256 || cc.user.chars().any(char::is_control) {
+        c.err(
+            cc.user.pos,
+            "`client.user` must be at most 256 characters without control characters",
+            None,
+        );
+    }
+
+    validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
     validate_schedule(&mut c, cfg);
     validate_slos(&mut c, cfg);
@@ -293,6 +323,24 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         &ex.server_metrics_interval,
         "export.server_metrics_interval",
     );
+    if let Some(file) = &ex.lifecycle_token_file {
+        if !ex.lifecycle {
+            c.err(
+                file.pos,
+                "`export.lifecycle_token_file` is set but `export.lifecycle` is false: the token guards nothing",
+                Some("set `export.lifecycle: true` to serve reload, pause and resume with the token".into()),
+            );
+        } else {
+            match read_token(&base_dir.join(file.as_str())) {
+                Ok(_) => {}
+                Err(why) => c.err(
+                    file.pos,
+                    format!("`export.lifecycle_token_file` `{}`: {why}", **file),
+                    Some("mount the Secret holding the token there (the chart's `lifecycle.tokenSecret`)".into()),
+                ),
+            }
+        }
+    }
     if let Some(o) = &ex.otlp {
         c.url(&o.endpoint, "export.otlp.endpoint");
         c.positive_dur(&o.interval, "export.otlp.interval");
@@ -487,8 +535,31 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
     }
 }
 
+fn validate_budget(c: &mut Check, b: &Budget, at: &str) {
+    if let Some(n) = &b.max_inflight {
+        c.range_u32(n, &format!("{at}.max_inflight"), 1, MAX_CONCURRENCY * 64);
+    }
+    if let Some(r) = &b.max_rps {
+        c.finite_in(r, &format!("{at}.max_rps"), 0.0, MAX_RPS, true);
+    }
+    if let Some(t) = &b.max_output_tokens_per_hour
+        && **t == 0
+    {
+        c.err(
+            t.pos,
+            format!("`{at}.max_output_tokens_per_hour` is 0: no request could be sent"),
+            Some("give a positive number of tokens, or leave the key out for no limit".into()),
+        );
+    }
+}
+
 fn validate_schedule(c: &mut Check, cfg: &Config) {
     let s = &cfg.schedule;
+    if let Some(active) = &s.active
+        && let Err(diags) = active.compile()
+    {
+        c.diags.extend(diags);
+    }
     for name in &s.cycle {
         if !WORKLOAD_NAMES.contains(&name.as_str()) {
             let hint = did_you_mean(name, WORKLOAD_NAMES)

@@ -130,6 +130,9 @@ pub(super) struct Live {
     reloading: tokio::sync::Mutex<()>,
     /// Hash of the file's content as last loaded or rejected: the file watch reloads on change.
     loaded_hash: Mutex<Option<u64>>,
+    gate: Arc<crate::schedule::gate::Gate>,
+    /// The runner's budget, whose limits a reload replaces.
+    budget: Mutex<Option<Arc<crate::schedule::budget::Budget>>>,
 }
 
 /// What a reload reaches besides the setup and the targets.
@@ -140,6 +143,8 @@ pub(super) struct LiveParts {
     pub(super) events: Option<Arc<SloEvents>>,
     pub(super) rules: Option<Arc<RulesPublisher>>,
     pub(super) tasks: TaskTracker,
+    pub(super) gate: Arc<crate::schedule::gate::Gate>,
+    pub(super) budget: Option<Arc<crate::schedule::budget::Budget>>,
 }
 
 impl Live {
@@ -156,6 +161,8 @@ impl Live {
             events,
             rules,
             tasks,
+            gate,
+            budget,
         } = parts;
         let (statics, rx) = watch::channel(target_set(&targets));
         let loaded_hash = setup
@@ -176,8 +183,15 @@ impl Live {
             rules,
             reloading: tokio::sync::Mutex::new(()),
             loaded_hash: Mutex::new(loaded_hash),
+            gate,
+            budget: Mutex::new(budget),
         };
         (live, rx)
+    }
+
+    /// The budget a reload's limits go to (the runner's, made after the rest).
+    pub(super) fn set_budget(&self, budget: Arc<crate::schedule::budget::Budget>) {
+        *lock(&self.budget) = Some(budget);
     }
 
     pub(super) fn setup(&self) -> Arc<Setup> {
@@ -293,6 +307,10 @@ impl Live {
         }
         self.statics.send_replace(target_set(&next));
         *lock(&self.targets) = next;
+        super::apply_gate_config(&self.gate, &new);
+        if let Some(budget) = lock(&self.budget).as_ref() {
+            budget.set_limits(&new.config);
+        }
         let new = Arc::new(new);
         *lock(&self.setup) = Arc::clone(&new);
         if let Some(rules) = &self.rules {

@@ -13,11 +13,12 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::client::RequestRecord;
-use crate::export::http::{AppState, HttpServer, StatusSource};
+use crate::export::http::{AppState, HttpServer, Lifecycle, PauseHook, StatusSource};
 use crate::export::metrics::Metrics;
 use crate::export::otlp::OtlpExporter;
 use crate::k8s::traffic::DiscoveredTargets;
 use crate::model::{RecordContext, Sink, TargetChange, TargetInfo};
+use crate::schedule::gate::{Gate, Switch, SystemClock};
 use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
 use crate::scrape::ServerMetricsSink;
 use crate::setup::Setup;
@@ -51,6 +52,8 @@ pub enum DaemonError {
     Otlp(#[from] crate::export::otlp::OtlpError),
     #[error("Kubernetes: {0}")]
     Kube(#[from] crate::k8s::KubeError),
+    #[error("export.lifecycle_token_file: {0}")]
+    Token(String),
 }
 
 /// The targets measured now, as the schedule reports them (discovery, leader election and
@@ -165,6 +168,10 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
     metrics.record_config_reload(true);
 
+    // When traffic may go: the config's windows and pause, and the operators' switches.
+    let gate = Arc::new(Gate::new(Arc::new(SystemClock)));
+    apply_gate_config(&gate, &setup);
+
     let shutdown = Shutdown::new();
     // Installed before the (possibly slow) start so a signal during it is a drain, not a kill.
     let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
@@ -224,6 +231,8 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
             events: events.clone(),
             rules: rules.clone(),
             tasks: shutdown.tracker().clone(),
+            gate: Arc::clone(&gate),
+            budget: None,
         },
     );
     let live = Arc::new(live);
@@ -257,6 +266,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     }
     let recorder = Arc::new(Recorder::new(sinks));
     let runner = Arc::new(deployment.runner(cfg, recorder, rand::random()));
+    live.set_budget(Arc::clone(&runner.budget));
 
     let state = AppState::new(
         Arc::clone(&metrics),
@@ -267,9 +277,25 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
             slo: Arc::clone(&slo),
         }),
     );
-    let state = state.with_baselines(slo.clone(), cfg.export.reload_endpoint);
-    let state = if cfg.export.reload_endpoint {
-        state.with_reload(Arc::new(Reload(Arc::clone(&live))))
+    let state = state.with_baselines(slo.clone());
+    let state = if cfg.export.lifecycle {
+        let token = match &cfg.export.lifecycle_token_file {
+            // Validated with the config; read again here as the file may have changed since.
+            Some(f) => Some(
+                crate::config::read_token(&setup.base_dir().join(f.as_str()))
+                    .map_err(DaemonError::Token)?,
+            ),
+            None => None,
+        };
+        tracing::info!(
+            token = token.is_some(),
+            "lifecycle endpoints on: /-/reload, /-/pause, /-/resume, baseline pins"
+        );
+        state.with_lifecycle(Lifecycle {
+            reload: Arc::new(Reload(Arc::clone(&live))),
+            pause: Arc::new(PauseControl(Arc::clone(&gate))),
+            token,
+        })
     } else {
         state
     };
@@ -286,7 +312,9 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     // gated by leader election.
     let mut sets = vec![statics];
     let mut leadership = None;
+    let mut kube_pause_annotation = None;
     if let Some(k) = kube {
+        kube_pause_annotation = k.pause_annotation;
         if let Some(discovered) = k.discovered {
             let resolver = DiscoveredTargets {
                 discovered,
@@ -299,12 +327,20 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         leadership = k.leadership;
     }
     let server_metrics: Arc<dyn ServerMetricsSink> = metrics.clone();
+    if let Some(deployment) = kube_pause_annotation {
+        shutdown.spawn(crate::k8s::pause::watch_annotation(
+            deployment,
+            Arc::clone(&gate),
+            shutdown.service(),
+        ));
+    }
     let mut scheduler = Scheduler::new(
         runner,
         TargetSource::new(sets, leadership),
         Some(server_metrics),
         cfg.export.server_metrics_interval.0,
-    );
+    )
+    .with_gate(Arc::clone(&gate));
     readiness.set_ready();
     let plan_live = Arc::clone(&live);
     let pause_live = Arc::clone(&live);
@@ -327,6 +363,45 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     deployment.stop().await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// The gate's part of the config: the `schedule.active` windows and `schedule.paused`.
+pub(crate) fn apply_gate_config(gate: &Gate, setup: &Setup) {
+    let schedule = &setup.config.schedule;
+    // Validated with the config.
+    gate.set_windows(schedule.active.as_ref().and_then(|a| a.compile().ok()));
+    gate.set(
+        Switch::Config,
+        schedule
+            .paused
+            .then(|| "schedule.paused: true in the config".to_owned()),
+    );
+}
+
+/// `POST /-/pause` and `POST /-/resume`: the HTTP switch of the gate.
+struct PauseControl(Arc<Gate>);
+
+impl PauseControl {
+    fn state(&self) -> serde_json::Value {
+        let s = self.0.state();
+        json!({
+            "paused": !s.open(),
+            "by": s.operator.iter().map(|(w, note)| json!({"source": w.as_str(), "note": note})).collect::<Vec<_>>(),
+            "in_window": s.in_window,
+        })
+    }
+}
+
+impl PauseHook for PauseControl {
+    fn pause(&self, note: String) -> serde_json::Value {
+        self.0.set(Switch::Http, Some(note));
+        self.state()
+    }
+
+    fn resume(&self) -> serde_json::Value {
+        self.0.set(Switch::Http, None);
+        self.state()
+    }
 }
 
 /// A replica that becomes the leader continues from the state its predecessor saved (it loads

@@ -1,5 +1,9 @@
-//! The daemon's HTTP surface (docs/DESIGN.md §2): `/metrics`, `/-/healthy`, `/-/ready`, `/-/reload` and
-//! `/api/v1/status` on a hyper 1 HTTP/1 server, with a readiness latch and a bounded graceful drain.
+//! The daemon's HTTP surface (docs/DESIGN.md §2): `/metrics`, `/-/healthy`, `/-/ready`,
+//! `/api/v1/status`, and the lifecycle endpoints that change the daemon's state (`/-/reload`,
+//! `/-/pause`, `/-/resume`, baseline pins), off unless enabled and then optionally behind a
+//! bearer token. A hyper 1 HTTP/1 server with a readiness latch, a bounded graceful drain, and
+//! bounds on what a client can hold: connections, head and body sizes, and how long a head, a
+//! body or a stalled reader may take.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,14 +34,38 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 const JSON_CONTENT_TYPE: &str = "application/json";
 
-/// Largest request body read (only `POST /-/reload` reads one, and ignores it); anything larger is
-/// refused with 413 rather than buffered.
+/// Largest request body read (only the lifecycle endpoints read one); anything larger is refused
+/// with 413 rather than buffered.
 pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024;
+
+/// How long and how many a client may hold (defaults in [`HttpLimits::default`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HttpLimits {
+    /// Connections served at once; more are closed on accept. Prometheus replicas, probes and
+    /// an operator's curl need a handful.
+    pub max_connections: usize,
+    /// A request head not complete within this closes the connection (idle keep-alive ones too).
+    pub header_read_timeout: Duration,
+    /// A body not received within this is refused with 408, so a client trickling bytes cannot
+    /// hold a connection.
+    pub body_read_timeout: Duration,
+    /// A response the client stops reading for this long is abandoned and its connection closed,
+    /// so a stalled scraper holds neither a connection nor the encoded exposition.
+    pub write_stall_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            write_stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
 /// Largest request head; a scraper's or a probe's headers are far smaller.
 const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// A client that does not finish its request head in this time is disconnected, so a slow or
-/// stuck client cannot hold a connection (and the drain) open.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for in-flight requests (e.g. a scrape being written) by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
@@ -75,6 +103,22 @@ pub type ReloadFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Se
 /// [`Metrics::record_config_reload`].
 pub trait ReloadHook: Send + Sync {
     fn reload(&self) -> ReloadFuture;
+}
+
+/// Pauses and resumes the traffic (`POST /-/pause`, `POST /-/resume`); each answers the pause
+/// state as JSON.
+pub trait PauseHook: Send + Sync {
+    fn pause(&self, note: String) -> serde_json::Value;
+    fn resume(&self) -> serde_json::Value;
+}
+
+/// The endpoints that change the daemon's state, served only when enabled
+/// (`export.lifecycle`).
+pub struct Lifecycle {
+    pub reload: Arc<dyn ReloadHook>,
+    pub pause: Arc<dyn PauseHook>,
+    /// Required as `Authorization: Bearer <token>` where set (`export.lifecycle_token_file`).
+    pub token: Option<String>,
 }
 
 impl<F> ReloadHook for F
@@ -165,45 +209,55 @@ impl Readiness {
 pub struct AppState {
     metrics: Arc<Metrics>,
     readiness: Readiness,
-    reload: Option<Arc<dyn ReloadHook>>,
     status: Arc<dyn StatusSource>,
     baselines: Option<Arc<dyn BaselineHook>>,
-    /// Pinning and unpinning allowed (state-changing, gated like the reload endpoint).
-    baseline_writes: bool,
+    /// `None`: every state-changing endpoint answers 403.
+    lifecycle: Option<Lifecycle>,
+    limits: HttpLimits,
+    connections: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("readiness", &self.readiness)
-            .field("reload_enabled", &self.reload.is_some())
+            .field("lifecycle", &self.lifecycle.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl AppState {
-    /// State with reload disabled (`POST /-/reload` answers 403) and readiness unset.
+    /// State with the lifecycle endpoints disabled (403) and readiness unset.
     pub fn new(metrics: Arc<Metrics>, status: Arc<dyn StatusSource>) -> Self {
         Self {
             metrics,
             readiness: Readiness::new(),
-            reload: None,
             status,
             baselines: None,
-            baseline_writes: false,
+            lifecycle: None,
+            limits: HttpLimits::default(),
+            connections: Arc::new(tokio::sync::Semaphore::new(
+                HttpLimits::default().max_connections,
+            )),
         }
     }
 
-    /// Serves `/api/v1/baselines` from `hook`; `writes` allows pinning and unpinning.
-    pub fn with_baselines(mut self, hook: Arc<dyn BaselineHook>, writes: bool) -> Self {
-        self.baselines = Some(hook);
-        self.baseline_writes = writes;
+    /// Other bounds on clients than the defaults (tests shorten them).
+    pub fn with_limits(mut self, limits: HttpLimits) -> Self {
+        self.connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+        self.limits = limits;
         self
     }
 
-    /// Enables `POST /-/reload` with `hook`.
-    pub fn with_reload(mut self, hook: Arc<dyn ReloadHook>) -> Self {
-        self.reload = Some(hook);
+    /// Serves `GET /api/v1/baselines` from `hook` (pins and unpins also need the lifecycle).
+    pub fn with_baselines(mut self, hook: Arc<dyn BaselineHook>) -> Self {
+        self.baselines = Some(hook);
+        self
+    }
+
+    /// Enables the state-changing endpoints.
+    pub fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = Some(lifecycle);
         self
     }
 
@@ -273,12 +327,18 @@ impl HttpServer {
                 biased;
                 () = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _peer)) => {
-                        connections.spawn(serve_connection(
-                            stream,
-                            self.state.clone(),
-                            shutdown.clone(),
-                        ));
+                    Ok((stream, peer)) => {
+                        let Ok(permit) = Arc::clone(&self.state.connections).try_acquire_owned() else {
+                            tracing::warn!(%peer, limit = self.state.limits.max_connections, "too many HTTP connections: closing a new one");
+                            drop(stream);
+                            continue;
+                        };
+                        let state = self.state.clone();
+                        let shutdown = shutdown.clone();
+                        connections.spawn(async move {
+                            serve_connection(stream, state, shutdown).await;
+                            drop(permit);
+                        });
                     }
                     Err(error) => {
                         tracing::warn!(%error, "accepting an HTTP connection failed");
@@ -305,6 +365,7 @@ impl HttpServer {
 }
 
 async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: CancellationToken) {
+    let limits = state.limits;
     let service = service_fn(move |request| {
         let state = state.clone();
         async move { Ok::<_, Infallible>(route(&state, request).await) }
@@ -312,8 +373,13 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(MAX_HEADER_BYTES);
+    let stream = StallGuard {
+        inner: stream,
+        stall: None,
+        limit: limits.write_stall_timeout,
+    };
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
@@ -329,6 +395,89 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
     }
 }
 
+/// A connection whose writes fail once the peer has not read for `limit`: hyper has no write
+/// timeout of its own, and a scraper that stops reading would otherwise hold its connection (and
+/// a response's buffers) until the drain.
+struct StallGuard {
+    inner: TcpStream,
+    /// Armed while a write waits for the peer.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    limit: Duration,
+}
+
+impl StallGuard {
+    /// Passes `poll` through, failing it once writes have waited for too long.
+    fn guard<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: std::task::Poll<io::Result<T>>,
+    ) -> std::task::Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.stall = None;
+            return poll;
+        }
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.limit)));
+        match stall.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading the response",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for StallGuard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for StallGuard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.guard(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.guard(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.guard(cx, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Answers one request. Generic over the body so unit tests can drive it without a socket.
 async fn route<B>(state: &AppState, request: Request<B>) -> Response<ChunksBody>
 where
@@ -336,6 +485,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let method = request.method().clone();
+    let limit = state.limits.body_read_timeout;
     match request.uri().path() {
         "/metrics" => get_only(&method, || metrics(state)).await,
         "/-/healthy" => get_only(&method, || async { text(StatusCode::OK, "OK") }).await,
@@ -350,35 +500,50 @@ where
             .await
         }
         "/api/v1/status" => get_only(&method, || async { status(state) }).await,
-        "/-/reload" => {
-            if method != Method::POST {
-                return method_not_allowed("POST");
-            }
-            reload(state, request.into_body()).await
-        }
-        "/api/v1/baselines" => match method {
-            Method::GET => match &state.baselines {
-                Some(b) => json(StatusCode::OK, &b.list()),
-                None => text(StatusCode::NOT_FOUND, "no SLO engine"),
+        "/-/reload" => match authorize(state, &request, Method::POST, "POST") {
+            Ok(lifecycle) => match read_body(limit, request.into_body()).await {
+                Ok(_) => reload(lifecycle).await,
+                Err(refused) => *refused,
             },
-            Method::POST => pin(state, request.into_body()).await,
-            _ => method_not_allowed("GET, POST"),
+            Err(refused) => *refused,
+        },
+        "/-/pause" => match authorize(state, &request, Method::POST, "POST") {
+            Ok(lifecycle) => match read_body(limit, request.into_body()).await {
+                Ok(body) => pause(lifecycle, &body),
+                Err(refused) => *refused,
+            },
+            Err(refused) => *refused,
+        },
+        "/-/resume" => match authorize(state, &request, Method::POST, "POST") {
+            Ok(lifecycle) => match read_body(limit, request.into_body()).await {
+                Ok(_) => json(StatusCode::OK, &lifecycle.pause.resume()),
+                Err(refused) => *refused,
+            },
+            Err(refused) => *refused,
+        },
+        "/api/v1/baselines" => match (&method, &state.baselines) {
+            (_, None) => text(StatusCode::NOT_FOUND, "no SLO engine"),
+            (&Method::GET, Some(b)) => json(StatusCode::OK, &b.list()),
+            (_, Some(b)) => match authorize(state, &request, Method::POST, "GET, POST") {
+                Ok(_) => match read_body(limit, request.into_body()).await {
+                    Ok(body) => pin(b.as_ref(), &body),
+                    Err(refused) => *refused,
+                },
+                Err(refused) => *refused,
+            },
         },
         path if path.starts_with("/api/v1/baselines/") => {
-            if method != Method::DELETE {
-                return method_not_allowed("DELETE");
-            }
-            let name = &path["/api/v1/baselines/".len()..];
-            match (&state.baselines, state.baseline_writes) {
+            let name = path["/api/v1/baselines/".len()..].to_owned();
+            match (
+                &state.baselines,
+                authorize(state, &request, Method::DELETE, "DELETE"),
+            ) {
                 (None, _) => text(StatusCode::NOT_FOUND, "no SLO engine"),
-                (Some(_), false) => text(
-                    StatusCode::FORBIDDEN,
-                    "baseline changes via HTTP are disabled",
-                ),
-                (Some(b), true) if b.unpin(name) => {
+                (Some(_), Err(refused)) => *refused,
+                (Some(b), Ok(_)) if b.unpin(&name) => {
                     text(StatusCode::OK, format!("unpinned {name}"))
                 }
-                (Some(_), true) => text(StatusCode::NOT_FOUND, "no such pinned baseline"),
+                (Some(_), Ok(_)) => text(StatusCode::NOT_FOUND, "no such pinned baseline"),
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found"),
@@ -428,23 +593,74 @@ fn status(state: &AppState) -> Response<ChunksBody> {
     }
 }
 
-async fn reload<B>(state: &AppState, body: B) -> Response<ChunksBody>
+/// The answer to a request refused before its handler ran (boxed: it is the rare path).
+type Refused = Box<Response<ChunksBody>>;
+
+/// The lifecycle endpoints, for a request that may use them: 405 for another method than
+/// `want`, 403 when they are disabled, 401 without the configured token.
+fn authorize<'a, B>(
+    state: &'a AppState,
+    request: &Request<B>,
+    want: Method,
+    allow: &'static str,
+) -> Result<&'a Lifecycle, Refused> {
+    if request.method() != want {
+        return Err(Box::new(method_not_allowed(allow)));
+    }
+    let Some(lifecycle) = &state.lifecycle else {
+        return Err(Box::new(text(
+            StatusCode::FORBIDDEN,
+            "lifecycle endpoints are disabled; enable them with `export.lifecycle: true`",
+        )));
+    };
+    if let Some(token) = &lifecycle.token {
+        let given = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same_secret(given.as_bytes(), token.as_bytes()) {
+            let mut refused = text(StatusCode::UNAUTHORIZED, "a bearer token is required");
+            refused.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            return Err(Box::new(refused));
+        }
+    }
+    Ok(lifecycle)
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A request body, bounded in size ([`MAX_REQUEST_BODY_BYTES`], else 413) and in time
+/// (`body_read_timeout`, else 408).
+async fn read_body<B>(limit: Duration, body: B) -> Result<Bytes, Refused>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let Some(hook) = state.reload.clone() else {
-        return text(StatusCode::FORBIDDEN, "reload via HTTP is disabled");
-    };
-    // The body carries nothing; it is read (bounded) only so an oversized one is refused.
-    if Limited::new(body, MAX_REQUEST_BODY_BYTES)
-        .collect()
-        .await
-        .is_err()
-    {
-        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+    match tokio::time::timeout(limit, Limited::new(body, MAX_REQUEST_BODY_BYTES).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(_)) => Err(Box::new(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+        ))),
+        Err(_) => Err(Box::new(text(
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not received in time",
+        ))),
     }
-    match hook.reload().await {
+}
+
+/// `POST /-/reload`; the body carries nothing (it was read, bounded, only so an oversized one is
+/// refused).
+async fn reload(lifecycle: &Lifecycle) -> Response<ChunksBody> {
+    match lifecycle.reload.reload().await {
         Ok(message) => {
             tracing::info!(%message, "config reloaded via HTTP");
             text(StatusCode::OK, message)
@@ -456,26 +672,30 @@ where
     }
 }
 
-/// `POST /api/v1/baselines` with `{"name": "release-1.2", "span": "24h"}` (span optional).
-async fn pin<B>(state: &AppState, body: B) -> Response<ChunksBody>
-where
-    B: Body,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let hook = match (&state.baselines, state.baseline_writes) {
-        (None, _) => return text(StatusCode::NOT_FOUND, "no SLO engine"),
-        (Some(_), false) => {
-            return text(
-                StatusCode::FORBIDDEN,
-                "baseline changes via HTTP are disabled",
-            );
+/// `POST /-/pause`, with an optional `{"note": "release 1.4 rollout"}`.
+fn pause(lifecycle: &Lifecycle, bytes: &[u8]) -> Response<ChunksBody> {
+    let note = if bytes.iter().all(u8::is_ascii_whitespace) {
+        "paused via POST /-/pause".to_owned()
+    } else {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(v) => match v["note"].as_str() {
+                Some(n) if n.len() <= 256 && !n.chars().any(char::is_control) => n.to_owned(),
+                _ => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "`note`: a string of at most 256 characters",
+                    );
+                }
+            },
+            Err(e) => return text(StatusCode::BAD_REQUEST, format!("not JSON: {e}")),
         }
-        (Some(b), true) => b.clone(),
     };
-    let Ok(bytes) = Limited::new(body, MAX_REQUEST_BODY_BYTES).collect().await else {
-        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
-    };
-    let request: serde_json::Value = match serde_json::from_slice(&bytes.to_bytes()) {
+    json(StatusCode::OK, &lifecycle.pause.pause(note))
+}
+
+/// `POST /api/v1/baselines` with `{"name": "release-1.2", "span": "24h"}` (span optional).
+fn pin(hook: &dyn BaselineHook, bytes: &[u8]) -> Response<ChunksBody> {
+    let request: serde_json::Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("not JSON: {e}")),
     };
@@ -558,21 +778,77 @@ mod tests {
         String::from_utf8(bytes.to_vec()).expect("utf-8")
     }
 
+    struct NoPause;
+
+    impl PauseHook for NoPause {
+        fn pause(&self, note: String) -> serde_json::Value {
+            serde_json::json!({"paused": true, "note": note})
+        }
+        fn resume(&self) -> serde_json::Value {
+            serde_json::json!({"paused": false})
+        }
+    }
+
+    fn lifecycle(reload: Arc<dyn ReloadHook>, token: Option<&str>) -> Lifecycle {
+        Lifecycle {
+            reload,
+            pause: Arc::new(NoPause),
+            token: token.map(str::to_owned),
+        }
+    }
+
+    fn reloads(calls: &Arc<std::sync::atomic::AtomicUsize>) -> Arc<dyn ReloadHook> {
+        let counted = calls.clone();
+        Arc::new(move || -> ReloadFuture {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok("reloaded".to_owned()) })
+        })
+    }
+
     #[tokio::test]
-    async fn reload_is_forbidden_without_a_hook() {
-        let response = route(&state(), request(Method::POST, "/-/reload", vec![])).await;
-        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    async fn lifecycle_endpoints_are_forbidden_unless_enabled() {
+        for path in ["/-/reload", "/-/pause", "/-/resume"] {
+            let response = route(&state(), request(Method::POST, path, vec![])).await;
+            assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
+            let response = route(&state(), request(Method::GET, path, vec![])).await;
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configured_token_is_required() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let token = "s3cret-token-of-the-canary";
+        let state = state().with_lifecycle(lifecycle(reloads(&calls), Some(token)));
+        let mut asked = request(Method::POST, "/-/pause", br#"{"note": "rollout"}"#.to_vec());
+        assert_eq!(
+            route(&state, asked).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+        asked = request(Method::POST, "/-/reload", vec![]);
+        asked.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret-token-of-the-canarY"),
+        );
+        assert_eq!(
+            route(&state, asked).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        asked = request(Method::POST, "/-/pause", br#"{"note": "rollout"}"#.to_vec());
+        asked.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        let response = route(&state, asked).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(body_text(response).await.contains("rollout"));
     }
 
     #[tokio::test]
     async fn oversized_reload_body_is_refused_before_the_hook_runs() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = calls.clone();
-        let hook: Arc<dyn ReloadHook> = Arc::new(move || -> ReloadFuture {
-            counted.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async { Ok("reloaded".to_owned()) })
-        });
-        let state = state().with_reload(hook);
+        let state = state().with_lifecycle(lifecycle(reloads(&calls), None));
         let big = vec![b'x'; MAX_REQUEST_BODY_BYTES + 1];
         let response = route(&state, request(Method::POST, "/-/reload", big)).await;
         assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);

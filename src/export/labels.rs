@@ -56,6 +56,33 @@ pub struct TargetWorkloadLabels {
     pub workload: String,
 }
 
+/// `reason`: why traffic is paused (`operator`, `schedule`, `budget`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// `target`, `workload`, `action`: what the traffic budget did to steps.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetStepLabels {
+    pub target: String,
+    pub workload: String,
+    pub action: String,
+}
+
+/// `scope`: a target's budget, or `all`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    pub scope: String,
+}
+
+/// `scope`, `limit`: one configured budget limit.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLimitLabels {
+    pub scope: String,
+    pub limit: String,
+}
+
 /// `slo`: the SLO value gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SloLabels {

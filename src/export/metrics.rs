@@ -67,6 +67,7 @@ pub(super) struct TargetSeries {
     pub(super) outcomes: HashSet<OutcomeLabels>,
     pub(super) modes: HashSet<ModeLabels>,
     pub(super) lags: HashSet<TargetWorkloadLabels>,
+    pub(super) budget_steps: HashSet<BudgetStepLabels>,
     /// Last cumulative server counter values seen, to mirror their increase.
     pub(super) last_preemptions: Option<f64>,
     pub(super) last_kv_offload_blocks: Option<f64>,
@@ -127,6 +128,14 @@ pub struct Metrics {
     pub(super) inflight: Family<TargetLabels, Gauge>,
     pub(super) config_last_reload_successful: Gauge,
     pub(super) config_last_reload_success_timestamp: GaugeF64,
+
+    pub(super) paused: Family<ReasonLabels, Gauge>,
+    pub(super) budget_steps: Family<BudgetStepLabels, Counter>,
+    pub(super) budget_throttled: Family<ScopeLabels, Counter>,
+    pub(super) budget_output_tokens: Family<ScopeLabels, Gauge>,
+    pub(super) budget_limit: Family<ScopeLimitLabels, GaugeF64>,
+    /// Throttled-request totals last seen per scope, to mirror their increase.
+    pub(super) budget_throttled_seen: Mutex<HashMap<String, u64>>,
 }
 
 impl Metrics {
@@ -194,6 +203,12 @@ impl Metrics {
             inflight: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
+            paused: Family::default(),
+            budget_steps: Family::default(),
+            budget_throttled: Family::default(),
+            budget_output_tokens: Family::default(),
+            budget_limit: Family::default(),
+            budget_throttled_seen: Mutex::new(HashMap::new()),
         };
         metrics.register()
     }
@@ -412,6 +427,31 @@ impl Metrics {
             "Unix time of the last successful config load",
             s(),
             self.config_last_reload_success_timestamp.clone(),
+        );
+        r.register(
+            "llm_canary_paused",
+            "1 for each reason traffic is paused now (operator, schedule, budget); all 0 while sending",
+            self.paused.clone(),
+        );
+        r.register(
+            "llm_canary_budget_steps",
+            "Steps the traffic budget skipped, scaled, serialized or cut",
+            self.budget_steps.clone(),
+        );
+        r.register(
+            "llm_canary_budget_throttled_requests",
+            "Requests that waited for the budget's max_rps pace",
+            self.budget_throttled.clone(),
+        );
+        r.register(
+            "llm_canary_budget_output_tokens_last_hour",
+            "Output tokens received in the last hour, per budget scope",
+            self.budget_output_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_budget_limit",
+            "A configured budget limit (max_inflight, max_rps, max_output_tokens_per_hour)",
+            self.budget_limit.clone(),
         );
         self
     }
@@ -673,6 +713,20 @@ impl Metrics {
         self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
         self.inflight.remove(&labels);
+        let scope = ScopeLabels {
+            scope: target.to_owned(),
+        };
+        self.budget_output_tokens.remove(&scope);
+        self.budget_throttled.remove(&scope);
+        for limit in ["max_inflight", "max_rps", "max_output_tokens_per_hour"] {
+            self.budget_limit.remove(&ScopeLimitLabels {
+                scope: target.to_owned(),
+                limit: limit.to_owned(),
+            });
+        }
+        for labels in &series.budget_steps {
+            self.budget_steps.remove(labels);
+        }
     }
 
     /// The OpenMetrics text exposition of every family, ending with `# EOF`, as the chunks that

@@ -12,8 +12,8 @@ mod record;
 
 pub use buckets::latency_buckets;
 pub use http::{
-    AppState, HttpError, HttpServer, OPENMETRICS_CONTENT_TYPE, Readiness, ReloadFuture, ReloadHook,
-    ShutdownOutcome, StatusSource,
+    AppState, HttpError, HttpLimits, HttpServer, Lifecycle, OPENMETRICS_CONTENT_TYPE, PauseHook,
+    Readiness, ReloadFuture, ReloadHook, ShutdownOutcome, StatusSource,
 };
 pub use metrics::{Metrics, MetricsError, OUTCOME_OK};
 pub use otlp::{OtlpError, OtlpExporter, OtlpTarget};

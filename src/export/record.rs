@@ -9,7 +9,8 @@ use super::labels::{SloLabels, TargetLabels};
 use super::metrics::{CounterF64, Metrics};
 use crate::client::{Outcome, RequestRecord};
 use crate::model::{
-    Phase, RecordContext, ServerSnapshot, Sink, StepInfo, StepResult, TargetChange,
+    BudgetReport, PauseState, Phase, RecordContext, ServerSnapshot, Sink, StepInfo, StepResult,
+    TargetChange,
 };
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading, SloState};
@@ -83,6 +84,14 @@ impl Sink for Metrics {
 
     fn in_flight(&self, target: &str, delta: i64) {
         self.add_inflight(target, delta);
+    }
+
+    fn paused(&self, state: &PauseState) {
+        self.set_paused(state);
+    }
+
+    fn budget(&self, report: &BudgetReport) {
+        self.record_budget(report);
     }
 }
 
@@ -219,6 +228,78 @@ impl Metrics {
             &self.slo_data_age,
         ] {
             family.remove(&labels);
+        }
+    }
+}
+
+impl Metrics {
+    /// `llm_canary_paused{reason}`: each reason 1 or 0.
+    pub fn set_paused(&self, state: &PauseState) {
+        for (reason, on) in state.reasons() {
+            let labels = super::labels::ReasonLabels {
+                reason: reason.to_owned(),
+            };
+            self.paused.get_or_create(&labels).set(i64::from(on));
+        }
+    }
+
+    /// The budget's actions and use.
+    pub fn record_budget(&self, report: &BudgetReport) {
+        use super::labels::{BudgetStepLabels, ScopeLabels, ScopeLimitLabels};
+        for a in &report.actions {
+            let labels = BudgetStepLabels {
+                target: a.target.clone(),
+                workload: a.workload.to_owned(),
+                action: a.action.to_owned(),
+            };
+            self.budget_steps.get_or_create(&labels).inc();
+            self.tracked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(a.target.clone())
+                .or_default()
+                .budget_steps
+                .insert(labels);
+        }
+        let mut seen = self
+            .budget_throttled_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for u in &report.usage {
+            let scope = ScopeLabels {
+                scope: u.scope.clone(),
+            };
+            self.budget_output_tokens
+                .get_or_create(&scope)
+                .set(i64::try_from(u.output_tokens_last_hour).unwrap_or(i64::MAX));
+            let last = seen.entry(u.scope.clone()).or_default();
+            if u.throttled_requests > *last {
+                self.budget_throttled
+                    .get_or_create(&scope)
+                    .inc_by(u.throttled_requests - *last);
+            }
+            *last = u.throttled_requests;
+            for (limit, value) in [
+                ("max_inflight", u.max_inflight.map(f64::from)),
+                ("max_rps", u.max_rps),
+                (
+                    "max_output_tokens_per_hour",
+                    u.max_output_tokens_per_hour.map(|t| t as f64),
+                ),
+            ] {
+                let labels = ScopeLimitLabels {
+                    scope: u.scope.clone(),
+                    limit: limit.to_owned(),
+                };
+                match value {
+                    Some(v) => {
+                        self.budget_limit.get_or_create(&labels).set(v);
+                    }
+                    None => {
+                        self.budget_limit.remove(&labels);
+                    }
+                }
+            }
         }
     }
 }

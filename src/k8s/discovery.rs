@@ -98,6 +98,7 @@ impl DiscoveredTarget {
             cost_per_hour_usd: self.cost_per_hour_usd.map(At::dflt),
             simulated: None,
             tls: None,
+            budget: Default::default(),
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod discovery;
 pub mod events;
 pub mod lease;
+pub mod pause;
 pub mod rules;
 pub mod state;
 pub mod traffic;
@@ -96,6 +97,8 @@ pub struct KubeParts {
     pub state: Option<std::sync::Arc<state::ConfigMapState>>,
     /// The PrometheusRule the daemon keeps (`prometheus_rule`).
     pub rules: Option<rules::ManagedRules>,
+    /// The Deployment whose annotation pauses the traffic (`pause_annotation_on`).
+    pub pause_annotation: Option<pause::PauseAnnotation>,
 }
 
 impl KubeParts {
@@ -165,12 +168,17 @@ impl KubeParts {
                 r.labels.clone(),
             )
         });
+        let pause_annotation = cfg
+            .pause_annotation_on
+            .as_ref()
+            .map(|name| pause::PauseAnnotation::new(client.clone(), &identity.namespace, name));
         Ok(KubeParts {
             discovered,
             leadership,
             events,
             state,
             rules,
+            pause_annotation,
         })
     }
 }
@@ -239,6 +247,7 @@ mod tests {
             leader_election: None,
             state_configmap: None,
             prometheus_rule: None,
+            pause_annotation_on: None,
         };
         assert_eq!(watched_namespaces(&cfg, "monitoring"), ["monitoring"]);
         cfg.namespaces = vec!["b".into(), "a".into()];

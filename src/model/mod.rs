@@ -8,5 +8,8 @@ mod sink;
 mod step;
 
 pub use labels::{REQUEST_LABELS, RequestLabels, STEP_LABELS, StepLabels};
-pub use sink::{Phase, RecordContext, Sink, StepInfo, TargetChange, TargetInfo};
+pub use sink::{
+    BudgetAction, BudgetReport, BudgetUsage, PauseState, Phase, RecordContext, Sink, StepInfo,
+    TargetChange, TargetInfo,
+};
 pub use step::{Quantiles, ServerSnapshot, ServerStep, StepResult, StepSummary};

@@ -68,6 +68,72 @@ pub struct StepInfo {
     pub steady: Duration,
 }
 
+/// Why no traffic is sent now (docs/DESIGN.md §5), as `llm_canary_paused{reason}` shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PauseState {
+    /// Operators' pauses in force: where each came from (`config`, `http`, `annotation`) and
+    /// its note.
+    pub operator: Vec<(String, String)>,
+    /// Outside the `schedule.active` windows, or too close to a window's end for the next step.
+    pub schedule: bool,
+    /// The output-token budget of the last hour is spent on every target.
+    pub budget: bool,
+    /// When the schedule windows next open or close, in Unix seconds.
+    pub next_change_unix: Option<f64>,
+}
+
+impl PauseState {
+    /// The `reason` label values.
+    pub const REASONS: [&'static str; 3] = ["operator", "schedule", "budget"];
+
+    pub fn paused(&self) -> bool {
+        !self.operator.is_empty() || self.schedule || self.budget
+    }
+
+    /// Each reason with whether it holds, in [`PauseState::REASONS`] order.
+    pub fn reasons(&self) -> [(&'static str, bool); 3] {
+        [
+            ("operator", !self.operator.is_empty()),
+            ("schedule", self.schedule),
+            ("budget", self.budget),
+        ]
+    }
+}
+
+/// What the traffic budget did to a step on one target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetAction {
+    pub target: String,
+    pub workload: &'static str,
+    /// `skipped` (it would exceed `max_inflight`, or the hour's tokens are spent), `scaled` (its
+    /// open-loop rate lowered to `max_rps`), `serialized` (targets run one after another to fit
+    /// the global `max_inflight`) or `cut` (sending stopped when the hour's tokens ran out).
+    pub action: &'static str,
+    /// What limit and by how much, for the log and `/api/v1/status`.
+    pub detail: String,
+}
+
+/// The budget's state after a step: what it did and how much of each limit is in use.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BudgetReport {
+    pub actions: Vec<BudgetAction>,
+    pub usage: Vec<BudgetUsage>,
+}
+
+/// One scope of the budget (a target, or `all` for the global one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetUsage {
+    pub scope: String,
+    pub max_inflight: Option<u32>,
+    pub max_rps: Option<f64>,
+    pub max_output_tokens_per_hour: Option<u64>,
+    /// Output tokens received in the last hour.
+    pub output_tokens_last_hour: u64,
+    /// Requests that waited for `max_rps` since the start, and the total wait.
+    pub throttled_requests: u64,
+    pub throttled_seconds: f64,
+}
+
 /// A consumer of what the schedule measures. Every method but `request` has an empty default, so
 /// a sink implements only what it reads. The scheduler calls them in this order: `targets` when
 /// the target set changes, `cycle_started`, then per step `step_started`, `request` (and
@@ -95,4 +161,11 @@ pub trait Sink: Send + Sync {
 
     /// A request to `target` was sent (`delta` 1) or finished (`delta` -1).
     fn in_flight(&self, _target: &str, _delta: i64) {}
+
+    /// Traffic stopped or resumed (at start, and at every change): no request is sent while
+    /// `state.paused()`.
+    fn paused(&self, _state: &PauseState) {}
+
+    /// The traffic budget after a step (and before it, when it skipped or changed the step).
+    fn budget(&self, _report: &BudgetReport) {}
 }

@@ -57,7 +57,7 @@ impl Runner {
             };
             // Closed loop: the worker sends as soon as its previous request ends, so the intended
             // instant is now.
-            let rec = self
+            let Some(rec) = self
                 .send_and_record(
                     &ctx,
                     t,
@@ -66,7 +66,10 @@ impl Runner {
                     &labels,
                     built.shared_prefix_tokens,
                 )
-                .await;
+                .await
+            else {
+                return;
+            };
             self.learn(&rec, built.body_tokens);
             k += 1;
             back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
@@ -120,10 +123,12 @@ impl Runner {
             let this = Arc::clone(&self);
             let ctx = Arc::clone(&ctx);
             tasks.spawn(async move {
-                let rec = this
+                if let Some(rec) = this
                     .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
-                    .await;
-                this.learn(&rec, built.body_tokens);
+                    .await
+                {
+                    this.learn(&rec, built.body_tokens);
+                }
                 drop(permit);
             });
         }
@@ -186,9 +191,13 @@ impl Runner {
                 let intended = Instant::now();
                 started.get_or_insert(intended);
                 let labels = base.clone().with_turn(turn);
-                let rec = self
+                let Some(rec) = self
                     .send_and_record(&ctx, t, req, intended, &labels, 0)
-                    .await;
+                    .await
+                else {
+                    complete = false;
+                    break;
+                };
                 back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
                 if !rec.outcome.is_ok() {
                     complete = false;

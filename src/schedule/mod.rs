@@ -3,7 +3,9 @@
 //! steady window and drain (`runner`), where the schedule's data goes (`recorder`), and the
 //! board that keeps each workload's phase and the latest step results for `/api/v1/status`.
 
+pub mod budget;
 mod drivers;
+pub mod gate;
 pub mod plan;
 pub mod recorder;
 pub mod runner;
@@ -17,7 +19,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::client::RequestRecord;
-use crate::model::{RecordContext, Sink, StepInfo, StepResult};
+use crate::model::{
+    BudgetAction, BudgetReport, BudgetUsage, PauseState, RecordContext, Sink, StepInfo, StepResult,
+};
 pub use plan::{StepKind, StepPlan, plan_cycle};
 pub use recorder::{InFlight, Recorder};
 pub use runner::{Runner, Target};
@@ -49,6 +53,9 @@ impl WorkloadPhase {
     }
 }
 
+/// How many of the budget's recent actions the board keeps.
+const RECENT_BUDGET_ACTIONS: usize = 64;
+
 #[derive(Default)]
 struct BoardState {
     phases: BTreeMap<&'static str, WorkloadPhase>,
@@ -56,6 +63,9 @@ struct BoardState {
     latest: BTreeMap<String, StepResult>,
     recent: VecDeque<StepResult>,
     cycles_completed: u64,
+    pause: PauseState,
+    budget: Vec<BudgetUsage>,
+    budget_actions: VecDeque<(f64, BudgetAction)>,
 }
 
 /// Shared view of the schedule's progress and results.
@@ -77,10 +87,35 @@ impl Board {
     /// The JSON of `/api/v1/status`'s schedule part.
     pub fn status_json(&self) -> serde_json::Value {
         self.with(|s| {
+            let p = &s.pause;
             json!({
                 "cycles_completed": s.cycles_completed,
                 "workloads": s.phases,
                 "last_results": s.latest.values().collect::<Vec<_>>(),
+                "traffic": {
+                    "paused": p.paused(),
+                    "reasons": p.reasons().iter().filter(|(_, on)| *on).map(|(r, _)| *r).collect::<Vec<_>>(),
+                    "operator": p.operator.iter().map(|(source, note)| json!({"source": source, "note": note})).collect::<Vec<_>>(),
+                    "next_window_change_unix": p.next_change_unix,
+                },
+                "budget": {
+                    "scopes": s.budget.iter().map(|u| json!({
+                        "scope": u.scope,
+                        "max_inflight": u.max_inflight,
+                        "max_rps": u.max_rps,
+                        "max_output_tokens_per_hour": u.max_output_tokens_per_hour,
+                        "output_tokens_last_hour": u.output_tokens_last_hour,
+                        "throttled_requests": u.throttled_requests,
+                        "throttled_seconds": u.throttled_seconds,
+                    })).collect::<Vec<_>>(),
+                    "recent_actions": s.budget_actions.iter().map(|(at, a)| json!({
+                        "at_unix": at,
+                        "target": a.target,
+                        "workload": a.workload,
+                        "action": a.action,
+                        "detail": a.detail,
+                    })).collect::<Vec<_>>(),
+                },
             })
         })
     }
@@ -139,5 +174,22 @@ impl Sink for Board {
 
     fn cycle_finished(&self, _cycle: u64) {
         self.with(|s| s.cycles_completed += 1);
+    }
+
+    fn paused(&self, state: &PauseState) {
+        self.with(|s| s.pause = state.clone());
+    }
+
+    fn budget(&self, report: &BudgetReport) {
+        let now = unix_now();
+        self.with(|s| {
+            s.budget = report.usage.clone();
+            for a in &report.actions {
+                if s.budget_actions.len() == RECENT_BUDGET_ACTIONS {
+                    s.budget_actions.pop_front();
+                }
+                s.budget_actions.push_back((now, a.clone()));
+            }
+        });
     }
 }

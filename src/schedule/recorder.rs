@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use crate::client::RequestRecord;
 use crate::measure::step::{Sample, StepAccumulator};
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
+use crate::model::{
+    BudgetReport, PauseState, Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult,
+    TargetChange,
+};
 
 type Key = (usize, RequestLabels);
 
@@ -84,6 +87,20 @@ impl Recorder {
     pub fn cycle_finished(&self, cycle: u64) {
         for s in &self.sinks {
             s.cycle_finished(cycle);
+        }
+    }
+
+    /// Traffic stopped or resumed.
+    pub fn paused(&self, state: &PauseState) {
+        for s in &self.sinks {
+            s.paused(state);
+        }
+    }
+
+    /// What the budget did, and how much of it is in use.
+    pub fn budget(&self, report: &BudgetReport) {
+        for s in &self.sinks {
+            s.budget(report);
         }
     }
 

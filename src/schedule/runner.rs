@@ -68,6 +68,8 @@ pub struct Runner {
     pub drain_grace: Duration,
     pub max_lag_p99: Duration,
     pub pairing: Pairing,
+    /// Every send takes a grant of the traffic budget.
+    pub budget: Arc<super::budget::Budget>,
 }
 
 fn unix_now() -> f64 {
@@ -169,6 +171,7 @@ impl Runner {
             drain_grace: self.drain_grace,
             max_lag_p99: self.max_lag_p99,
             pairing: self.pairing,
+            budget: Arc::clone(&self.budget),
         }
     }
 
@@ -226,15 +229,52 @@ impl Runner {
         soft_stop: &CancellationToken,
         hard_stop: &CancellationToken,
     ) -> Vec<StepResult> {
-        match self.pairing {
+        let all: Vec<usize> = (0..self.targets.len()).collect();
+        self.run_step_with(plan, cycle, &all, self.pairing, soft_stop, hard_stop)
+            .await
+    }
+
+    /// Runs `plan` on the targets of `admission` (the budget's decision), paired as it says.
+    pub async fn run_admitted(
+        self: &Arc<Self>,
+        plan: &StepPlan,
+        cycle: u64,
+        admission: &super::budget::Admission,
+        soft_stop: &CancellationToken,
+        hard_stop: &CancellationToken,
+    ) -> Vec<StepResult> {
+        let plan = StepPlan {
+            rate: admission.rate,
+            ..plan.clone()
+        };
+        self.run_step_with(
+            &plan,
+            cycle,
+            &admission.targets,
+            admission.pairing,
+            soft_stop,
+            hard_stop,
+        )
+        .await
+    }
+
+    async fn run_step_with(
+        self: &Arc<Self>,
+        plan: &StepPlan,
+        cycle: u64,
+        targets: &[usize],
+        pairing: Pairing,
+        soft_stop: &CancellationToken,
+        hard_stop: &CancellationToken,
+    ) -> Vec<StepResult> {
+        match pairing {
             Pairing::Simultaneous => {
-                let all: Vec<usize> = (0..self.targets.len()).collect();
-                self.run_step_on(plan, cycle, &all, soft_stop, hard_stop)
+                self.run_step_on(plan, cycle, targets, soft_stop, hard_stop)
                     .await
             }
             Pairing::Sequential => {
                 let mut results = Vec::new();
-                for t in 0..self.targets.len() {
+                for &t in targets {
                     if soft_stop.is_cancelled() {
                         break;
                     }
@@ -571,7 +611,8 @@ impl Runner {
         Some((i, o))
     }
 
-    /// Sends `req` and records it; returns the record.
+    /// Sends `req` once the traffic budget grants it, and records it; `None` when the budget's
+    /// hour is spent or the step stopped while the send waited for the budget's pace.
     pub(super) async fn send_and_record(
         &self,
         ctx: &StepCtx,
@@ -580,13 +621,28 @@ impl Runner {
         intended: Instant,
         labels: &RequestLabels,
         shared_prefix_tokens: u64,
-    ) -> RequestRecord {
+    ) -> Option<RequestRecord> {
         let target = &self.targets[t];
+        let grant = tokio::select! {
+            grant = self.budget.acquire(&target.name, req.osl) => grant?,
+            _ = ctx.soft_stop.cancelled() => return None,
+        };
+        if grant.at >= ctx.send_end {
+            return None;
+        }
+        // A send the budget held back is intended when the budget lets it go: the wait is the
+        // canary's own pacing, not the server's latency.
+        let intended = if grant.waited {
+            intended.max(grant.at)
+        } else {
+            intended
+        };
         let _inflight = self.recorder.in_flight(&target.name);
         let rec = self
             .client
             .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
             .await;
+        grant.settle(rec.output_tokens());
         self.recorder.record(
             &RecordContext {
                 target_index: t,
@@ -598,8 +654,9 @@ impl Runner {
             },
             &rec,
         );
-        rec
+        Some(rec)
     }
+
     pub(super) fn labels_for(
         &self,
         ctx: &StepCtx,

@@ -1,19 +1,22 @@
 //! The one step loop of every run (`llm-canary run` and `llm-canary bench` alike): cycles of
-//! steps, each against the targets its [`TargetSource`] names at the step's start, with the
-//! servers' own metrics scraped around it and every step's results handed to the sinks. A step
-//! cut short (a stop, a lost Lease) measured less than planned and is not reported; a lost
-//! Lease starts the cycle afresh in the next term.
+//! steps, each against the targets its [`TargetSource`] names at the step's start, admitted by
+//! the traffic budget and started only while the [`Gate`] is open, with the servers' own metrics
+//! scraped around it and every step's results handed to the sinks. A step cut short (a stop, a
+//! pause, a window's end, a lost Lease) measured less than planned and is not reported; a cut by
+//! the gate runs the step again once it reopens, a lost Lease starts the cycle afresh in the
+//! next term.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::gate::{Gate, GateState, SystemClock};
 use super::plan::StepPlan;
 use super::runner::{Runner, Target};
 use super::source::{TargetSet, TargetSource};
 use crate::measure::step::Spread;
-use crate::model::{StepInfo, StepResult, TargetChange, TargetInfo};
+use crate::model::{BudgetAction, PauseState, StepInfo, StepResult, TargetChange, TargetInfo};
 use crate::scrape::{ScrapeTarget, ServerMetricsSink, ServerScraper};
 use crate::shutdown::Shutdown;
 
@@ -32,6 +35,26 @@ pub struct RunSummary {
     pub cycles_finished: u64,
     /// A stop cut the run short.
     pub interrupted: bool,
+}
+
+/// How a turn of the loop ended.
+enum Turn {
+    /// The step ran and was reported.
+    Done(Vec<StepResult>),
+    /// The budget skipped it on every target for good (its `max_inflight`).
+    Skipped,
+    /// Every target's hour of output tokens is spent: try again after this.
+    Spent(Duration),
+    /// Cut short, not reported.
+    Cut(Cut),
+}
+
+enum Cut {
+    Stop,
+    /// The gate closed (a pause, a window's end): the step runs again once it reopens.
+    Gate,
+    /// This replica lost its Lease.
+    Lease,
 }
 
 /// What the loop is sending to now.
@@ -55,6 +78,9 @@ pub struct Scheduler {
     /// `export.server_metrics_interval`.
     scrape_interval: Duration,
     active: Active,
+    gate: Arc<Gate>,
+    /// The pause state last told to the sinks.
+    pause: Option<PauseState>,
 }
 
 impl Scheduler {
@@ -70,7 +96,15 @@ impl Scheduler {
             server_metrics,
             scrape_interval,
             active: Active::default(),
+            gate: Arc::new(Gate::new(Arc::new(SystemClock))),
+            pause: None,
         }
+    }
+
+    /// Sends only while `gate` is open (without one the loop always may).
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Scheduler {
+        self.gate = gate;
+        self
     }
 
     /// Runs cycles of `plan()` (re-read at every cycle start, so a reload applies at the next
@@ -93,18 +127,33 @@ impl Scheduler {
                 .collect();
             self.runner.recorder.cycle_started(&infos);
             for (step, info) in steps.iter().zip(&infos) {
-                if !self.wait_for_targets(stop, &steps).await {
-                    summary.interrupted = true;
-                    break 'cycles;
-                }
-                match self.run_turn(step, info, stop).await {
-                    Some(_) => summary.steps_finished += 1,
-                    None if stop.stopping() => {
+                loop {
+                    if !self.wait_for_targets(stop, &steps).await
+                        || !self.wait_open(step, stop).await
+                    {
                         summary.interrupted = true;
                         break 'cycles;
                     }
-                    // The Lease was lost: the next term starts its cycle afresh.
-                    None => continue 'cycles,
+                    match self.run_turn(step, info, stop).await {
+                        Turn::Done(_) => {
+                            summary.steps_finished += 1;
+                            break;
+                        }
+                        Turn::Skipped => break,
+                        Turn::Spent(wait) => {
+                            if !self.wait_spent(wait, stop).await {
+                                summary.interrupted = true;
+                                break 'cycles;
+                            }
+                        }
+                        Turn::Cut(Cut::Gate) => {}
+                        Turn::Cut(Cut::Stop) => {
+                            summary.interrupted = true;
+                            break 'cycles;
+                        }
+                        // The Lease was lost: the next term starts its cycle afresh.
+                        Turn::Cut(Cut::Lease) => continue 'cycles,
+                    }
                 }
             }
             self.runner.recorder.cycle_finished(cycle);
@@ -134,17 +183,28 @@ impl Scheduler {
         stop: &Shutdown,
     ) -> Option<Vec<StepResult>> {
         self.refresh(std::slice::from_ref(plan));
-        self.run_turn(plan, &info(plan, cycle, 0, 1), stop).await
+        match self.run_turn(plan, &info(plan, cycle, 0, 1), stop).await {
+            Turn::Done(results) => Some(results),
+            _ => None,
+        }
     }
 
-    /// Runs `plan` on the current targets and publishes it; `None` when it was cut short (a
-    /// stop, a lost Lease) and so not reported.
-    async fn run_turn(
-        &mut self,
-        plan: &StepPlan,
-        info: &StepInfo,
-        stop: &Shutdown,
-    ) -> Option<Vec<StepResult>> {
+    /// Runs `plan` on the current targets as the budget admits it, and publishes it.
+    async fn run_turn(&mut self, plan: &StepPlan, info: &StepInfo, stop: &Shutdown) -> Turn {
+        let budget = Arc::clone(&self.runner.budget);
+        let admission = budget.admit(plan, &self.active.targets, self.runner.pairing);
+        if !admission.actions.is_empty() {
+            log_actions(&info.name, &admission.actions);
+            self.runner
+                .recorder
+                .budget(&budget.report(admission.actions.clone()));
+        }
+        if admission.targets.is_empty() {
+            return match admission.wait {
+                Some(wait) => Turn::Spent(wait),
+                None => Turn::Skipped,
+            };
+        }
         let runner = Arc::new(self.runner.with_targets(self.active.targets.clone()));
         if !self.active.calibrated {
             runner.calibrate(stop.cut()).await;
@@ -158,21 +218,33 @@ impl Scheduler {
             Some(s) => Some(s.begin_step().await),
             None => None,
         };
-        // This step's own stop: the run's, or the end of this replica's term.
+        // This step's own stop: the run's, the end of this replica's term, or the gate closing.
         let soft = stop.stop_sending().child_token();
         let hard = stop.cut().child_token();
         let drain = runner.drain_grace;
-        let term_ended = async {
-            self.source.permit_lost().await;
-            tracing::warn!("this replica may no longer send: stopping the step");
-            soft.cancel();
-            tokio::time::sleep(drain).await;
-            hard.cancel();
-            std::future::pending::<()>().await;
+        let wind_down = |why: &'static str| {
+            let (soft, hard) = (soft.clone(), hard.clone());
+            async move {
+                tracing::warn!("{why}: stopping the step");
+                soft.cancel();
+                tokio::time::sleep(drain).await;
+                hard.cancel();
+                std::future::pending::<()>().await;
+            }
         };
+        let gate = Arc::clone(&self.gate);
+        let mut gate_closed = false;
         let mut results = tokio::select! {
-            r = runner.run_step(plan, info.cycle, &soft, &hard) => r,
-            _ = term_ended => unreachable!("the term's guard never ends"),
+            r = runner.run_admitted(plan, info.cycle, &admission, &soft, &hard) => r,
+            _ = async {
+                self.source.permit_lost().await;
+                wind_down("this replica may no longer send").await
+            } => unreachable!("the term's guard never ends"),
+            _ = async {
+                gate.closed().await;
+                gate_closed = true;
+                wind_down("traffic paused").await
+            } => unreachable!("the gate's guard never ends"),
         };
         if let (Some(s), Some(mark)) = (&scraper, mark) {
             let server = s.end_step(mark).await;
@@ -180,13 +252,83 @@ impl Scheduler {
                 r.server = server.get(&r.target).copied();
             }
         }
+        let cuts: Vec<BudgetAction> = budget
+            .take_cuts()
+            .into_iter()
+            .map(|target| BudgetAction {
+                target,
+                workload: plan.workload,
+                action: "cut",
+                detail: "sending stopped: the last hour's output tokens are spent".to_owned(),
+            })
+            .collect();
+        log_actions(&info.name, &cuts);
+        recorder.budget(&budget.report(cuts));
         if soft.is_cancelled() {
             recorder.step_finished(info, None);
-            return None;
+            return Turn::Cut(if stop.stopping() {
+                Cut::Stop
+            } else if gate_closed {
+                Cut::Gate
+            } else {
+                Cut::Lease
+            });
         }
         log_results(&results);
         recorder.step_finished(info, Some(&results));
-        Some(results)
+        Turn::Done(results)
+    }
+
+    /// Tells the sinks when the pause state changed.
+    fn report_pause(&mut self, state: PauseState) {
+        if self.pause.as_ref() != Some(&state) {
+            self.runner.recorder.paused(&state);
+            self.pause = Some(state);
+        }
+    }
+
+    fn pause_state(gate: &GateState, fits: bool, budget: bool) -> PauseState {
+        PauseState {
+            operator: gate
+                .operator
+                .iter()
+                .map(|(s, note)| (s.as_str().to_owned(), note.clone()))
+                .collect(),
+            schedule: !gate.in_window || !fits,
+            budget,
+            next_change_unix: gate.next_change.map(|t| t.as_millisecond() as f64 / 1e3),
+        }
+    }
+
+    /// Waits until the gate is open and the window in force outlasts `step` (its warmup, steady
+    /// window and drain), telling the sinks why while it waits; false on a stop.
+    async fn wait_open(&mut self, step: &StepPlan, stop: &Shutdown) -> bool {
+        let need = step.warmup + step.steady + self.runner.drain_grace;
+        loop {
+            let state = self.gate.state();
+            let fits = state.open_for().is_none_or(|left| left >= need);
+            self.report_pause(Self::pause_state(&state, fits, false));
+            if state.open() && fits {
+                return true;
+            }
+            let gate = Arc::clone(&self.gate);
+            tokio::select! {
+                _ = stop.stop_sending().cancelled() => return false,
+                _ = gate.changed_after(&state) => {}
+            }
+        }
+    }
+
+    /// Every target's hour is spent: waits `wait` (or a change of the gate) as paused by the
+    /// budget; false on a stop.
+    async fn wait_spent(&mut self, wait: Duration, stop: &Shutdown) -> bool {
+        let state = self.gate.state();
+        self.report_pause(Self::pause_state(&state, true, true));
+        tracing::warn!(wait = ?wait, "every target's output-token budget of the last hour is spent: waiting");
+        tokio::select! {
+            _ = stop.stop_sending().cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
+        }
     }
 
     /// Waits until there is a target to send to, refreshing the target set; false on a stop.
@@ -234,6 +376,8 @@ impl Scheduler {
             tracing::info!(target = %name, "target removed; its series are dropped");
         }
         let now: Vec<TargetInfo> = targets.iter().map(|t| t.info()).collect();
+        let names: Vec<String> = now.iter().map(|t| t.name.clone()).collect();
+        self.runner.budget.retain(&names);
         self.runner.recorder.targets(&TargetChange {
             now: &now,
             added: &added,
@@ -292,6 +436,13 @@ pub fn info(plan: &StepPlan, cycle: u64, position: usize, steps: usize) -> StepI
         name: plan.name(),
         warmup: plan.warmup,
         steady: plan.steady,
+    }
+}
+
+/// One warning per thing the budget changed: never silent.
+fn log_actions(step: &str, actions: &[BudgetAction]) {
+    for a in actions {
+        tracing::warn!(step, target = %a.target, action = a.action, "traffic budget: {}", a.detail);
     }
 }
 

@@ -51,6 +51,8 @@ pub enum SimError {
     Tokenizer(#[from] text::TokenizerError),
     #[error("cannot read timing table {path}: {message}")]
     Table { path: String, message: String },
+    #[error("cannot open the request log {path}: {message}")]
+    RequestLog { path: String, message: String },
 }
 
 impl SimError {
@@ -61,6 +63,7 @@ impl SimError {
             SimError::Bind { .. } => "bind",
             SimError::Tokenizer(_) => "tokenizer",
             SimError::Table { .. } => "table",
+            SimError::RequestLog { .. } => "request_log",
         }
     }
 }
@@ -190,6 +193,19 @@ pub async fn start(
         addr: listen,
         source,
     })?;
+    let request_log = match &spec.request_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| SimError::RequestLog {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?,
+        ),
+        None => None,
+    };
     let cluster = Cluster::start(&spec, mode, table)?;
     let (faults_tx, faults_rx) = watch::channel(Arc::new(spec.faults.clone()));
     let state = Arc::new(server::ServerState::new(
@@ -199,6 +215,7 @@ pub async fn start(
         cluster.clone(),
         faults_rx,
         Mutex::new(SendLog::default()),
+        request_log,
     ));
     let cancel = CancellationToken::new();
     let server = tokio::spawn(server::serve(

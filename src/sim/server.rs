@@ -57,6 +57,10 @@ pub struct ServerState {
     /// Record each token's send instant (the `fixed` profile).
     pub record_send_times: bool,
     pub created: u64,
+    /// Refuse the fields the OpenAI API does not define.
+    pub reject_unknown_fields: bool,
+    /// One JSON line per completion request.
+    pub request_log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
 }
 
 impl ServerState {
@@ -67,6 +71,7 @@ impl ServerState {
         cluster: Cluster,
         faults: watch::Receiver<Arc<FaultSpec>>,
         send_log: Mutex<SendLog>,
+        request_log: Option<std::fs::File>,
     ) -> Self {
         ServerState {
             model: spec.model.clone(),
@@ -80,6 +85,8 @@ impl ServerState {
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            reject_unknown_fields: spec.reject_unknown_fields,
+            request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
         }
     }
 }
@@ -279,6 +286,85 @@ struct CompletionBody {
     ignore_eos: bool,
     #[serde(default)]
     nvext: Option<NvExt>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+/// The request fields the OpenAI API defines for chat and completions; with
+/// `reject_unknown_fields` any other is refused the way OpenAI's API refuses it.
+const OPENAI_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "metadata",
+    "store",
+    "service_tier",
+    "reasoning_effort",
+    "suffix",
+    "echo",
+    "best_of",
+];
+
+/// The first field of `bytes` (a JSON object) that the OpenAI API does not define.
+fn unknown_field(bytes: &[u8]) -> Option<String> {
+    let map: serde_json::Map<String, Value> = serde_json::from_slice(bytes).ok()?;
+    map.keys()
+        .find(|k| !OPENAI_FIELDS.contains(&k.as_str()))
+        .cloned()
+}
+
+/// One line of the request log: what the serving side sees of a request besides its prompt.
+fn log_request(
+    state: &ServerState,
+    endpoint: Endpoint,
+    headers: &hyper::HeaderMap,
+    user: Option<&str>,
+) {
+    let Some(log) = &state.request_log else {
+        return;
+    };
+    let headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|(name, value)| {
+            let value = if name == hyper::header::AUTHORIZATION {
+                "<redacted>".to_owned()
+            } else {
+                String::from_utf8_lossy(value.as_bytes()).into_owned()
+            };
+            (name.as_str().to_owned(), Value::String(value))
+        })
+        .collect();
+    let line = json!({
+        "received_unix": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+        "endpoint": endpoint.as_str(),
+        "headers": headers,
+        "user": user,
+    });
+    let mut log = log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Err(e) = std::io::Write::write_all(&mut *log, format!("{line}\n").as_bytes()) {
+        tracing::warn!(error = %e, "simulator request log not written");
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -406,6 +492,7 @@ async fn completion(
     endpoint: Endpoint,
 ) -> Response<SimBody> {
     let received = Instant::now();
+    let headers = state.request_log.as_ref().map(|_| req.headers().clone());
     let header_id = req
         .headers()
         .get("x-request-id")
@@ -441,6 +528,21 @@ async fn completion(
             return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}"));
         }
     };
+    if let Some(headers) = &headers {
+        log_request(&state, endpoint, headers, body.user.as_deref());
+    }
+    if state.reject_unknown_fields
+        && let Some(field) = unknown_field(&bytes)
+    {
+        state
+            .frontend
+            .request_rejected(endpoint.as_str(), "unknown");
+        // OpenAI's own wording, which clients (and this one) recognise.
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &format!("Unrecognized request argument supplied: {field}"),
+        );
+    }
     let request_type = if body.stream { "stream" } else { "unary" };
     if let Some(status) = plan.error_status {
         state

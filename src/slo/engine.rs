@@ -71,6 +71,38 @@ pub struct SloEngine {
     hooks: RwLock<Vec<Arc<dyn StateChangeHook>>>,
     /// Where the state is saved; `None`: in memory only (the bench, tests).
     backend: RwLock<Option<Arc<dyn StateBackend>>>,
+    clock: Mutex<ActiveClock>,
+}
+
+/// The time the windows run on: time that passes while traffic is paused (an operator's pause,
+/// quiet hours, a spent budget) does not count, so a pause leaves every window, held step,
+/// pending `for` and data age exactly as it found them, and verdicts hold across it.
+#[derive(Debug, Default)]
+struct ActiveClock {
+    paused_since: Option<Instant>,
+    paused_total: Duration,
+}
+
+impl ActiveClock {
+    fn now(&self) -> Instant {
+        let now = Instant::now();
+        let paused = self.paused_total
+            + self
+                .paused_since
+                .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        now.checked_sub(paused).unwrap_or(now)
+    }
+
+    fn set_paused(&mut self, paused: bool) {
+        match (paused, self.paused_since) {
+            (true, None) => self.paused_since = Some(Instant::now()),
+            (false, Some(since)) => {
+                self.paused_total += Instant::now().saturating_duration_since(since);
+                self.paused_since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
@@ -209,6 +241,7 @@ impl SloEngine {
             metrics,
             hooks: RwLock::new(Vec::new()),
             backend: RwLock::new(None),
+            clock: Mutex::new(ActiveClock::default()),
         };
         // Every SLO is visible from the start, as insufficient_data.
         engine.with(|inner| {
@@ -225,6 +258,22 @@ impl SloEngine {
         f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// Now on the windows' clock (see [`ActiveClock`]).
+    fn now(&self) -> Instant {
+        self.clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .now()
+    }
+
+    /// Traffic stopped (`true`) or resumed: the windows' clock stops and restarts with it.
+    pub fn set_paused(&self, paused: bool) {
+        self.clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_paused(paused);
+    }
+
     /// Saves the state to `backend` from now on (after every step, cycle, verdict change and
     /// pin).
     pub fn persist_to(&self, backend: Arc<dyn StateBackend>) {
@@ -233,7 +282,7 @@ impl SloEngine {
 
     /// The state to save: baselines, pins, verdicts and held steps.
     pub fn saved_state(&self) -> EngineState {
-        let (now, now_unix) = (Instant::now(), unix_now());
+        let (now, now_unix) = (self.now(), unix_now());
         self.with(|inner| {
             let (terms, pinned) = inner.baselines.saved();
             let verdicts = inner
@@ -266,7 +315,7 @@ impl SloEngine {
     /// and pins, the verdict of every SLO whose definition is unchanged, and the held steps, so
     /// the next evaluation reads what the last one before the save did.
     pub fn restore(&self, state: &EngineState) {
-        let (now, now_unix) = (Instant::now(), unix_now());
+        let (now, now_unix) = (self.now(), unix_now());
         self.with(|inner| {
             inner.baselines = BaselineStore::from_saved(state.terms.clone(), state.pinned.clone());
             for d in &inner.defs {
@@ -372,7 +421,7 @@ impl SloEngine {
                 return;
             }
             let (wants, cycle_wants, objective_sets) = wants_of(&defs);
-            let (now, now_unix) = (Instant::now(), unix_now());
+            let (now, now_unix) = (self.now(), unix_now());
             let kept: Vec<&SloDef> = defs.iter().filter(|d| inner.defs.contains(d)).collect();
             let mut verdicts = HashMap::new();
             for d in &defs {
@@ -440,7 +489,7 @@ impl SloEngine {
     /// quantiles of a fault's few survivors are not a fair sample, so a fault shows as errors
     /// and thin data (`insufficient_data`, or the previous verdict), never as a latency verdict.
     pub fn step_finished(&self, results: &[StepResult]) {
-        let now = Instant::now();
+        let now = self.now();
         let mut pending =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
         let flagged = |f: fn(&StepResult) -> bool| -> Vec<&str> {
@@ -489,7 +538,7 @@ impl SloEngine {
     /// A cycle completed: every baseline term's value over the cycle is kept (and saved), and
     /// the cycle's accumulation starts over.
     pub fn cycle_finished(&self) {
-        let (now, now_unix) = (Instant::now(), unix_now());
+        let (now, now_unix) = (self.now(), unix_now());
         self.with(|inner| {
             let mut entries = Vec::new();
             for d in &inner.defs {
@@ -527,7 +576,7 @@ impl SloEngine {
 
     /// Evaluates every SLO now.
     pub fn evaluate_now(&self) -> Vec<(String, SloStatus)> {
-        self.evaluate(Instant::now(), unix_now())
+        self.evaluate(self.now(), unix_now())
     }
 
     /// Evaluates every SLO at `now`: updates the verdicts, publishes the metrics, logs and calls
@@ -699,6 +748,10 @@ impl Sink for SloEngine {
 
     fn cycle_finished(&self, _cycle: u64) {
         SloEngine::cycle_finished(self);
+    }
+
+    fn paused(&self, state: &crate::model::PauseState) {
+        self.set_paused(state.paused());
     }
 }
 
