@@ -12,7 +12,10 @@ use llm_canary::export::{
     AppState, HttpLimits, HttpServer, Lifecycle, Metrics, OPENMETRICS_CONTENT_TYPE, PauseHook,
     Readiness, ReloadFuture, ReloadHook, ShutdownOutcome,
 };
-use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
+use llm_canary::model::{
+    BudgetAction, BudgetReport, BudgetUsage, PauseState, Quantiles, RequestLabels, ServerSnapshot,
+    StepSummary,
+};
 use llm_canary::slo::{SloReading, SloState};
 use std::time::Duration;
 use support::metrics::{FAMILIES, LATE_FAMILIES, sample, sum};
@@ -132,7 +135,29 @@ fn fill(metrics: &Metrics) {
             value_upper: Some(0.3),
         },
     );
+    metrics.set_slo_data_age("disagg-ttft-gain-c32", Some(12.0));
     metrics.record_config_reload(true);
+    metrics.set_paused(&PauseState {
+        schedule: true,
+        ..PauseState::default()
+    });
+    metrics.record_budget(&BudgetReport {
+        actions: vec![BudgetAction {
+            target: "agg".into(),
+            workload: "concurrency_sweep",
+            action: "skipped",
+            detail: "needs 64 streams; budget max_inflight 32".into(),
+        }],
+        usage: vec![BudgetUsage {
+            scope: "agg".into(),
+            max_inflight: Some(32),
+            max_rps: None,
+            max_output_tokens_per_hour: None,
+            output_tokens_last_hour: 512,
+            throttled_requests: 3,
+            throttled_seconds: 0.5,
+        }],
+    });
 }
 
 #[tokio::test]
@@ -169,7 +194,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 37);
+    assert_eq!(families.len(), 43);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());

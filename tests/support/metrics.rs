@@ -126,12 +126,13 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "llm_canary_config_last_reload_success_timestamp_seconds",
         "gauge",
     ),
+    ("llm_canary_paused", "gauge"),
 ];
 
 /// Families the encoder writes only once they have a series: counted events that traffic may not
-/// produce (mismatches, scrape errors), the KVBM-fed series (simulators without KVBM tiers have
-/// none, and the simulator no KVBM hit rates) and the SLO families (with the first evaluated
-/// SLO). Typed as here when present.
+/// produce (mismatches, scrape errors, budget actions), the KVBM-fed series (simulators without
+/// KVBM tiers have none, and the simulator no KVBM hit rates), the SLO families (with the first
+/// evaluated SLO) and the budget's use (after the first step). Typed as here when present.
 pub const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_osl_mismatch", "counter"),
     ("llm_canary_client_token_count_mismatch", "counter"),
@@ -144,4 +145,9 @@ pub const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_slo_threshold", "gauge"),
     ("llm_canary_slo_value_lower", "gauge"),
     ("llm_canary_slo_value_upper", "gauge"),
+    ("llm_canary_slo_data_age_seconds", "gauge"),
+    ("llm_canary_budget_steps", "counter"),
+    ("llm_canary_budget_throttled_requests", "counter"),
+    ("llm_canary_budget_output_tokens_last_hour", "gauge"),
+    ("llm_canary_budget_limit", "gauge"),
 ];
