@@ -9,6 +9,7 @@ pub mod export;
 pub mod k8s;
 pub mod measure;
 pub mod model;
+pub mod probe;
 pub mod promtext;
 pub mod report;
 pub mod schedule;

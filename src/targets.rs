@@ -47,17 +47,7 @@ impl Deployment {
             )
             .map_err(|e| TargetError::Tokenizer(e.to_string()))?,
         );
-        let client = StreamClient::new(ClientConfig {
-            connect_timeout: cfg.client.connect_timeout.0,
-            request_timeout: cfg.client.request_timeout.0,
-            max_event_bytes: *cfg.client.max_event_bytes as usize,
-            marker: crate::client::Marker {
-                // Validated with the config.
-                header: cfg.client.marker().ok().flatten(),
-                user: cfg.client.marker_user().map(str::to_owned),
-            },
-            ..ClientConfig::default()
-        })?;
+        let client = stream_client(cfg)?;
         let client = if tokens.is_exact() {
             client.with_token_counter(tokens.clone())
         } else {
@@ -108,29 +98,49 @@ impl Deployment {
     }
 }
 
-/// Starts `t`'s embedded simulator (when it has one) and resolves it.
-pub async fn start_target(
-    t: &TargetConfig,
-    base_dir: &Path,
-    client: &StreamClient,
-) -> Result<(Arc<Target>, Option<SimHandle>), TargetError> {
+/// The measurement client of `cfg`: its timeouts and traffic marker (without a token counter).
+pub fn stream_client(cfg: &Config) -> Result<StreamClient, TargetError> {
+    Ok(StreamClient::new(ClientConfig {
+        connect_timeout: cfg.client.connect_timeout.0,
+        request_timeout: cfg.client.request_timeout.0,
+        max_event_bytes: *cfg.client.max_event_bytes as usize,
+        marker: crate::client::Marker {
+            // Validated with the config.
+            header: cfg.client.marker().ok().flatten(),
+            user: cfg.client.marker_user().map(str::to_owned),
+        },
+        ..ClientConfig::default()
+    })?)
+}
+
+/// Where `t`'s requests go: its `url`, or its embedded simulator, started now on loopback.
+pub async fn serve(t: &TargetConfig) -> Result<(String, Option<SimHandle>), TargetError> {
     let fail = |message: String| TargetError::Target {
         target: t.name.value.clone(),
         message,
     };
-    let (url, sim) = match (&t.url, &t.simulated) {
-        (Some(u), _) => (u.value.clone(), None),
+    match (&t.url, &t.simulated) {
+        (Some(u), _) => Ok((u.value.clone(), None)),
         (None, Some(spec)) => {
             let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
             let sim = crate::sim::start(spec.value.clone(), t.serving_mode, loopback)
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             tracing::info!(target = %*t.name, mode = t.serving_mode.as_str(), url = %sim.base_url(), "simulator started");
-            (sim.base_url(), Some(sim))
+            Ok((sim.base_url(), Some(sim)))
         }
-        (None, None) => return Err(fail("no url".into())),
-    };
-    match resolve_at(t, &url, base_dir, client).await {
+        (None, None) => Err(fail("no url".into())),
+    }
+}
+
+/// Starts `t`'s embedded simulator (when it has one) and resolves it.
+pub async fn start_target(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+) -> Result<(Arc<Target>, Option<SimHandle>), TargetError> {
+    let (url, sim) = serve(t).await?;
+    match resolve_at(t, &url, base_dir, client, MODEL_LOOKUP_ATTEMPTS).await {
         Ok(target) => Ok((Arc::new(target), sim)),
         Err(e) => {
             if let Some(sim) = sim {
@@ -156,14 +166,21 @@ pub async fn resolve_target(
             target: t.name.value.clone(),
             message: "no url".into(),
         })?;
-    resolve_at(t, &url, base_dir, client).await
+    resolve_at(t, &url, base_dir, client, MODEL_LOOKUP_ATTEMPTS).await
 }
 
-async fn resolve_at(
+/// `GET /v1/models` attempts for model `auto` (2 s apart): a deployment still starting answers
+/// within about half a minute.
+const MODEL_LOOKUP_ATTEMPTS: u32 = 15;
+
+/// A target at `url` as the runner sees it, asking `/v1/models` (for model `auto`) at most
+/// `attempts` times: the preflight asks once, so a stopped target is reported at once.
+pub async fn resolve_at(
     t: &TargetConfig,
     url: &str,
     base_dir: &Path,
     client: &StreamClient,
+    attempts: u32,
 ) -> Result<Target, TargetError> {
     let fail = |message: String| TargetError::Target {
         target: t.name.value.clone(),
@@ -189,6 +206,7 @@ async fn resolve_at(
         tls: tls.clone(),
         key: key.as_ref(),
         marker: &client.config().marker,
+        attempts,
     };
     let model = resolve_model(t, url, lookup).await.map_err(fail)?;
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
@@ -219,6 +237,7 @@ struct ModelLookup<'a> {
     tls: Option<reqwest::Client>,
     key: Option<&'a ApiKey>,
     marker: &'a crate::client::Marker,
+    attempts: u32,
 }
 
 /// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
@@ -237,9 +256,9 @@ async fn resolve_model(
             .build()
             .map_err(|e| e.to_string())?,
     };
-    // A deployment that is still starting answers after a while: try for about half a minute.
+    // A deployment that is still starting answers after a while.
     let mut last = String::new();
-    for attempt in 0..15 {
+    for attempt in 0..lookup.attempts.max(1) {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }

@@ -137,6 +137,7 @@ fn fill(metrics: &Metrics) {
     );
     metrics.set_slo_data_age("disagg-ttft-gain-c32", Some(12.0));
     metrics.record_config_reload(true);
+    metrics.set_probe("agg", true);
     metrics.set_paused(&PauseState {
         schedule: true,
         ..PauseState::default()
@@ -194,7 +195,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 43);
+    assert_eq!(families.len(), 44);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());

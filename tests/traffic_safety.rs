@@ -500,3 +500,73 @@ async fn every_request_carries_the_traffic_marker() {
         assert!(line["user"].is_null(), "{line}");
     }
 }
+
+/// `llm-canary check --probe` on a config of `targets`: its exit code and output.
+fn probe(targets: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("probe.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "targets:\n{targets}\nworkloads:\n  concurrency_sweep: {{ levels: [1], isl: 64, osl: 8, step: 20s, warmup: 2s }}\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .args(["check", "--probe", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn check_probe_tells_a_working_a_rejecting_and_a_stopped_target_apart() {
+    let (code, out) =
+        probe("  - { name: sim, serving_mode: aggregated, simulated: { profile: fast } }");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("probe sim (http://127.0.0.1:"), "{out}");
+    for check in [
+        "reachable",
+        "model",
+        "dialect",
+        "streaming",
+        "usage",
+        "nvext_timing",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with(&format!("ok   {check}"))),
+            "{check}: {out}"
+        );
+    }
+
+    let (code, out) = probe(
+        "  - { name: strict, serving_mode: aggregated, simulated: { profile: fast, reject_unknown_fields: true } }",
+    );
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains("probe strict") && out.contains(": rejected"),
+        "{out}"
+    );
+    let dialect = out
+        .lines()
+        .find(|l| l.contains("FAIL dialect"))
+        .expect(&out);
+    assert!(
+        dialect.contains("length_control") && dialect.contains("`dialect`"),
+        "{dialect}"
+    );
+
+    let port = support::free_port();
+    let (code, out) = probe(&format!(
+        "  - {{ name: gone, serving_mode: aggregated, url: \"http://127.0.0.1:{port}\" }}"
+    ));
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("probe gone") && out.contains(": unreachable"),
+        "{out}"
+    );
+    assert!(out.contains("FAIL reachable"), "{out}");
+}

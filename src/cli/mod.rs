@@ -85,6 +85,10 @@ pub struct CheckArgs {
     pub config: PathBuf,
     #[arg(long, value_enum, default_value_t = CheckOutput::Summary)]
     pub output: CheckOutput,
+    /// Also send one short request to every target and scrape its server metrics once; exit 3
+    /// when a target is unreachable, 4 when one answers but not as configured.
+    #[arg(long)]
+    pub probe: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -181,6 +185,7 @@ fn check(args: &CheckArgs) -> ExitCode {
                 CheckOutput::Summary => {
                     println!("{}: OK", args.config.display());
                     print!("{}", cfg.summary());
+                    print!("{}", crate::schedule::cost::render(cfg));
                 }
                 CheckOutput::Yaml => match serde_saphyr::to_string(cfg) {
                     Ok(text) => print!("{text}"),
@@ -190,9 +195,36 @@ fn check(args: &CheckArgs) -> ExitCode {
                     }
                 },
             }
+            if args.probe {
+                return probe(&setup);
+            }
             ExitCode::SUCCESS
         }
         Err(e) => report_config_error(&e),
+    }
+}
+
+/// `check --probe`: the preflight of every configured target.
+fn probe(setup: &Setup) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(crate::probe::probe_config(&setup.config, setup.base_dir())) {
+        Ok(reports) => {
+            print!("{}", crate::probe::render(&reports));
+            ExitCode::from(crate::probe::exit_code(&reports))
+        }
+        Err(e) => {
+            eprintln!("llm-canary check --probe: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

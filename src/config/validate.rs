@@ -555,10 +555,38 @@ fn validate_budget(c: &mut Check, b: &Budget, at: &str) {
 
 fn validate_schedule(c: &mut Check, cfg: &Config) {
     let s = &cfg.schedule;
-    if let Some(active) = &s.active
-        && let Err(diags) = active.compile()
-    {
-        c.diags.extend(diags);
+    if let Some(active) = &s.active {
+        match active.compile() {
+            Err(diags) => c.diags.extend(diags),
+            Ok(set) => {
+                // A step starts only when the window outlasts it (warmup, steady, drain).
+                let longest_step = cfg
+                    .cycle_plan()
+                    .iter()
+                    .filter(|(_, steps, _)| *steps > 0)
+                    .map(|(_, steps, total)| *total / *steps as u32)
+                    .max()
+                    .unwrap_or_default()
+                    + s.drain_grace.0;
+                let longest_window = set
+                    .windows
+                    .iter()
+                    .map(|w| std::time::Duration::from_secs(u64::from(w.length_minutes()) * 60))
+                    .max()
+                    .unwrap_or_default();
+                let touching = set.windows.len() > 1;
+                if longest_window < longest_step && !touching {
+                    c.err(
+                        active.time_zone.pos,
+                        format!(
+                            "no window of `schedule.active` is as long as the longest step with its drain ({}): no step would ever start",
+                            Dur(longest_step)
+                        ),
+                        Some("lengthen a window, or shorten the steps (`step`, `duration`, `time_scale`)".into()),
+                    );
+                }
+            }
+        }
     }
     for name in &s.cycle {
         if !WORKLOAD_NAMES.contains(&name.as_str()) {

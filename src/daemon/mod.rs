@@ -18,6 +18,7 @@ use crate::export::metrics::Metrics;
 use crate::export::otlp::OtlpExporter;
 use crate::k8s::traffic::DiscoveredTargets;
 use crate::model::{RecordContext, Sink, TargetChange, TargetInfo};
+use crate::probe::ProbeReport;
 use crate::schedule::gate::{Gate, Switch, SystemClock};
 use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
 use crate::scrape::ServerMetricsSink;
@@ -73,6 +74,31 @@ struct Status {
     targets: Arc<CurrentTargets>,
     live: Arc<Live>,
     slo: Arc<SloEngine>,
+    probes: Arc<RwLock<Vec<ProbeReport>>>,
+}
+
+/// Probes `t` at `url` once, logs and publishes the result.
+async fn probe_target(
+    t: crate::config::TargetConfig,
+    url: String,
+    base_dir: std::path::PathBuf,
+    client: crate::client::StreamClient,
+    metrics: Arc<Metrics>,
+    probes: Arc<RwLock<Vec<ProbeReport>>>,
+) {
+    let report = crate::probe::probe(&t, &url, &base_dir, &client).await;
+    let ok = report.verdict == crate::probe::Verdict::Ok;
+    metrics.set_probe(&report.target, ok);
+    let text = crate::probe::render(std::slice::from_ref(&report));
+    if ok {
+        tracing::info!("{}", text.trim_end());
+    } else {
+        tracing::warn!("{}", text.trim_end());
+    }
+    probes
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(report);
 }
 
 impl StatusSource for Status {
@@ -99,6 +125,7 @@ impl StatusSource for Status {
             .map(|t| json!({"name": t.name, "serving_mode": t.serving_mode.as_str(), "url": t.url, "model": t.model}))
             .collect();
         v["slos"] = self.slo.status_json();
+        v["probes"] = json!(*self.probes.read().unwrap_or_else(PoisonError::into_inner));
         v
     }
 }
@@ -178,6 +205,22 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     spawn_signal_handlers(live_rx, shutdown.clone());
 
     let mut deployment = Deployment::start(cfg, setup.base_dir()).await?;
+    // The preflight of every configured target, beside the first steps (docs/DESIGN.md §2).
+    let probes = Arc::new(RwLock::new(Vec::new()));
+    for (t, sim) in cfg.targets.iter().zip(&deployment.sim_of) {
+        let url = match sim {
+            Some(i) => deployment.sims[*i].base_url(),
+            None => t.url.as_ref().map(|u| u.value.clone()).unwrap_or_default(),
+        };
+        shutdown.spawn(probe_target(
+            t.clone(),
+            url,
+            setup.base_dir().to_owned(),
+            deployment.client.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&probes),
+        ));
+    }
     let mut sims: Vec<_> = std::mem::take(&mut deployment.sims)
         .into_iter()
         .map(Some)
@@ -275,6 +318,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
             targets: current,
             live: Arc::clone(&live),
             slo: Arc::clone(&slo),
+            probes,
         }),
     );
     let state = state.with_baselines(slo.clone());

@@ -130,6 +130,7 @@ pub struct Metrics {
     pub(super) config_last_reload_success_timestamp: GaugeF64,
 
     pub(super) paused: Family<ReasonLabels, Gauge>,
+    pub(super) probe_success: Family<TargetLabels, Gauge>,
     pub(super) budget_steps: Family<BudgetStepLabels, Counter>,
     pub(super) budget_throttled: Family<ScopeLabels, Counter>,
     pub(super) budget_output_tokens: Family<ScopeLabels, Gauge>,
@@ -204,6 +205,7 @@ impl Metrics {
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
             paused: Family::default(),
+            probe_success: Family::default(),
             budget_steps: Family::default(),
             budget_throttled: Family::default(),
             budget_output_tokens: Family::default(),
@@ -432,6 +434,11 @@ impl Metrics {
             "llm_canary_paused",
             "1 for each reason traffic is paused now (operator, schedule, budget); all 0 while sending",
             self.paused.clone(),
+        );
+        r.register(
+            "llm_canary_probe_success",
+            "1 when the start-up probe of the target passed (reachable, model, dialect, streaming)",
+            self.probe_success.clone(),
         );
         r.register(
             "llm_canary_budget_steps",
@@ -713,6 +720,7 @@ impl Metrics {
         self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
         self.inflight.remove(&labels);
+        self.probe_success.remove(&labels);
         let scope = ScopeLabels {
             scope: target.to_owned(),
         };

@@ -243,6 +243,15 @@ impl Metrics {
         }
     }
 
+    /// `llm_canary_probe_success{target}`: how the start-up probe of `target` came out.
+    pub fn set_probe(&self, target: &str, ok: bool) {
+        self.probe_success
+            .get_or_create(&TargetLabels {
+                target: target.to_owned(),
+            })
+            .set(i64::from(ok));
+    }
+
     /// The budget's actions and use.
     pub fn record_budget(&self, report: &BudgetReport) {
         use super::labels::{BudgetStepLabels, ScopeLabels, ScopeLimitLabels};

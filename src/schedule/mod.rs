@@ -4,6 +4,7 @@
 //! board that keeps each workload's phase and the latest step results for `/api/v1/status`.
 
 pub mod budget;
+pub mod cost;
 mod drivers;
 pub mod gate;
 pub mod plan;

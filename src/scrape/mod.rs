@@ -279,6 +279,55 @@ pub trait ServerMetricsSink: Send + Sync {
     fn record_server_scrape_error(&self, target: &str);
 }
 
+/// The HTTP client of scrapes: [`SCRAPE_TIMEOUT`] on connect and on the whole request.
+pub fn scrape_client() -> Result<reqwest::Client, ScrapeError> {
+    crate::client::http_client_builder()
+        .timeout(SCRAPE_TIMEOUT)
+        .connect_timeout(SCRAPE_TIMEOUT)
+        .build()
+        .map_err(ScrapeError::Client)
+}
+
+/// Fetches one `/metrics` endpoint with `http`, reading at most [`MAX_SCRAPE_BYTES`].
+pub async fn fetch(http: &reqwest::Client, url: &str) -> Result<String, ScrapeError> {
+    let err = |source| ScrapeError::Http {
+        url: url.to_owned(),
+        source,
+    };
+    let mut resp = http
+        .get(url)
+        .header("accept", "text/plain;version=0.0.4")
+        .send()
+        .await
+        .map_err(err)?;
+    if !resp.status().is_success() {
+        return Err(ScrapeError::Status {
+            url: url.to_owned(),
+            status: resp.status().as_u16(),
+        });
+    }
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_SCRAPE_BYTES as u64)
+    {
+        return Err(ScrapeError::TooLarge {
+            url: url.to_owned(),
+        });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(err)? {
+        if body.len() + chunk.len() > MAX_SCRAPE_BYTES {
+            return Err(ScrapeError::TooLarge {
+                url: url.to_owned(),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| ScrapeError::NotUtf8 {
+        url: url.to_owned(),
+    })
+}
+
 /// Scrapes every configured target's server metrics and publishes them.
 pub struct ServerScraper {
     http: reqwest::Client,
@@ -294,11 +343,7 @@ impl ServerScraper {
         targets: Vec<ScrapeTarget>,
         metrics: Arc<dyn ServerMetricsSink>,
     ) -> Result<Self, ScrapeError> {
-        let http = crate::client::http_client_builder()
-            .timeout(SCRAPE_TIMEOUT)
-            .connect_timeout(SCRAPE_TIMEOUT)
-            .build()
-            .map_err(ScrapeError::Client)?;
+        let http = scrape_client()?;
         Ok(ServerScraper {
             http,
             metrics,
@@ -314,43 +359,7 @@ impl ServerScraper {
 
     /// Fetches one endpoint, reading at most [`MAX_SCRAPE_BYTES`].
     async fn fetch(&self, url: &str) -> Result<String, ScrapeError> {
-        let http = |source| ScrapeError::Http {
-            url: url.to_owned(),
-            source,
-        };
-        let mut resp = self
-            .http
-            .get(url)
-            .header("accept", "text/plain;version=0.0.4")
-            .send()
-            .await
-            .map_err(http)?;
-        if !resp.status().is_success() {
-            return Err(ScrapeError::Status {
-                url: url.to_owned(),
-                status: resp.status().as_u16(),
-            });
-        }
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_SCRAPE_BYTES as u64)
-        {
-            return Err(ScrapeError::TooLarge {
-                url: url.to_owned(),
-            });
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(http)? {
-            if body.len() + chunk.len() > MAX_SCRAPE_BYTES {
-                return Err(ScrapeError::TooLarge {
-                    url: url.to_owned(),
-                });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        String::from_utf8(body).map_err(|_| ScrapeError::NotUtf8 {
-            url: url.to_owned(),
-        })
+        fetch(&self.http, url).await
     }
 
     /// Scrapes every endpoint of `target`; `None` (and an error counted per failed endpoint) when

@@ -150,4 +150,5 @@ pub const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_budget_throttled_requests", "counter"),
     ("llm_canary_budget_output_tokens_last_hour", "gauge"),
     ("llm_canary_budget_limit", "gauge"),
+    ("llm_canary_probe_success", "gauge"),
 ];
