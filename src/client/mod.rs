@@ -545,7 +545,12 @@ impl StreamClient {
             let tail_deadline = deadline.min(at + self.config.tail_grace);
             let text =
                 read_error_body(&mut response, tail_deadline, self.config.max_error_bytes).await;
-            let message = match rejected_fields_hint(status.as_u16(), &text, endpoint) {
+            let message = match rejected_fields_hint(
+                status.as_u16(),
+                &text,
+                endpoint,
+                self.config.marker.user.is_some(),
+            ) {
                 // The fix first, so truncation never cuts it off.
                 Some(hint) => {
                     if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
@@ -683,8 +688,14 @@ const UNKNOWN_FIELD_PHRASES: &[&str] = &[
 ];
 
 /// For a 400/422 answer that rejects fields this client adds to the body (the length recipe,
-/// `nvext`), the target setting that stops sending them; `None` for any other error.
-fn rejected_fields_hint(status: u16, body: &str, endpoint: &Endpoint) -> Option<String> {
+/// `nvext`, the `user` marker when `user` was sent), the setting that stops sending them; `None`
+/// for any other error.
+fn rejected_fields_hint(
+    status: u16,
+    body: &str,
+    endpoint: &Endpoint,
+    user: bool,
+) -> Option<String> {
     if !matches!(status, 400 | 422) {
         return None;
     }
@@ -731,6 +742,13 @@ fn rejected_fields_hint(status: u16, body: &str, endpoint: &Endpoint) -> Option<
         fixes.push(
             "the server rejects `nvext`, which only Dynamo understands: set the target's \
              `dialect` to vllm, sglang, openai or transformers"
+                .to_owned(),
+        );
+    }
+    if user && names("user") {
+        fixes.push(
+            "the server rejects the OpenAI `user` field, the canary's traffic marker: set \
+             `client.user: \"\"` (the `client.marker_header` still marks the requests)"
                 .to_owned(),
         );
     }
@@ -796,7 +814,7 @@ mod tests {
         let vllm = Endpoint::new("http://h", Api::Chat, "m", Dialect::Vllm).unwrap();
         // `transformers serve`'s answer to the vLLM preset.
         let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos', 'min_tokens'}"}"#;
-        let hint = rejected_fields_hint(422, body, &vllm).unwrap();
+        let hint = rejected_fields_hint(422, body, &vllm, false).unwrap();
         assert!(hint.contains("ignore_eos, min_tokens") || hint.contains("min_tokens, ignore_eos"));
         assert!(hint.contains("`length_control`"), "{hint}");
         assert!(
@@ -807,7 +825,7 @@ mod tests {
         // OpenAI's wording, with the status it uses.
         let openai =
             r#"{"error":{"message":"Unrecognized request argument supplied: min_tokens"}}"#;
-        let hint = rejected_fields_hint(400, openai, &vllm).unwrap();
+        let hint = rejected_fields_hint(400, openai, &vllm, false).unwrap();
         assert!(
             hint.contains("min_tokens") && !hint.contains("ignore_eos, "),
             "{hint}"
@@ -815,11 +833,16 @@ mod tests {
         // `nvext` sent to a server that is not Dynamo.
         let dynamo = Endpoint::new("http://h", Api::Chat, "m", Dialect::Dynamo).unwrap();
         let body = r#"{"detail":"Extra inputs are not permitted","loc":["body","nvext"]}"#;
-        let hint = rejected_fields_hint(422, body, &dynamo).unwrap();
+        let hint = rejected_fields_hint(422, body, &dynamo, false).unwrap();
         assert!(
             hint.contains("`dialect`") && hint.contains("nvext"),
             "{hint}"
         );
+        // The `user` marker, named only when it was sent.
+        let body = r#"{"detail":"Unexpected fields in the request: {'user'}"}"#;
+        let hint = rejected_fields_hint(422, body, &vllm, true).unwrap();
+        assert!(hint.contains("`client.user: \"\"`"), "{hint}");
+        assert_eq!(rejected_fields_hint(422, body, &vllm, false), None);
     }
 
     #[test]
@@ -827,17 +850,17 @@ mod tests {
         let vllm = Endpoint::new("http://h", Api::Chat, "m", Dialect::Vllm).unwrap();
         // A validation error about a value, not an unknown field.
         let body = r#"{"detail":"max_tokens must be at least 1"}"#;
-        assert_eq!(rejected_fields_hint(422, body, &vllm), None);
+        assert_eq!(rejected_fields_hint(422, body, &vllm, false), None);
         // An unknown field the client did not send (a field name inside another name is not it).
         let body = r#"{"detail":"Unexpected fields in the request: {'top_k', 'my_min_tokens_x'}"}"#;
-        assert_eq!(rejected_fields_hint(422, body, &vllm), None);
+        assert_eq!(rejected_fields_hint(422, body, &vllm, false), None);
         // A field this endpoint does not send.
         let openai = Endpoint::new("http://h", Api::Chat, "m", Dialect::Openai).unwrap();
         let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos'}"}"#;
-        assert_eq!(rejected_fields_hint(422, body, &openai), None);
+        assert_eq!(rejected_fields_hint(422, body, &openai, false), None);
         // Other statuses.
         let body = r#"{"detail":"Unexpected fields in the request: {'ignore_eos'}"}"#;
-        assert_eq!(rejected_fields_hint(404, body, &vllm), None);
+        assert_eq!(rejected_fields_hint(404, body, &vllm, false), None);
     }
 
     #[test]
