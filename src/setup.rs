@@ -125,6 +125,7 @@ impl Setup {
                 .collect(),
             runbook_base_url: a.runbook_base_url.as_ref().map(|u| u.value.clone()),
             cycle: self.config.cycle_upper_bound(),
+            resolution: self.config.export.resolution,
         }
     }
 

@@ -105,9 +105,12 @@ fn fill(metrics: &Metrics) {
         },
     );
     let q = Quantiles {
-        p50: 0.5,
-        p90: 1.5,
-        p99: 2.5,
+        ci: [
+            (Some(0.4), Some(0.6)),
+            (Some(1.4), Some(1.6)),
+            (Some(2.4), Some(2.6)),
+        ],
+        ..Quantiles::new(0.5, 1.5, 2.5)
     };
     metrics.set_step(
         &agg,
@@ -195,7 +198,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 44);
+    assert_eq!(families.len(), 50);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());
@@ -203,7 +206,8 @@ async fn scrape_serves_openmetrics_with_every_family() {
     let type_lines = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
     assert_eq!(type_lines, families.len(), "unexpected extra families");
 
-    // Every request label is present, the inapplicable ones empty.
+    // The request labels that apply; one that does not is absent, which `sample` (like PromQL)
+    // reads as empty.
     let agg_ok = [
         ("target", "agg"),
         ("serving_mode", "aggregated"),
@@ -227,16 +231,22 @@ async fn scrape_serves_openmetrics_with_every_family() {
         ),
         Some(1.0)
     );
+    // At the standard resolution the counters keep the step, not the request's ISL bucket.
     let disagg = [
         ("target", "disagg"),
         ("serving_mode", "disaggregated"),
         ("distribution", "zipf"),
-        ("isl_bucket", "1024"),
         ("concurrency", ""),
     ];
     assert_eq!(
         sample(&text, "llm_canary_prompt_tokens_total", &disagg),
         Some(1500.0)
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("llm_canary_prompt_tokens_total{") && l.contains("isl_bucket=")),
+        "a per-request label on a standard counter"
     );
     // The SLO threshold 2.0 s is a bucket bound: one of the two agg TTFTs (0.5) is under it.
     assert_eq!(
@@ -573,7 +583,7 @@ async fn greedy_and_slow_clients_cannot_hold_the_surface() {
     // A head over the size limit is refused without reaching a handler.
     let big = format!(
         "GET /metrics HTTP/1.1\r\nhost: x\r\nx-padding: {}\r\n\r\n",
-        "p".repeat(32 * 1024)
+        "p".repeat(512 * 1024)
     );
     let mut oversized = raw(&running.base, big.as_bytes()).await;
     let answer = read_to_close(&mut oversized, bound)

@@ -55,10 +55,17 @@ fn rules_dir_holds_the_generated_rules_of_the_seed_plan() {
     let count = |alert: &str| generated.matches(&format!("- alert: {alert}\n")).count();
     assert_eq!(count("LlmCanarySloFailing"), cfg.slos.len(), "one per SLO");
     assert_eq!(count("LlmCanarySloNoData"), cfg.slos.len(), "one per SLO");
+    let daemon_only = generated
+        .matches("only the daemon's verdict alerts.\n")
+        .count();
     assert_eq!(
-        count("LlmCanarySloFailingPromQL") + 1,
-        cfg.slos.len() - 1,
-        "one per expression SLO but the server-side one"
+        daemon_only, 2,
+        "the server-side SLO and the one by isl_bucket"
+    );
+    assert_eq!(
+        count("LlmCanarySloFailingPromQL") + daemon_only + 1,
+        cfg.slos.len(),
+        "one per expression SLO but the daemon-only ones (and the burn-rate one)"
     );
     assert_eq!(
         count("LlmCanarySloErrorBudgetBurn"),

@@ -60,11 +60,7 @@ pub fn fill(metrics: &Metrics) -> usize {
             metrics.record_osl_mismatch(&labels);
             metrics.record_token_count_mismatch(&labels);
             metrics.observe_schedule_lag(target, &labels.workload, 0.0002);
-            let q = Quantiles {
-                p50: 0.1,
-                p90: 0.2,
-                p99: 0.4,
-            };
+            let q = Quantiles::new(0.1, 0.2, 0.4);
             metrics.set_step(
                 &labels,
                 &StepSummary {

@@ -807,6 +807,23 @@ pub struct Export {
     /// `Authorization: Bearer <token>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle_token_file: Option<At<String>>,
+    /// `standard` (a few thousand series for the seed plan) or `high` (every request label,
+    /// ~124 buckets per histogram: tens of thousands), docs/METRICS.md "Series budget".
+    #[serde(default)]
+    pub resolution: Resolution,
+}
+
+/// How finely `/metrics` exports the latencies (docs/METRICS.md, "Series budget").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// A few hundred series per target: a dozen 1-2.5-5 buckets per histogram, histograms and
+    /// counters by step, the step gauges' p50 and p99 (with confidence intervals on every step).
+    #[default]
+    Standard,
+    /// Everything by request labels (turn, ISL bucket), ~124 buckets per histogram, p50, p90 and
+    /// p99 with confidence intervals everywhere: tens of thousands of series.
+    High,
 }
 
 fn listen() -> At<String> {
@@ -824,6 +841,7 @@ impl Default for Export {
             server_metrics_interval: s15(),
             lifecycle: false,
             lifecycle_token_file: None,
+            resolution: Resolution::Standard,
         }
     }
 }

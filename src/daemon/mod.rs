@@ -192,7 +192,10 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
 
     // Every SLO latency threshold becomes an exact bucket bound (fixed for the process:
     // histograms survive reloads).
-    let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
+    let metrics = Arc::new(Metrics::with_resolution(
+        &setup.latency_thresholds(),
+        cfg.export.resolution,
+    ));
     metrics.record_config_reload(true);
 
     // When traffic may go: the config's windows and pause, and the operators' switches.

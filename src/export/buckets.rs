@@ -1,6 +1,43 @@
-//! The bucket bounds of the exported histograms: the latency grid (10 % steps from 1 ms to
-//! 120 s at four significant digits, plus every SLO threshold as an exact bound) and the 1-2-5
-//! grid of the schedule lag.
+//! The bucket bounds of the exported histograms. The standard export has a 1-2.5-5 grid per
+//! latency family, placed where that latency lives (ITL in milliseconds, TTFT up to 30 s, request
+//! duration up to 120 s), and a 1-5 grid for the schedule lag: the daemon's own HDR windows carry
+//! the SLOs' precision and the step gauges its quantiles, so the buckets serve rates, trends and
+//! the generated rules. The high-resolution export (`export.resolution: high`) has 10 % steps from
+//! 1 ms to 120 s and a 1-2-5 lag grid. Either way every SLO latency threshold is an exact bound.
+
+pub use crate::config::Resolution;
+
+/// One of the per-request latency families, whose standard grids differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Latency {
+    Ttft,
+    /// Inter-token latency and the per-token chunk gap.
+    Itl,
+    RequestDuration,
+}
+
+/// The standard grids: 1-2.5-5 steps over where each latency lives.
+const TTFT_GRID: [f64; 11] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const ITL_GRID: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+const DURATION_GRID: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0];
+/// The schedule lag's standard grid: 1-5 steps from 1 ms (a healthy canary) to 5 s, with the
+/// 50 ms of the `LlmCanaryScheduleLagHigh` alert as a bound.
+const LAG_GRID: [f64; 8] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+/// The bounds of `family` at `resolution`, with every threshold of `thresholds` exact.
+pub fn family_buckets(family: Latency, resolution: Resolution, thresholds: &[f64]) -> Vec<f64> {
+    match resolution {
+        Resolution::High => latency_buckets(thresholds),
+        Resolution::Standard => {
+            let grid: &[f64] = match family {
+                Latency::Ttft => &TTFT_GRID,
+                Latency::Itl => &ITL_GRID,
+                Latency::RequestDuration => &DURATION_GRID,
+            };
+            merge_bounds(grid.iter().copied(), thresholds)
+        }
+    }
+}
 
 /// Lower end of the latency grid: 1 ms, below any TTFT or ITL a network client can see.
 const LATENCY_MIN_SECONDS: f64 = 0.001;
@@ -51,9 +88,12 @@ pub fn latency_buckets(extra_thresholds: &[f64]) -> Vec<f64> {
     merge_bounds(grid, extra_thresholds)
 }
 
-/// The schedule-lag bucket bounds: 1-2-5 steps from 10 µs to 10 s. Lag is the canary's own
-/// health, so a coarse grid over a wide range is enough.
-pub fn schedule_lag_buckets() -> Vec<f64> {
+/// The schedule-lag bucket bounds: at high resolution 1-2-5 steps from 10 µs to 10 s, else
+/// [`LAG_GRID`]. Lag is the canary's own health, so a coarse grid over a wide range is enough.
+pub fn schedule_lag_buckets(resolution: Resolution) -> Vec<f64> {
+    if resolution == Resolution::Standard {
+        return LAG_GRID.to_vec();
+    }
     let grid = (-5..=1).flat_map(|exponent| {
         [1.0, 2.0, 5.0]
             .into_iter()
@@ -125,8 +165,22 @@ mod tests {
     }
 
     #[test]
+    fn standard_grids_are_short_and_keep_every_threshold() {
+        let ttft = family_buckets(Latency::Ttft, Resolution::Standard, &[2.0, 0.1]);
+        assert_eq!(ttft.len(), 12, "{ttft:?}");
+        assert!(ttft.contains(&2.0) && ttft.contains(&0.1));
+        let itl = family_buckets(Latency::Itl, Resolution::Standard, &[0.1]);
+        assert_eq!(itl.len(), 10);
+        assert!(family_buckets(Latency::RequestDuration, Resolution::High, &[]).len() == 124);
+        assert!(schedule_lag_buckets(Resolution::Standard).contains(&0.05));
+        for grid in [TTFT_GRID.as_slice(), &ITL_GRID, &DURATION_GRID, &LAG_GRID] {
+            assert!(grid.windows(2).all(|p| p[0] < p[1]));
+        }
+    }
+
+    #[test]
     fn lag_buckets_are_one_two_five() {
-        let lag = schedule_lag_buckets();
+        let lag = schedule_lag_buckets(Resolution::High);
         assert_eq!(lag.first(), Some(&0.00001));
         assert_eq!(lag.last(), Some(&10.0));
         assert!(lag.contains(&0.005) && lag.contains(&0.02));

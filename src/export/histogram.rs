@@ -300,12 +300,12 @@ impl LatencyFamily {
     }
 }
 
-/// `target="..",serving_mode="..",…,prefix_ratio=".."` with OpenMetrics escaping, in the order of
-/// `RequestLabels`' derived encoding.
+/// `target="..",serving_mode="..",…` with OpenMetrics escaping, the empty labels left out, as
+/// `RequestLabels`' own encoding writes them.
 fn escaped_pairs(l: &RequestLabels) -> String {
     let mut text = String::with_capacity(160);
-    for (i, (key, value)) in l.pairs().into_iter().enumerate() {
-        if i > 0 {
+    for (key, value) in l.pairs().into_iter().filter(|(_, v)| !v.is_empty()) {
+        if !text.is_empty() {
             text.push(',');
         }
         text.push_str(key);

@@ -4,13 +4,12 @@
 //! [`super::buckets`], the per-request latency histograms and their encoder in
 //! [`super::histogram`].
 //!
-//! Cost of the classic histograms: the latency grid has ~124 bounds (10 % steps from 1 ms to
-//! 120 s, plus the SLO thresholds), so every request label set costs ~127 series per latency
-//! family (buckets, `+Inf`, `_sum`, `_count`), ~1 KiB of atomics in memory and ~25 KiB of text per
-//! scrape. The three per-request latency families (TTFT, ITL, request duration) over the ~35 step
-//! label sets of one target running all four workloads make ~13,500 histogram series per target;
-//! the chunk-gap histogram is kept per target and workload only. the scrape benchmark
-//! measures what that means for a scrape.
+//! The series budget (docs/METRICS.md, "Series budget"): at the standard resolution the latency
+//! histograms and the request counters are kept per step (without `turn` and `isl_bucket`; the
+//! request duration and the chunk gap per workload), over a dozen 1-2.5-5 buckets; the step
+//! gauges carry p50 and p99 of every step and sub-step, and on the step their confidence
+//! intervals. The seed plan on two targets is under 3,000 samples. `export.resolution: high`
+//! keeps everything by request labels over ~124 buckets, p90 and intervals included: ~30,000.
 //!
 //! Encoding: the three per-request latency families, ~95 % of the text, have their own encoder
 //! (`LatencyFamily`): byte for byte prometheus-client's output, written from pre-rendered label
@@ -36,10 +35,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::buckets::{latency_buckets, schedule_lag_buckets};
+use super::buckets::{Latency, Resolution, family_buckets, schedule_lag_buckets};
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
 use super::labels::*;
-use crate::model::{Quantiles, RequestLabels, StepLabels, StepSummary};
+use crate::model::{RequestLabels, StepLabels, StepSummary};
 
 /// Errors of the metrics module.
 #[derive(Debug, thiserror::Error)]
@@ -52,8 +51,10 @@ pub enum MetricsError {
 /// The `outcome` label of a request that succeeded; every other value is an error kind of docs/DESIGN.md §4.
 pub const OUTCOME_OK: &str = "ok";
 
-/// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values.
-const STEP_QUANTILE_LABELS: [&str; 3] = ["0.5", "0.9", "0.99"];
+/// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values, and
+/// their index in [`Quantiles::values`]; the standard resolution leaves p90 out.
+const STEP_QUANTILES: [(&str, usize); 3] = [("0.5", 0), ("0.9", 1), ("0.99", 2)];
+const STANDARD_STEP_QUANTILES: [(&str, usize); 2] = [("0.5", 0), ("0.99", 2)];
 
 pub(super) type GaugeF64 = Gauge<f64, AtomicU64>;
 pub(super) type CounterF64 = Counter<f64, AtomicU64>;
@@ -77,6 +78,8 @@ pub(super) struct TargetSeries {
 #[derive(Debug)]
 pub struct Metrics {
     pub(super) registry: Registry,
+    pub(super) resolution: Resolution,
+    /// The TTFT family's bounds (each latency family has its own grid).
     pub(super) latency_bounds: Arc<[f64]>,
     pub(super) tracked: Mutex<HashMap<String, TargetSeries>>,
     /// How many chunks the last scrape had, to size the next one's list.
@@ -98,6 +101,11 @@ pub struct Metrics {
     pub(super) step_ttft: Family<StepQuantileLabels, GaugeF64>,
     pub(super) step_itl: Family<StepQuantileLabels, GaugeF64>,
     pub(super) step_request_duration: Family<StepQuantileLabels, GaugeF64>,
+    /// Lower and upper 95 % confidence bounds of the step quantiles above.
+    pub(super) step_ci: [(
+        Family<StepQuantileLabels, GaugeF64>,
+        Family<StepQuantileLabels, GaugeF64>,
+    ); 3],
     pub(super) step_output_tokens_per_second: Family<StepLabels, GaugeF64>,
     pub(super) step_requests_per_second: Family<StepLabels, GaugeF64>,
     pub(super) step_error_ratio: Family<StepLabels, GaugeF64>,
@@ -140,15 +148,24 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Builds and registers every family. `latency_thresholds` are the SLO thresholds in seconds
-    /// (from the config); each becomes an exact bucket bound of the latency histograms. Buckets are
-    /// fixed for the life of the process so histograms survive a config reload.
+    /// Builds and registers every family at the standard resolution; see [`Metrics::with_resolution`].
     pub fn new(latency_thresholds: &[f64]) -> Self {
-        let latency_bounds: Arc<[f64]> = latency_buckets(latency_thresholds).into();
-        let latency = SharedBuckets(latency_bounds.clone());
-        let lag = SharedBuckets(schedule_lag_buckets().into());
+        Self::with_resolution(latency_thresholds, Resolution::Standard)
+    }
+
+    /// Builds and registers every family. `latency_thresholds` are the SLO thresholds in seconds
+    /// (from the config); each becomes an exact bucket bound of every latency histogram. Buckets
+    /// are fixed for the life of the process so histograms survive a config reload.
+    pub fn with_resolution(latency_thresholds: &[f64], resolution: Resolution) -> Self {
+        let bounds = |family| -> Arc<[f64]> {
+            family_buckets(family, resolution, latency_thresholds).into()
+        };
+        let latency_bounds = bounds(Latency::Ttft);
+        let itl_bounds = bounds(Latency::Itl);
+        let lag = SharedBuckets(schedule_lag_buckets(resolution).into());
         let metrics = Self {
             registry: Registry::default(),
+            resolution,
             tracked: Mutex::new(HashMap::new()),
             last_chunk_count: AtomicUsize::new(0),
             ttft: LatencyFamily::new(
@@ -159,14 +176,14 @@ impl Metrics {
             itl: LatencyFamily::new(
                 "llm_canary_inter_token_latency",
                 "Per-request mean gap between output tokens: (last chunk - first chunk) / (tokens - 1)",
-                latency_bounds.clone(),
+                itl_bounds.clone(),
             ),
             request_duration: LatencyFamily::new(
                 "llm_canary_request_duration",
                 "Time from the intended send to the last content chunk",
-                latency_bounds.clone(),
+                bounds(Latency::RequestDuration),
             ),
-            chunk_gap: Family::new_with_constructor(latency),
+            chunk_gap: Family::new_with_constructor(SharedBuckets(itl_bounds)),
             requests: Family::default(),
             prompt_tokens: Family::default(),
             cached_tokens: Family::default(),
@@ -176,6 +193,7 @@ impl Metrics {
             step_ttft: Family::default(),
             step_itl: Family::default(),
             step_request_duration: Family::default(),
+            step_ci: Default::default(),
             step_output_tokens_per_second: Family::default(),
             step_requests_per_second: Family::default(),
             step_error_ratio: Family::default(),
@@ -277,6 +295,27 @@ impl Metrics {
             s(),
             self.step_request_duration.clone(),
         );
+        for (name, (lower, upper)) in [
+            "llm_canary_step_ttft",
+            "llm_canary_step_itl",
+            "llm_canary_step_request_duration",
+        ]
+        .iter()
+        .zip(&self.step_ci)
+        {
+            r.register_with_unit(
+                format!("{name}_lower"),
+                "Lower bound of the 95 % confidence interval of the step quantile",
+                s(),
+                lower.clone(),
+            );
+            r.register_with_unit(
+                format!("{name}_upper"),
+                "Upper bound of the 95 % confidence interval of the step quantile",
+                s(),
+                upper.clone(),
+            );
+        }
         r.register(
             "llm_canary_step_output_tokens_per_second",
             "Output tokens per second over the step's steady window",
@@ -463,10 +502,15 @@ impl Metrics {
         self
     }
 
-    /// The latency bucket bounds in use (fixed at start-up). A reload that brings a new SLO
-    /// threshold can compare against this and warn that it takes effect on restart.
+    /// The TTFT histogram's bucket bounds (fixed at start-up; each latency family has its own
+    /// grid, all holding every SLO threshold).
     pub fn latency_bounds(&self) -> &[f64] {
         &self.latency_bounds
+    }
+
+    /// How finely the latencies are exported.
+    pub fn resolution(&self) -> Resolution {
+        self.resolution
     }
 
     /// Records one finished request. `outcome` is `ok` or an error kind of docs/DESIGN.md §4 (a bounded set:
@@ -485,21 +529,42 @@ impl Metrics {
         cached_tokens: u64,
         output_tokens: u64,
     ) {
+        // The standard resolution keeps these by step: a turn or an ISL bucket is a slice of a
+        // step the step gauges show, not worth a histogram of its own.
+        let step_level = match self.resolution {
+            Resolution::Standard => labels.step_level(),
+            Resolution::High => None,
+        };
+        let labels = step_level.as_ref().unwrap_or(labels);
         let outcome_labels = OutcomeLabels {
             request: labels.clone(),
             outcome: outcome.to_owned(),
         };
         self.outcome_series(&outcome_labels).inc();
         if ttft.is_some() || itl.is_some() || latency.is_some() {
-            let histograms = [
-                (&self.ttft, ttft),
-                (&self.itl, itl),
-                (&self.request_duration, latency),
-            ];
-            for (family, value) in histograms {
+            for (family, value) in [(&self.ttft, ttft), (&self.itl, itl)] {
                 if let Some(v) = value {
                     self.histogram_series(family, labels).observe(v);
                 }
+            }
+            if let Some(v) = latency {
+                // By workload at the standard resolution: no dashboard, rule or SLO threshold
+                // reads the request duration by step (the step gauges have it).
+                let by_workload;
+                let duration_labels = match self.resolution {
+                    Resolution::Standard => {
+                        by_workload = RequestLabels {
+                            target: labels.target.clone(),
+                            serving_mode: labels.serving_mode.clone(),
+                            workload: labels.workload.clone(),
+                            ..RequestLabels::default()
+                        };
+                        &by_workload
+                    }
+                    Resolution::High => labels,
+                };
+                self.histogram_series(&self.request_duration, duration_labels)
+                    .observe(v);
             }
         }
         // The token counters are touched even at 0 so their series exist from the first request
@@ -574,34 +639,56 @@ impl Metrics {
             .set(i64::from(up));
     }
 
-    /// Publishes a step's summary (docs/DESIGN.md §5) as the `llm_canary_step_*` gauges.
+    /// The quantiles exported for step gauges.
+    fn step_quantiles(&self) -> &'static [(&'static str, usize)] {
+        match self.resolution {
+            Resolution::Standard => &STANDARD_STEP_QUANTILES,
+            Resolution::High => &STEP_QUANTILES,
+        }
+    }
+
+    /// Publishes a step's summary (docs/DESIGN.md §5) as the `llm_canary_step_*` gauges. A
+    /// sub-step (a turn, an ISL bucket) gets the quantiles and rates; at the standard resolution
+    /// only the step itself also gets the confidence intervals, end time and flags.
     pub fn set_step(&self, labels: &StepLabels, summary: &StepSummary) {
+        let whole = self.resolution == Resolution::High || !labels.is_substep();
         let latency_gauges = [
-            (&self.step_ttft, summary.ttft),
-            (&self.step_itl, summary.itl),
-            (&self.step_request_duration, summary.request_duration),
+            (&self.step_ttft, &self.step_ci[0], summary.ttft),
+            (&self.step_itl, &self.step_ci[1], summary.itl),
+            (
+                &self.step_request_duration,
+                &self.step_ci[2],
+                summary.request_duration,
+            ),
         ];
-        for (family, quantiles) in latency_gauges {
-            for (quantile, value) in STEP_QUANTILE_LABELS.iter().zip(
-                quantiles
-                    .map(Quantiles::values)
-                    .map(|v| v.map(Some))
-                    .unwrap_or([None; 3]),
-            ) {
+        for (family, (lower, upper), quantiles) in latency_gauges {
+            for &(quantile, i) in self.step_quantiles() {
                 let quantile_labels = StepQuantileLabels {
                     step: labels.clone(),
-                    quantile: (*quantile).to_owned(),
+                    quantile: quantile.to_owned(),
                 };
-                match value {
-                    Some(v) => {
-                        family.get_or_create_owned(&quantile_labels).set(v);
-                    }
-                    None => {
-                        family.remove(&quantile_labels);
+                let value = quantiles.map(|q| q.values()[i]);
+                let (lo, hi) = match (whole, quantiles) {
+                    (true, Some(q)) => q.ci[i],
+                    _ => (None, None),
+                };
+                for (family, value) in [(family, value), (lower, lo), (upper, hi)] {
+                    match value {
+                        Some(v) => {
+                            family.get_or_create_owned(&quantile_labels).set(v);
+                        }
+                        None => {
+                            family.remove(&quantile_labels);
+                        }
                     }
                 }
             }
         }
+        self.track(&labels.target, |s| {
+            if !s.requests.contains(labels) {
+                s.requests.insert(labels.clone());
+            }
+        });
         let plain = [
             (
                 &self.step_output_tokens_per_second,
@@ -619,7 +706,7 @@ impl Metrics {
             ),
             (
                 &self.step_end_timestamp,
-                Some(summary.end_timestamp_seconds),
+                Some(summary.end_timestamp_seconds).filter(|_| whole),
             ),
         ];
         for (family, value) in plain {
@@ -632,10 +719,12 @@ impl Metrics {
                 }
             }
         }
-        self.request_series(&self.step_degraded, labels)
-            .set(i64::from(summary.degraded));
-        self.request_series(&self.step_faulted, labels)
-            .set(i64::from(summary.faulted));
+        if whole {
+            self.request_series(&self.step_degraded, labels)
+                .set(i64::from(summary.degraded));
+            self.request_series(&self.step_faulted, labels)
+                .set(i64::from(summary.faulted));
+        }
     }
 
     /// Records the outcome of a config load or reload (blackbox_exporter convention): success sets
@@ -682,13 +771,17 @@ impl Metrics {
             }
             self.step_degraded.remove(labels);
             self.step_faulted.remove(labels);
-            for quantile in STEP_QUANTILE_LABELS {
+            for (quantile, _) in STEP_QUANTILES {
                 let quantile_labels = StepQuantileLabels {
                     step: labels.clone(),
                     quantile: quantile.to_owned(),
                 };
                 for family in [&self.step_ttft, &self.step_itl, &self.step_request_duration] {
                     family.remove(&quantile_labels);
+                }
+                for (lower, upper) in &self.step_ci {
+                    lower.remove(&quantile_labels);
+                    upper.remove(&quantile_labels);
                 }
             }
         }
@@ -840,7 +933,7 @@ mod tests {
     use super::*;
     use crate::config::ServingMode;
     use crate::export::testing::{agg, sample};
-    use crate::model::ServerSnapshot;
+    use crate::model::{Quantiles, ServerSnapshot};
     use crate::slo::{SloReading, SloState};
 
     #[test]
@@ -911,12 +1004,22 @@ mod tests {
             sample(&text, "llm_canary_time_to_first_token_seconds_count", &base),
             Some(1.0)
         );
+        // The request duration is kept by workload at the standard resolution.
+        let workload = [
+            ("target", "agg"),
+            ("workload", "prefix_cache"),
+            ("prefix_ratio", ""),
+        ];
         assert_eq!(
-            sample(&text, "llm_canary_request_duration_seconds_count", &base),
+            sample(
+                &text,
+                "llm_canary_request_duration_seconds_count",
+                &workload
+            ),
             Some(2.0)
         );
         assert_eq!(
-            sample(&text, "llm_canary_request_duration_seconds_sum", &base),
+            sample(&text, "llm_canary_request_duration_seconds_sum", &workload),
             Some(33.0)
         );
         // Two tokens of 10 ms plus one of 10 ms: three per-token gaps, labelled without the step.
@@ -975,17 +1078,9 @@ mod tests {
         let metrics = Metrics::new(&[]);
         let step = agg("concurrency_sweep").with_concurrency(8);
         let mut summary = StepSummary {
-            ttft: Some(Quantiles {
-                p50: 0.1,
-                p90: 0.2,
-                p99: 0.4,
-            }),
+            ttft: Some(Quantiles::new(0.1, 0.2, 0.4)),
             itl: None,
-            request_duration: Some(Quantiles {
-                p50: 1.0,
-                p90: 2.0,
-                p99: 3.0,
-            }),
+            request_duration: Some(Quantiles::new(1.0, 2.0, 3.0)),
             output_tokens_per_second: 900.0,
             requests_per_second: 4.0,
             error_ratio: 0.0,
@@ -1026,6 +1121,80 @@ mod tests {
         );
         assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(0.0));
         assert_eq!(sample(&text, "llm_canary_step_faulted", &c8), Some(1.0));
+    }
+
+    #[test]
+    fn the_resolution_decides_labels_buckets_quantiles_and_intervals() {
+        let step = agg("multi_turn");
+        let turn = step.clone().with_turn(2);
+        let q = Quantiles {
+            ci: [(Some(0.09), Some(0.11)), (None, None), (Some(0.3), None)],
+            ..Quantiles::new(0.1, 0.2, 0.4)
+        };
+        let summary = StepSummary {
+            ttft: Some(q),
+            itl: None,
+            request_duration: None,
+            output_tokens_per_second: 1.0,
+            requests_per_second: 1.0,
+            error_ratio: 0.0,
+            cache_hit_ratio: None,
+            cost_per_million_tokens_usd: None,
+            end_timestamp_seconds: 1.7e9,
+            degraded: false,
+            faulted: false,
+        };
+        let series = |text: &str, prefix: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        for resolution in [Resolution::Standard, Resolution::High] {
+            let high = resolution == Resolution::High;
+            let metrics = Metrics::with_resolution(&[2.0], resolution);
+            metrics.record_request(&turn, "ok", Some(0.2), Some(0.01), Some(3.0), 10, 0, 5);
+            metrics.set_step(&step, &summary);
+            metrics.set_step(&turn, &summary);
+            let text = metrics.encode().expect("encode");
+            let requests = series(&text, "llm_canary_requests_total{");
+            assert_eq!(requests.len(), 1, "{requests:?}");
+            assert_eq!(requests[0].contains("turn=\"2\""), high, "{resolution:?}");
+            // TTFT: 11 grid bounds (2.0 is not on it) + the threshold + `+Inf` at standard.
+            let buckets = series(&text, "llm_canary_time_to_first_token_seconds_bucket{");
+            assert_eq!(buckets.len() == 13, !high, "{}", buckets.len());
+            assert!(buckets.iter().any(|l| l.contains("le=\"2.0\"")));
+            // The p90 gauge only at high; the intervals of a sub-step (a turn) only at high.
+            let p90 = [("turn", ""), ("quantile", "0.9")];
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_seconds", &p90).is_some(),
+                high
+            );
+            let p50 = [("turn", ""), ("quantile", "0.5")];
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_lower_seconds", &p50),
+                Some(0.09)
+            );
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_upper_seconds", &p50),
+                Some(0.11)
+            );
+            // A side the samples cannot bound is absent.
+            let p99 = [("turn", ""), ("quantile", "0.99")];
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_upper_seconds", &p99),
+                None
+            );
+            let turn_p50 = [("turn", "2"), ("quantile", "0.5")];
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_seconds", &turn_p50),
+                Some(0.1)
+            );
+            assert_eq!(
+                sample(&text, "llm_canary_step_ttft_lower_seconds", &turn_p50).is_some(),
+                high
+            );
+        }
     }
 
     #[test]
@@ -1080,7 +1249,13 @@ mod tests {
 
     #[test]
     fn remove_target_removes_only_that_target() {
-        let metrics = Metrics::new(&[]);
+        for resolution in [Resolution::Standard, Resolution::High] {
+            remove_target_at(resolution);
+        }
+    }
+
+    fn remove_target_at(resolution: Resolution) {
+        let metrics = Metrics::with_resolution(&[], resolution);
         let disagg =
             RequestLabels::new("disagg", ServingMode::Disaggregated, "multi_turn").with_turn(2);
         for labels in [agg("multi_turn").with_turn(2), disagg.clone()] {
@@ -1101,21 +1276,9 @@ mod tests {
             metrics.set_step(
                 &labels,
                 &StepSummary {
-                    ttft: Some(Quantiles {
-                        p50: 0.1,
-                        p90: 0.1,
-                        p99: 0.1,
-                    }),
-                    itl: Some(Quantiles {
-                        p50: 0.1,
-                        p90: 0.1,
-                        p99: 0.1,
-                    }),
-                    request_duration: Some(Quantiles {
-                        p50: 0.1,
-                        p90: 0.1,
-                        p99: 0.1,
-                    }),
+                    ttft: Some(Quantiles::new(0.1, 0.1, 0.1)),
+                    itl: Some(Quantiles::new(0.1, 0.1, 0.1)),
+                    request_duration: Some(Quantiles::new(0.1, 0.1, 0.1)),
                     output_tokens_per_second: 1.0,
                     requests_per_second: 1.0,
                     error_ratio: 0.5,
@@ -1139,7 +1302,8 @@ mod tests {
             .filter(|l| l.contains("target=\"disagg\""))
             .count();
         assert_eq!(agg_lines, disagg_lines);
-        assert!(agg_lines > 4 * 126, "only {agg_lines} agg lines");
+        let buckets = metrics.latency_bounds().len();
+        assert!(agg_lines > 2 * buckets, "only {agg_lines} agg lines");
 
         metrics.remove_target("agg");
         let after = metrics.encode().expect("encode");

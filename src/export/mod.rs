@@ -28,7 +28,8 @@ pub(crate) mod testing {
         RequestLabels::new("agg", ServingMode::Aggregated, workload)
     }
 
-    /// The value of the sample `name{labels...}` in `text`, matching every given label pair.
+    /// The value of the sample `name{labels...}` in `text`, matching every given label pair (an
+    /// absent label matches `""`, as in Prometheus).
     pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         text.lines().find_map(|line| {
             let rest = line.strip_prefix(name)?;
@@ -36,9 +37,15 @@ pub(crate) mod testing {
                 Some(r) => r.split_once("} ")?,
                 None => ("", rest.strip_prefix(' ')?),
             };
-            let all = labels
-                .iter()
-                .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")));
+            let has = |k: &str, v: &str| {
+                let pairs = || label_part.split(',');
+                match v {
+                    "" => !pairs()
+                        .any(|p| p.starts_with(&format!("{k}=\"")) && p != format!("{k}=\"\"")),
+                    v => pairs().any(|p| p == format!("{k}=\"{v}\"")),
+                }
+            };
+            let all = labels.iter().all(|(k, v)| has(k, v));
             all.then(|| value.parse().ok()).flatten()
         })
     }

@@ -34,11 +34,38 @@ pub struct Spread {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
+    /// 95 % confidence intervals of the three quantiles (lower, upper).
+    pub p50_ci: (Option<f64>, Option<f64>),
+    pub p90_ci: (Option<f64>, Option<f64>),
+    pub p99_ci: (Option<f64>, Option<f64>),
     pub mean: f64,
     pub stddev: f64,
     pub min: f64,
     pub max: f64,
     pub count: u64,
+}
+
+/// The distribution-free 95 % confidence interval of the `q` quantile of `h`, in seconds: the
+/// samples at the order-statistic ranks of [`crate::measure::stats::confidence_ranks`] (the
+/// lowest value of the lower one's bucket, the highest of the upper one's); a side the samples
+/// cannot bound is `None`.
+fn interval(h: &Histogram<u64>, q: f64) -> (Option<f64>, Option<f64>) {
+    let (lower, upper) = super::stats::confidence_ranks(h.len(), q);
+    let at_rank = |rank: u64| {
+        let mut seen = 0u64;
+        h.iter_recorded().find_map(|b| {
+            seen += b.count_at_value();
+            (seen >= rank).then(|| b.value_iterated_to())
+        })
+    };
+    (
+        lower
+            .and_then(at_rank)
+            .map(|v| h.lowest_equivalent(v) as f64 / 1e6),
+        upper
+            .and_then(at_rank)
+            .map(|v| h.highest_equivalent(v) as f64 / 1e6),
+    )
 }
 
 impl Spread {
@@ -51,6 +78,9 @@ impl Spread {
             p50: s(h.value_at_quantile(0.5)),
             p90: s(h.value_at_quantile(0.9)),
             p99: s(h.value_at_quantile(0.99)),
+            p50_ci: interval(h, 0.5),
+            p90_ci: interval(h, 0.9),
+            p99_ci: interval(h, 0.99),
             mean: h.mean() / 1e6,
             stddev: h.stdev() / 1e6,
             min: s(h.min()),

@@ -1,12 +1,14 @@
 //! The label set of every per-request and per-step series: its eight names, spelled once.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 
 use crate::config::ServingMode;
 
-/// The labels of every per-request and per-step series (docs/DESIGN.md §5/§6; the names are [`REQUEST_LABELS`]). Labels that do not apply to
-/// the workload are empty strings, always present, so every series of a family has the same keys.
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The labels of every per-request and per-step series (docs/DESIGN.md §5/§6; the names are
+/// [`REQUEST_LABELS`]). Labels that do not apply to the workload are empty strings here and left
+/// out of the exposition, which Prometheus reads the same way (an absent label is `""`) for
+/// fewer bytes per line.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
 pub struct RequestLabels {
     pub target: String,
     pub serving_mode: String,
@@ -20,6 +22,17 @@ pub struct RequestLabels {
 
 /// A step is identified by the same labels as its requests.
 pub type StepLabels = RequestLabels;
+
+impl EncodeLabelSet for RequestLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        for (name, value) in self.pairs() {
+            if !value.is_empty() {
+                (name, value).encode(encoder.encode_label())?;
+            }
+        }
+        Ok(())
+    }
+}
 
 impl RequestLabels {
     /// Labels of a request of `workload` against `target`; step labels start empty.
@@ -120,6 +133,22 @@ impl RequestLabels {
             *field = value.to_owned();
         }
         l
+    }
+
+    /// Whether these are a step's sub-step labels: a multi-turn step's turn, or a distribution
+    /// step's ISL bucket.
+    pub fn is_substep(&self) -> bool {
+        !self.turn.is_empty() || !self.isl_bucket.is_empty()
+    }
+
+    /// The labels of the step these belong to (without `turn` and `isl_bucket`); `None` when
+    /// they are a step's already.
+    pub fn step_level(&self) -> Option<RequestLabels> {
+        self.is_substep().then(|| RequestLabels {
+            turn: String::new(),
+            isl_bucket: String::new(),
+            ..self.clone()
+        })
     }
 
     /// The value of the label `name`; empty for a name that is not a request label.

@@ -54,21 +54,34 @@ impl StepResult {
     }
 }
 
-/// p50, p90 and p99 of one latency over a step.
+/// p50, p90 and p99 of one latency over a step, with their 95 % confidence intervals.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Quantiles {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
+    /// (lower, upper) of p50, p90 and p99; a side the samples cannot bound is `None`.
+    pub ci: [(Option<f64>, Option<f64>); 3],
 }
 
 impl Quantiles {
+    /// Quantiles without intervals.
+    pub fn new(p50: f64, p90: f64, p99: f64) -> Quantiles {
+        Quantiles {
+            p50,
+            p90,
+            p99,
+            ci: [(None, None); 3],
+        }
+    }
+
     /// The p50, p90 and p99 of a step's spread.
     pub fn of(s: Spread) -> Quantiles {
         Quantiles {
             p50: s.p50,
             p90: s.p90,
             p99: s.p99,
+            ci: [s.p50_ci, s.p90_ci, s.p99_ci],
         }
     }
 

@@ -47,6 +47,8 @@ pub struct RulesOptions {
     /// The longest a cycle takes (`Config::cycle_upper_bound`): the shortest PromQL range of a
     /// recomputed SLO, and half the time before an SLO without data alerts.
     pub cycle: Duration,
+    /// `export.resolution`: which labels the histograms and counters the rules read are kept by.
+    pub resolution: crate::config::Resolution,
 }
 
 impl RulesOptions {
@@ -124,12 +126,81 @@ pub enum Format {
     PrometheusRule,
 }
 
-/// What Prometheus cannot evaluate: a measurement it has no series for (server-side timings),
-/// or a pinned baseline (it lives in the daemon's state). Such an SLO is the daemon's alone.
+/// What Prometheus cannot evaluate: a measurement it has no series for (server-side timings), a
+/// label the export does not keep that measurement by, or a pinned baseline (it lives in the
+/// daemon's state). Such an SLO is the daemon's alone.
 #[derive(Debug, Clone, PartialEq)]
 enum DaemonOnly {
     Measure(Measure),
+    Label(Measure, String),
     Pinned(String),
+}
+
+/// The labels the series that `measure` is read from in PromQL are kept by at `resolution`
+/// (docs/METRICS.md, "Series budget"); `None`: every request label. At the standard resolution
+/// the latency histograms and request counters are kept by step (the request duration by
+/// workload); the step gauges keep every label.
+fn exported_labels(
+    measure: Measure,
+    resolution: crate::config::Resolution,
+) -> Option<&'static [&'static str]> {
+    const STEP: &[&str] = &[
+        "target",
+        "serving_mode",
+        "workload",
+        "concurrency",
+        "distribution",
+        "prefix_ratio",
+    ];
+    const WORKLOAD: &[&str] = &["target", "serving_mode", "workload"];
+    match (resolution, measure) {
+        (crate::config::Resolution::High, _) => None,
+        (_, Measure::Latency) => Some(WORKLOAD),
+        (
+            _,
+            Measure::Ttft
+            | Measure::Itl
+            | Measure::ErrorRatio
+            | Measure::CacheHitRatio
+            | Measure::Requests,
+        ) => Some(STEP),
+        _ => None,
+    }
+}
+
+/// The first label an SLO's PromQL form would select by that the export does not keep.
+fn unexported(cond: &Cond, resolution: crate::config::Resolution) -> Option<DaemonOnly> {
+    fn walk(v: &Value, resolution: crate::config::Resolution) -> Option<DaemonOnly> {
+        let check = |measure: Measure, labels: &[&str]| {
+            let kept = exported_labels(measure, resolution)?;
+            labels
+                .iter()
+                .find(|l| !kept.contains(l))
+                .map(|l| DaemonOnly::Label(measure, (*l).to_owned()))
+        };
+        fn names(sel: &Selector) -> Vec<&str> {
+            sel.matchers.iter().map(|m| m.label.as_str()).collect()
+        }
+        match v {
+            Value::Number(_) | Value::Duration(_) => None,
+            Value::Neg(a) | Value::Baseline(a, _) => walk(a, resolution),
+            Value::Binary(_, a, b) => walk(a, resolution).or_else(|| walk(b, resolution)),
+            Value::Agg(_, sel) | Value::Scalar(sel) => check(sel.measure, &names(sel)),
+            Value::Goodput(sel, objectives) => std::iter::once(sel.measure)
+                .chain(objectives.iter().map(|o| o.measure))
+                .find_map(|m| check(m, &names(sel))),
+            Value::Fit(_, inner, label) => walk(inner, resolution).or_else(|| {
+                let mut sels = Vec::new();
+                inner.selectors(&mut sels);
+                sels.iter()
+                    .find_map(|s| check(s.measure, &[label.as_str()]))
+            }),
+        }
+    }
+    let mut cmps = Vec::new();
+    cond.comparisons(&mut cmps);
+    cmps.iter()
+        .find_map(|(_, a, b)| walk(a, resolution).or_else(|| walk(b, resolution)))
 }
 
 impl DaemonOnly {
@@ -137,6 +208,10 @@ impl DaemonOnly {
         match self {
             DaemonOnly::Measure(m) => format!(
                 "reads `{}`, a server-side timing with no Prometheus series",
+                m.name()
+            ),
+            DaemonOnly::Label(m, label) => format!(
+                "selects `{}` by `{label}`, which the standard export keeps only in the step gauges (`export.resolution: high` keeps it)",
                 m.name()
             ),
             DaemonOnly::Pinned(name) => {
@@ -582,7 +657,10 @@ fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
         },
         Rule::Alert {
             name: ALERT_NO_DATA.into(),
-            expr: format!("llm_canary_slo_state{{slo={slo}, state=\"insufficient_data\"}} == 1"),
+            // Held traffic holds the verdict too: no data during a pause is not news.
+            expr: format!(
+                "llm_canary_slo_state{{slo={slo}, state=\"insufficient_data\"}} == 1 unless on() (max(llm_canary_paused) == 1)"
+            ),
             for_: stuck,
             labels: opts.labels(def, Severity::Warning.as_str()),
             annotations: with_own(vec![
@@ -637,6 +715,10 @@ fn expr_group(
                 labels: vec![("slo".into(), def.name.clone()), ("side".into(), side)],
             });
         }
+    }
+    // Expressible in PromQL, but over labels the export may not keep.
+    if let Some(why) = unexported(cond, opts.resolution) {
+        return Err(why);
     }
     rules.push(Rule::Record {
         name: RECORD_COMPLIANT.into(),

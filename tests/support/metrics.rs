@@ -20,9 +20,12 @@ impl Sample<'_> {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Whether the sample has every `k="v"` of `labels` (and maybe others).
+    /// Whether the sample has every `k="v"` of `labels` (and maybe others); as in Prometheus, an
+    /// absent label is `""`.
     pub fn has(&self, labels: &[(&str, &str)]) -> bool {
-        labels.iter().all(|(k, v)| self.label(k) == Some(*v))
+        labels
+            .iter()
+            .all(|(k, v)| self.label(k).unwrap_or("") == *v)
     }
 }
 
@@ -151,4 +154,11 @@ pub const LATE_FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_budget_output_tokens_last_hour", "gauge"),
     ("llm_canary_budget_limit", "gauge"),
     ("llm_canary_probe_success", "gauge"),
+    // A side of a step quantile's interval exists once a step had enough samples to bound it.
+    ("llm_canary_step_ttft_lower_seconds", "gauge"),
+    ("llm_canary_step_ttft_upper_seconds", "gauge"),
+    ("llm_canary_step_itl_lower_seconds", "gauge"),
+    ("llm_canary_step_itl_upper_seconds", "gauge"),
+    ("llm_canary_step_request_duration_lower_seconds", "gauge"),
+    ("llm_canary_step_request_duration_upper_seconds", "gauge"),
 ];
