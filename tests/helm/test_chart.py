@@ -8,6 +8,9 @@ offline) for the default values and every ci/*-values.yaml, and checks what come
   (tests/testdata/crds), with unknown fields rejected;
 - the Deployment is hardened and probed, RBAC grants exactly what the daemon uses, every
   dashboard in dashboards/ becomes a labelled ConfigMap with the file's bytes;
+- the lifecycle endpoints are off by default; enabled with a token Secret
+  (ci/lifecycle-values.yaml) the config names the mounted file; the NetworkPolicy admits only
+  the Prometheus pods it selects;
 - for the default values: the rendered config passes `llm-canary check` and names the
   PrometheusRule the daemon keeps and its state ConfigMap; Helm renders no SLO PrometheusRule of
   its own (it could go stale), and with changed SLO values the rendered config carries the change
@@ -174,8 +177,55 @@ def check_rbac(docs, config, label):
             check(verbs == {"create", "get", "patch"}, f"{label}: {res} verbs {verbs}")
         else:
             check(verbs is None, f"{label}: {res} granted without {key}")
-    allowed = {"dynamographdeployments", "pods", "events", "leases", "configmaps", "prometheusrules"}
+    pause = kube.get("pause_annotation_on")
+    deployments = [rule for r in by_kind(docs, "Role") for rule in r["rules"]
+                   if "deployments" in rule["resources"]]
+    if pause:
+        check(pause == f"{RELEASE}-llm-canary", f"{label}: pause annotation on {pause}")
+        check([(d["verbs"], d.get("resourceNames")) for d in deployments]
+              == [(["get", "list", "watch"], [pause])],
+              f"{label}: the pause annotation's Deployment only: {deployments}")
+    else:
+        check(not deployments, f"{label}: Deployments granted without pause_annotation_on")
+    allowed = {"dynamographdeployments", "pods", "events", "leases", "configmaps", "prometheusrules",
+               "deployments"}
     check(all(res in allowed for (_, _, res) in rules), f"{label}: extra RBAC resources {rules}")
+
+
+def check_lifecycle(docs, values, label):
+    """The state-changing endpoints are off unless enabled; an enabled token comes from a mounted
+    Secret, never the ConfigMap; the NetworkPolicy admits only the selected scrapers."""
+    config = yaml.safe_load(config_of(docs))
+    export = config.get("export") or {}
+    lifecycle = values.get("lifecycle") or {}
+    (dep,) = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if not lifecycle.get("enabled"):
+        check(not export.get("lifecycle"), f"{label}: lifecycle on by default: {export}")
+        check("lifecycle-token" not in volumes, f"{label}: a token mounted with lifecycle off")
+    else:
+        check(export.get("lifecycle") is True, f"{label}: lifecycle enabled but not in the config")
+        secret = (lifecycle.get("tokenSecret") or {}).get("name")
+        if secret:
+            key = lifecycle["tokenSecret"].get("key", "token")
+            path = f"{mounts['lifecycle-token']['mountPath']}/{key}" if "lifecycle-token" in mounts else None
+            check(export.get("lifecycle_token_file") == path,
+                  f"{label}: token file {export.get('lifecycle_token_file')} != mounted {path}")
+            check(volumes.get("lifecycle-token", {}).get("secret", {}).get("secretName") == secret,
+                  f"{label}: token Secret {secret} not mounted: {volumes.get('lifecycle-token')}")
+            check(mounts.get("lifecycle-token", {}).get("readOnly") is True, f"{label}: token mount writable")
+    policies = by_kind(docs, "NetworkPolicy")
+    if (values.get("networkPolicy") or {}).get("enabled"):
+        (np,) = policies
+        (ingress,) = np["spec"]["ingress"]
+        check(ingress.get("from") == values["networkPolicy"]["metricsFrom"],
+              f"{label}: ingress from {ingress.get('from')}")
+        check(all("podSelector" in f and "namespaceSelector" in f for f in ingress.get("from", [])),
+              f"{label}: ingress not limited to Prometheus pods: {ingress.get('from')}")
+    else:
+        check(not policies, f"{label}: NetworkPolicy rendered while disabled")
 
 
 def check_dashboards(docs, values, label):
@@ -299,6 +349,7 @@ def main():
         (cm,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"]]
         check_rbac(docs, yaml.safe_load(cm["data"]["config.yaml"]), label)
         check_dashboards(docs, values, label)
+        check_lifecycle(docs, values, label)
         check_monitoring(docs, values, label)
         if case is None:
             check_managed_rules(docs, a.bin)
