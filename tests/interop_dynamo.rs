@@ -1,0 +1,438 @@
+//! llm-canary against real NVIDIA Dynamo 1.6.1 on loopback: Dynamo's own OpenAI-compatible
+//! frontend (its Rust HTTP server and KV router) in front of Dynamo's mocker workers, in an
+//! aggregated stack (two workers) and a disaggregated one (a prefill and a decode worker), started
+//! by `scripts/interop/dynamo-stack.sh` from the venv of `scripts/interop/install-dynamo.sh`
+//! (docs/INTEROP.md). Everything goes through the path users run: `llm-canary check --probe` and
+//! `llm-canary bench --out`, in another process, and the tests read what they wrote:
+//!
+//! - all four workloads, both modes paired, every request `ok`, ISL and OSL exact to the token
+//!   (`usage`; the mocker generates exactly `max_tokens`), and the server-metrics scrape reading
+//!   Dynamo's real names from the frontend (`dynamo_frontend_*`: server TTFT) and the workers
+//!   (KV usage, preemptions);
+//! - errors classified: an unknown model is a rejected probe (exit 4) and `http_4xx` requests, a
+//!   stack stopped mid-run `stream_truncated` and `connect`, never `ok`.
+//!
+//! Needs the Dynamo venv; without it the tests are skipped loudly outside CI and fail in CI
+//! (`CI=true`), where `scripts/test` installs it first.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use support::http::{get_text, http_client};
+use support::metrics::sample;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn home_cache(name: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/llm-canary").join(name)
+}
+
+/// The Dynamo venv, or `None` (after a loud message) when it is missing outside CI.
+fn dynamo_venv() -> Option<PathBuf> {
+    let venv = std::env::var_os("LLM_CANARY_DYNAMO_VENV")
+        .map_or_else(|| home_cache("dynamo-venv"), PathBuf::from);
+    if venv.join(".llm-canary-ready").is_file() {
+        return Some(venv);
+    }
+    let message = format!(
+        "Dynamo interop tests need the Dynamo venv at {} (not installed). Install it with \
+         `scripts/interop/install-dynamo.sh` (about a minute, 700 MB).",
+        venv.display()
+    );
+    assert!(!in_ci(), "CI=true: {message}");
+    eprintln!("\n{0}\nSKIPPED: {message}\n{0}\n", "!".repeat(78));
+    None
+}
+
+/// Only one test's stacks at a time: the mockers and the canary share two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A Dynamo stack started by `scripts/interop/dynamo-stack.sh`, stopped when dropped.
+struct Stack {
+    run: tempfile::TempDir,
+    /// `NAME URL` of `RUN/urls`: `frontend`, `frontend-metrics`, then the workers' metrics.
+    urls: Vec<(String, String)>,
+}
+
+impl Stack {
+    /// Starts `mode` (`agg` or `disagg`) on the first base port in `ports` whose four ports are
+    /// free (the script checks and refuses a busy one).
+    fn start(mode: &str, ports: std::ops::Range<u16>) -> Stack {
+        let run = tempfile::tempdir().expect("run dir");
+        let mut said = String::new();
+        for port in ports.step_by(4) {
+            let out = Command::new(repo().join("scripts/interop/dynamo-stack.sh"))
+                .args(["start", mode])
+                .arg(run.path())
+                .arg(port.to_string())
+                .env("DYNAMO_START_TIMEOUT", "180")
+                .output()
+                .expect("run scripts/interop/dynamo-stack.sh");
+            if out.status.success() {
+                let urls = std::fs::read_to_string(run.path().join("urls"))
+                    .expect("RUN/urls")
+                    .lines()
+                    .filter_map(|l| l.split_once(' '))
+                    .map(|(n, u)| (n.to_owned(), u.to_owned()))
+                    .collect();
+                eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim_end());
+                return Stack { run, urls };
+            }
+            said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if !said.contains("port(s) in use") {
+                break;
+            }
+        }
+        panic!("the {mode} Dynamo stack did not start:\n{said}");
+    }
+
+    fn url(&self, name: &str) -> &str {
+        self.urls
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, u)| u.as_str())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", self.urls))
+    }
+
+    fn metrics_urls(&self) -> Vec<&str> {
+        self.urls
+            .iter()
+            .filter(|(n, _)| n.ends_with("-metrics"))
+            .map(|(_, u)| u.as_str())
+            .collect()
+    }
+
+    fn stop(&self) {
+        let out = Command::new(repo().join("scripts/interop/dynamo-stack.sh"))
+            .arg("stop")
+            .arg(self.run.path())
+            .output()
+            .expect("run scripts/interop/dynamo-stack.sh stop");
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("scripts/interop/dynamo-stack.sh"))
+            .arg("stop")
+            .arg(self.run.path())
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+/// The mocker's model folder (tokenizer, chat template, config), built by the stack script.
+fn model_dir() -> PathBuf {
+    std::env::var_os("DYNAMO_MODEL_DIR")
+        .map_or_else(|| home_cache("dynamo-models/tiny-qwen3"), PathBuf::from)
+}
+
+fn target_yaml(name: &str, mode: &str, stack: &Stack, model: &str) -> String {
+    let metrics = stack.metrics_urls().join(", ");
+    format!(
+        "  - name: {name}\n    serving_mode: {mode}\n    url: {}\n    model: {model}\n    \
+         dialect: dynamo\n    server_metrics: [{metrics}]\n",
+        stack.url("frontend")
+    )
+}
+
+/// Short versions of the four workloads: a cycle of about a minute and a half.
+const FOUR_WORKLOADS: &str = "
+workloads:
+  concurrency_sweep: { levels: [1, 4], isl: 1024, osl: 64, step: 12s, warmup: 2s }
+  multi_turn: { turns: 3, conversations: 3, isl: 128, osl: 32, duration: 15s }
+  sequence_distribution:
+    distributions: [uniform, lognormal]
+    isl: { min: 128, max: 2048 }
+    osl: { min: 16, max: 64 }
+    concurrency: 4
+    step: 10s
+    warmup: 2s
+  prefix_cache: { hit_ratios: [0.0, 1.0], isl: 2048, osl: 16, concurrency: 4, step: 10s, warmup: 2s, pool_size: 2 }
+schedule: { drain_grace: 20s, max_lag_p99: 5s }
+";
+
+fn write_config(dir: &Path, targets: &str, workloads: &str) -> PathBuf {
+    let text = format!(
+        "targets:\n{targets}tokenizer: {}\n{workloads}export: {{ listen: 127.0.0.1:0 }}\n",
+        model_dir().display()
+    );
+    let path = dir.join("dynamo.yaml");
+    std::fs::write(&path, text).expect("write the config");
+    path
+}
+
+fn canary(args: &[&str], config: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("LLM_CANARY_STATE_FILE", config.with_extension("state.json"))
+        .output()
+        .expect("run llm-canary")
+}
+
+fn requests(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("requests.jsonl"))
+        .expect("requests.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+fn text(v: &serde_json::Value, key: &str) -> String {
+    v[key].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
+    let Some(_venv) = dynamo_venv() else { return };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    let agg = Stack::start("agg", 20000..20400);
+    let disagg = Stack::start("disagg", 20400..20800);
+    let dir = tempfile::tempdir().unwrap();
+    let targets = format!(
+        "{}{}",
+        target_yaml("dyn-agg", "aggregated", &agg, "auto"),
+        target_yaml("dyn-disagg", "disaggregated", &disagg, "auto")
+    );
+    let config = write_config(dir.path(), &targets, FOUR_WORKLOADS);
+
+    // The preflight: every check passes on both stacks, and every metrics endpoint, the
+    // frontend's and each worker's, has Dynamo's names.
+    let probe = canary(&["check", "--probe"], &config);
+    let said = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        probe.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    for stack in [&agg, &disagg] {
+        for url in stack.metrics_urls() {
+            assert!(
+                said.lines()
+                    .any(|l| l.contains(url) && l.contains("dynamo_")),
+                "{url} in\n{said}"
+            );
+        }
+    }
+    assert!(said.matches("nvext.timing present").count() == 2, "{said}");
+
+    let out = dir.path().join("out");
+    let bench = canary(
+        &["bench", "--format", "json", "--out", out.to_str().unwrap()],
+        &config,
+    );
+    assert!(
+        bench.status.success(),
+        "bench failed:\n{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+
+    // Every request ok; every workload ran on both targets; lengths exact to the token.
+    let all = requests(&out);
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut ran: BTreeSet<(String, String)> = BTreeSet::new();
+    for r in &all {
+        *outcomes.entry(text(r, "outcome")).or_default() += 1;
+        ran.insert((text(r, "target"), text(r, "workload")));
+        if text(r, "outcome") != "ok" {
+            continue;
+        }
+        assert_eq!(
+            r["completion_tokens"], r["requested_osl"],
+            "OSL not exact: {r}"
+        );
+        let want_isl = match text(r, "workload").as_str() {
+            "concurrency_sweep" => Some(1024),
+            "prefix_cache" => Some(2048),
+            _ => None,
+        };
+        if let Some(isl) = want_isl {
+            assert_eq!(r["prompt_tokens"], isl, "ISL not exact: {r}");
+        }
+    }
+    eprintln!("{} requests: {outcomes:?}", all.len());
+    assert_eq!(outcomes.keys().collect::<Vec<_>>(), ["ok"], "{outcomes:?}");
+    for target in ["dyn-agg", "dyn-disagg"] {
+        for workload in [
+            "concurrency_sweep",
+            "multi_turn",
+            "sequence_distribution",
+            "prefix_cache",
+        ] {
+            assert!(
+                ran.contains(&(target.to_owned(), workload.to_owned())),
+                "{target} ran no {workload}"
+            );
+        }
+    }
+    // Paired: the same prompts went to both targets (`-t0`/`-t1` of one request id).
+    let stems = |target: &str| -> BTreeSet<String> {
+        all.iter()
+            .filter(|r| text(r, "target") == target && text(r, "workload") == "concurrency_sweep")
+            .filter_map(|r| {
+                text(r, "x_request_id")
+                    .rsplit_once("-t")
+                    .map(|(s, _)| s.to_owned())
+            })
+            .collect()
+    };
+    let (a, d) = (stems("dyn-agg"), stems("dyn-disagg"));
+    assert!(
+        a.intersection(&d).count() >= 10,
+        "no paired prompts: {} agg, {} disagg",
+        a.len(),
+        d.len()
+    );
+
+    // The server's own view, per step: server TTFT from the frontend's dynamo_frontend_*
+    // histogram, KV usage from the workers' engine metrics.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for target in ["dyn-agg", "dyn-disagg"] {
+        let steps: Vec<&serde_json::Value> = summary["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["target"] == target && s["workload"] == "concurrency_sweep")
+            .collect();
+        assert!(!steps.is_empty(), "{target}: no sweep step in summary.json");
+        for s in steps {
+            let server = &s["server"];
+            let ttft = server["ttft_mean_seconds"].as_f64();
+            assert!(
+                ttft.is_some_and(|t| t > 0.0),
+                "{target}: server TTFT {server}"
+            );
+            assert!(
+                server["kv_cache_usage_max"]
+                    .as_f64()
+                    .is_some_and(|u| u > 0.0),
+                "{target}: worker KV usage {server}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_against_dynamo_are_classified() {
+    let Some(_venv) = dynamo_venv() else { return };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let stack = Stack::start("agg", 20800..21200);
+    let dir = tempfile::tempdir().unwrap();
+
+    // An unknown model: the probe rejects the target (exit 4) naming the model, and a bench's
+    // requests are http_4xx (404) with Dynamo's message.
+    let wrong = write_config(
+        dir.path(),
+        &target_yaml("dyn-wrong", "aggregated", &stack, "no-such-model"),
+        "workloads:\n  concurrency_sweep: { levels: [1], isl: 64, osl: 4, step: 3s, warmup: 0s }\n",
+    );
+    let probe = canary(&["check", "--probe"], &wrong);
+    let said = String::from_utf8_lossy(&probe.stdout);
+    assert_eq!(probe.status.code(), Some(4), "{said}");
+    assert!(said.contains("no-such-model"), "{said}");
+    let out = dir.path().join("wrong");
+    let bench = canary(
+        &["bench", "--format", "json", "--out", out.to_str().unwrap()],
+        &wrong,
+    );
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let seen = requests(&out);
+    assert!(!seen.is_empty());
+    for r in &seen {
+        assert_eq!(text(r, "outcome"), "http_4xx", "{r}");
+        // Dynamo's answer does not repeat the name; the server's message is kept.
+        assert!(text(r, "error").contains("Model not found"), "{r}");
+        assert_eq!(r["http_status"], 404, "{r}");
+    }
+
+    // The stack stopped mid-run: requests in flight end stream_truncated, later sends connect;
+    // nothing after the stop is ok, and the bench still writes what it saw.
+    let long = write_config(
+        dir.path(),
+        &target_yaml("dyn-stopped", "aggregated", &stack, "auto"),
+        "workloads:\n  concurrency_sweep: { levels: [2], isl: 128, osl: 4000, step: 20s, warmup: 0s }\n\
+         schedule: { drain_grace: 5s, max_lag_p99: 5s }\n",
+    );
+    let out = dir.path().join("stopped");
+    let bench = Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .args([
+            "bench",
+            "--format",
+            "json",
+            "--out",
+            out.to_str().unwrap(),
+            "--config",
+        ])
+        .arg(&long)
+        .env(
+            "LLM_CANARY_STATE_FILE",
+            dir.path().join("stopped.state.json"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the bench");
+    let client = http_client(Some(Duration::from_secs(5)));
+    let metrics = stack.url("frontend-metrics").to_owned();
+    let busy = support::within(Duration::from_secs(120), || {
+        let (client, metrics) = (client.clone(), metrics.clone());
+        async move {
+            let text = get_text(&client, &metrics).await.ok()?;
+            // Both streams past their first token (the frontend's TTFT histogram counts them).
+            sample(
+                &text,
+                "dynamo_frontend_time_to_first_token_seconds_count",
+                &[],
+            )
+            .filter(|n| *n >= 2.0)
+        }
+    })
+    .await;
+    assert!(busy.is_some(), "no stream started at the frontend");
+    stack.stop();
+    let finished = tokio::task::spawn_blocking(move || bench.wait_with_output())
+        .await
+        .unwrap()
+        .expect("the bench ends");
+    assert!(
+        finished.status.success(),
+        "{}",
+        String::from_utf8_lossy(&finished.stderr)
+    );
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for r in requests(&out) {
+        *outcomes.entry(text(&r, "outcome")).or_default() += 1;
+    }
+    eprintln!("stack stopped mid-run: outcomes {outcomes:?}");
+    assert!(outcomes.contains_key("stream_truncated"), "{outcomes:?}");
+    assert!(outcomes.contains_key("connect"), "{outcomes:?}");
+    assert!(
+        outcomes
+            .keys()
+            .all(|k| ["stream_truncated", "connect"].contains(&k.as_str())),
+        "{outcomes:?}"
+    );
+}
