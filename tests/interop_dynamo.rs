@@ -15,6 +15,7 @@
 //! Needs the Dynamo venv; without it the tests are skipped loudly outside CI and fail in CI
 //! (`CI=true`), where `scripts/test` installs it first.
 
+mod interop;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,21 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use interop::{home_cache, in_ci, repo};
 use support::http::{get_text, http_client};
 use support::metrics::sample;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-fn home_cache(name: &str) -> PathBuf {
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/llm-canary").join(name)
-}
 
 /// The Dynamo venv, or `None` (after a loud message) when it is missing outside CI.
 fn dynamo_venv() -> Option<PathBuf> {

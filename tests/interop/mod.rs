@@ -1,4 +1,5 @@
-//! Harness of the vLLM interop tests: the cached vLLM CPU venv (made by
+//! Harness of the interop tests (shared by the Dynamo suite: the cache folder, CI detection).
+//! For vLLM: the cached vLLM CPU venv (made by
 //! `scripts/interop/install-vllm.sh`), the tiny random-weight models (built by
 //! `scripts/interop/build-models.py`), and a server on a free loopback port: vLLM's OpenAI server
 //! (started by `scripts/interop/serve-vllm.sh`) or `transformers serve` from the same venv, ready
@@ -22,16 +23,18 @@ pub static ONE_SERVER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::co
 /// machine may be shared with a parallel build).
 pub const HEALTHY_WITHIN: Duration = Duration::from_secs(600);
 
-fn home_cache(name: &str) -> PathBuf {
+/// `~/.cache/llm-canary/NAME`, where `scripts/test` caches the engines' venvs and models.
+pub fn home_cache(name: &str) -> PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
     home.join(".cache/llm-canary").join(name)
 }
 
-fn repo() -> PathBuf {
+pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn in_ci() -> bool {
+/// Whether a missing engine fails the test (CI) rather than skipping it loudly.
+pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
