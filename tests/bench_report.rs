@@ -448,6 +448,15 @@ fn requests_jsonl_follows_the_per_record_contract() {
             "completion_tokens",
             "cached_tokens",
             "outcome",
+            "server_ttft_ms",
+            "server_prefill_wait_ms",
+            "server_prefill_ms",
+            "server_total_ms",
+            "server_kv_hit_rate",
+            "server_router_queue_depth",
+            "server_kv_transfer_ms",
+            "prefill_worker_id",
+            "decode_worker_id",
         ] {
             assert!(r.get(key).is_some(), "{key} missing in {line}");
         }
@@ -460,6 +469,10 @@ fn requests_jsonl_follows_the_per_record_contract() {
         if r["outcome"] != "ok" {
             continue;
         }
+        // The simulators answer the dynamo dialect's `nvext` like Dynamo: the server's own
+        // timing and the workers that served the request, on every request.
+        assert!(r["server_ttft_ms"].as_f64().is_some(), "{line}");
+        assert!(r["decode_worker_id"].as_str().is_some(), "{line}");
         let n = |k: &str| r[k].as_u64().unwrap();
         let (intended, start, first, end) = (
             n("intended_start_mono_ns"),

@@ -6,7 +6,8 @@
 //! `llm-canary bench --out`, in another process, and the tests read what they wrote:
 //!
 //! - all four workloads, both modes paired, every request `ok`, ISL and OSL exact to the token
-//!   (`usage`; the mocker generates exactly `max_tokens`), and the server-metrics scrape reading
+//!   (`usage`; the mocker generates exactly `max_tokens`), Dynamo's per-request timing and worker
+//!   ids in `requests.jsonl`, and the server-metrics scrape reading
 //!   Dynamo's real names from the frontend (`dynamo_frontend_*`: server TTFT) and the workers
 //!   (KV usage, preemptions);
 //! - errors classified: an unknown model is a rejected probe (exit 4) and `http_4xx` requests, a
@@ -244,6 +245,24 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
         if text(r, "outcome") != "ok" {
             continue;
         }
+        // Dynamo's own timing and worker ids, per request: in disagg a prefill and a decode
+        // worker, in agg one worker for both.
+        let (prefill, decode) = (text(r, "prefill_worker_id"), text(r, "decode_worker_id"));
+        assert!(!prefill.is_empty() && !decode.is_empty(), "worker ids: {r}");
+        assert_eq!(text(r, "target") == "dyn-agg", prefill == decode, "{r}");
+        for key in [
+            "server_ttft_ms",
+            "server_prefill_ms",
+            "server_total_ms",
+            "server_kv_hit_rate",
+        ] {
+            assert!(r[key].as_f64().is_some(), "{key}: {r}");
+        }
+        assert_eq!(
+            r["server_kv_transfer_ms"].is_number(),
+            text(r, "target") == "dyn-disagg",
+            "the KV transfer estimate only in disagg: {r}"
+        );
         assert_eq!(
             r["completion_tokens"], r["requested_osl"],
             "OSL not exact: {r}"

@@ -115,6 +115,8 @@ pub struct ServerTiming {
     pub total_time_ms: Option<f64>,
     /// The router's predicted KV-cache hit rate, 0..1.
     pub kv_hit_rate: Option<f64>,
+    /// Requests queued at the KV router when this one was routed.
+    pub router_queue_depth: Option<f64>,
     pub kv_transfer_estimated_latency_ms: Option<f64>,
 }
 
@@ -135,6 +137,25 @@ pub enum WorkerId {
         #[serde(default)]
         decode_dp_rank: Option<u32>,
     },
+}
+
+impl WorkerId {
+    /// The (prefill, decode) workers as text: a single id served both. Text, since Dynamo's
+    /// 64-bit ids do not survive a JSON reader that parses numbers as doubles.
+    pub fn prefill_and_decode(&self) -> (Option<String>, Option<String>) {
+        match self {
+            WorkerId::Id(id) => (Some(id.to_string()), Some(id.to_string())),
+            WorkerId::Name(name) => (Some(name.clone()), Some(name.clone())),
+            WorkerId::Split {
+                prefill_worker_id,
+                decode_worker_id,
+                ..
+            } => (
+                prefill_worker_id.map(|id| id.to_string()),
+                decode_worker_id.map(|id| id.to_string()),
+            ),
+        }
+    }
 }
 
 /// One content chunk: when its bytes arrived, as microseconds after the actual send (8 bytes per

@@ -105,6 +105,18 @@ struct Line<'a> {
     outcome: &'static str,
     http_status: Option<u16>,
     error: Option<&'a str>,
+    /// Dynamo's `nvext.timing` (docs/METRICS.md, "The request record"); `null` from a server
+    /// that does not send it.
+    server_ttft_ms: Option<f64>,
+    server_prefill_wait_ms: Option<f64>,
+    server_prefill_ms: Option<f64>,
+    server_total_ms: Option<f64>,
+    server_kv_hit_rate: Option<f64>,
+    server_router_queue_depth: Option<f64>,
+    server_kv_transfer_ms: Option<f64>,
+    /// Dynamo's `nvext.worker_id`, as text (64-bit ids).
+    prefill_worker_id: Option<String>,
+    decode_worker_id: Option<String>,
     /// With `--record-tokens`: the arrival of every content chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     token_mono_ns: Option<Vec<u64>>,
@@ -217,6 +229,11 @@ impl BenchSink {
         let l = ctx.labels;
         let label = |v: &'a String| (!v.is_empty()).then_some(v.as_str());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let timing = rec.server_timing.clone().unwrap_or_default();
+        let (prefill_worker_id, decode_worker_id) = rec
+            .worker_id
+            .as_ref()
+            .map_or((None, None), |w| w.prefill_and_decode());
         Line {
             x_request_id: &rec.request_id,
             response_id: rec.response_id.as_deref(),
@@ -247,6 +264,15 @@ impl BenchSink {
             outcome: rec.outcome.as_str(),
             http_status: rec.http_status,
             error: rec.error.as_deref(),
+            server_ttft_ms: timing.ttft_ms,
+            server_prefill_wait_ms: timing.prefill_wait_time_ms,
+            server_prefill_ms: timing.prefill_time_ms,
+            server_total_ms: timing.total_time_ms,
+            server_kv_hit_rate: timing.kv_hit_rate,
+            server_router_queue_depth: timing.router_queue_depth,
+            server_kv_transfer_ms: timing.kv_transfer_estimated_latency_ms,
+            prefill_worker_id,
+            decode_worker_id,
             token_mono_ns: self.record_tokens.then(|| {
                 rec.content_chunks()
                     .map(|(at, _)| self.clock.mono_ns(at))
