@@ -93,6 +93,19 @@ pub const STEP_LABELS: [&str; 5] = [
     REQUEST_LABELS[7],
 ];
 
+/// The labels a whole step is known by: the request labels without the two that vary per request
+/// within a step (`turn`, `isl_bucket`). The standard export keeps the per-request families by
+/// these (docs/METRICS.md, "Series budget"), and a step's flags (`llm_canary_step_degraded`) are
+/// matched to its sub-steps' gauges by them.
+pub const STEP_LEVEL_LABELS: [&str; 6] = [
+    REQUEST_LABELS[0],
+    REQUEST_LABELS[1],
+    REQUEST_LABELS[2],
+    REQUEST_LABELS[3],
+    REQUEST_LABELS[5],
+    REQUEST_LABELS[7],
+];
+
 impl RequestLabels {
     /// Every label as (name, value), in [`REQUEST_LABELS`] order.
     pub fn pairs(&self) -> [(&'static str, &str); 8] {

@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::ast::*;
 use super::{LabelDomain, SloDef, SloKind, fit_groups, pin_label};
 use crate::config::Severity;
+use crate::model::{REQUEST_LABELS, STEP_LEVEL_LABELS};
 
 /// The paging alert of an SLO whose daemon verdict is `fail`.
 pub const ALERT_FAILING: &str = "LlmCanarySloFailing";
@@ -103,10 +104,6 @@ fn pinned_label(def: &SloDef, label: &str) -> Option<String> {
     value.map(str::to_owned)
 }
 
-/// The label set of the per-request series, for `on(...)` matching of step gauges.
-const STEP_LABELS: &str =
-    "target, serving_mode, workload, concurrency, turn, distribution, isl_bucket, prefix_ratio";
-
 /// The multi-window multi-burn-rate table for a 30-day period (Google SRE workbook): long
 /// window, short window, burn factor, severity.
 const BURN_WINDOWS: [(u64, u64, f64, Severity); 4] = [
@@ -144,15 +141,8 @@ fn exported_labels(
     measure: Measure,
     resolution: crate::config::Resolution,
 ) -> Option<&'static [&'static str]> {
-    const STEP: &[&str] = &[
-        "target",
-        "serving_mode",
-        "workload",
-        "concurrency",
-        "distribution",
-        "prefix_ratio",
-    ];
-    const WORKLOAD: &[&str] = &["target", "serving_mode", "workload"];
+    const STEP: &[&str] = &STEP_LEVEL_LABELS;
+    const WORKLOAD: &[&str] = REQUEST_LABELS.split_at(3).0;
     match (resolution, measure) {
         (crate::config::Resolution::High, _) => None,
         (_, Measure::Latency) => Some(WORKLOAD),
@@ -331,8 +321,10 @@ impl Pq<'_> {
             .map(|o| format!(" offset {}", prom_duration(o)))
             .unwrap_or_default();
         format!(
-            "avg(avg_over_time({metric}{m}{}) unless on({STEP_LABELS}) (llm_canary_step_degraded{m}{offset} == 1))",
-            self.range()
+            "avg(avg_over_time({metric}{m}{}) unless on({}) (llm_canary_step_degraded{m}{offset} == 1))",
+            self.range(),
+            // A sub-step's gauges (a turn, an ISL bucket) follow their step's flag.
+            STEP_LEVEL_LABELS.join(", ")
         )
     }
 
