@@ -206,15 +206,9 @@ fn check(args: &CheckArgs) -> ExitCode {
 
 /// `check --probe`: the preflight of every configured target.
 fn probe(setup: &Setup) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match async_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     match rt.block_on(crate::probe::probe_config(&setup.config, setup.base_dir())) {
         Ok(reports) => {
@@ -228,17 +222,22 @@ fn probe(setup: &Setup) -> ExitCode {
     }
 }
 
-/// Commands that need the async runtime.
-fn runtime(command: Command) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime of the async commands; exit 1 (said on stderr) when it cannot start.
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
+        .map_err(|e| {
             eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+            ExitCode::from(1)
+        })
+}
+
+/// Commands that need the async runtime.
+fn runtime(command: Command) -> ExitCode {
+    let rt = match async_runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
     rt.block_on(async move {
         match command {
