@@ -168,14 +168,41 @@ fn write_config(dir: &Path, targets: &str, workloads: &str) -> PathBuf {
     path
 }
 
-fn canary(args: &[&str], config: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+/// `llm-canary ARGS --config CONFIG`, its SLO state file beside the config.
+fn canary_command(args: &[&str], config: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_llm-canary"));
+    command
         .args(args)
         .arg("--config")
         .arg(config)
-        .env("LLM_CANARY_STATE_FILE", config.with_extension("state.json"))
+        .env("LLM_CANARY_STATE_FILE", config.with_extension("state.json"));
+    command
+}
+
+fn canary(args: &[&str], config: &Path) -> Output {
+    canary_command(args, config)
         .output()
         .expect("run llm-canary")
+}
+
+fn bench_args(out: &Path) -> [&str; 5] {
+    [
+        "bench",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().expect("a UTF-8 path"),
+    ]
+}
+
+/// `llm-canary bench --out OUT` to its end; a failed bench fails the test with its log.
+fn bench(config: &Path, out: &Path) {
+    let bench = canary(&bench_args(out), config);
+    assert!(
+        bench.status.success(),
+        "bench failed:\n{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
 }
 
 fn requests(out: &Path) -> Vec<serde_json::Value> {
@@ -225,15 +252,7 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
     assert!(said.matches("nvext.timing present").count() == 2, "{said}");
 
     let out = dir.path().join("out");
-    let bench = canary(
-        &["bench", "--format", "json", "--out", out.to_str().unwrap()],
-        &config,
-    );
-    assert!(
-        bench.status.success(),
-        "bench failed:\n{}",
-        String::from_utf8_lossy(&bench.stderr)
-    );
+    bench(&config, &out);
 
     // Every request ok; every workload ran on both targets; lengths exact to the token.
     let all = requests(&out);
@@ -358,15 +377,7 @@ async fn errors_against_dynamo_are_classified() {
     assert_eq!(probe.status.code(), Some(4), "{said}");
     assert!(said.contains("no-such-model"), "{said}");
     let out = dir.path().join("wrong");
-    let bench = canary(
-        &["bench", "--format", "json", "--out", out.to_str().unwrap()],
-        &wrong,
-    );
-    assert!(
-        bench.status.success(),
-        "{}",
-        String::from_utf8_lossy(&bench.stderr)
-    );
+    bench(&wrong, &out);
     let seen = requests(&out);
     assert!(!seen.is_empty());
     for r in &seen {
@@ -385,20 +396,7 @@ async fn errors_against_dynamo_are_classified() {
          schedule: { drain_grace: 5s, max_lag_p99: 5s }\n",
     );
     let out = dir.path().join("stopped");
-    let bench = Command::new(env!("CARGO_BIN_EXE_llm-canary"))
-        .args([
-            "bench",
-            "--format",
-            "json",
-            "--out",
-            out.to_str().unwrap(),
-            "--config",
-        ])
-        .arg(&long)
-        .env(
-            "LLM_CANARY_STATE_FILE",
-            dir.path().join("stopped.state.json"),
-        )
+    let bench = canary_command(&bench_args(&out), &long)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

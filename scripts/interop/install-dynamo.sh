@@ -30,14 +30,9 @@ if [[ -f $READY ]] && [[ $(cat "$READY") == "ai-dynamo==$DYNAMO_VERSION" ]] \
   exit 0
 fi
 
-as_root() { if [[ $(id -u) == 0 ]]; then "$@"; else sudo "$@"; fi; }
-rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
-if ! python3 -m venv "$VENV" 2>/dev/null; then
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-fi
+# shellcheck source=fresh-venv.sh
+source "$(dirname "$0")/fresh-venv.sh"
+fresh_venv "$VENV"
 PIP=("$VENV/bin/pip" --disable-pip-version-check)
 "${PIP[@]}" install -q packaging
 

@@ -27,13 +27,9 @@ if [[ -f $READY ]] && "$VENV/bin/python" -c 'import vllm, transformers, tokenize
   exit 0
 fi
 
-as_root() { if [[ $(id -u) == 0 ]]; then "$@"; else sudo "$@"; fi; }
-rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
-if ! python3 -m venv "$VENV" 2>/dev/null; then
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-  python3 -m venv "$VENV"
-fi
+# shellcheck source=fresh-venv.sh
+source "$(dirname "$0")/fresh-venv.sh"
+fresh_venv "$VENV"
 PIP=("$VENV/bin/pip" --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip packaging
 
