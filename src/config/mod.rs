@@ -13,6 +13,7 @@ mod summary;
 mod target;
 mod validate;
 mod windows;
+mod workloads;
 
 use std::path::Path;
 
@@ -22,6 +23,7 @@ pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode};
 pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
+pub use workloads::*;
 
 /// The embedded demo: two simulated deployments (aggregated, disaggregated), all four workloads at
 /// a compressed time scale. `llm-canary run` without `--config` runs this.

@@ -7,6 +7,7 @@ use std::path::Path;
 use super::at::{At, Dur};
 use super::error::{Diagnostic, did_you_mean};
 use super::schema::*;
+use super::workloads::*;
 
 /// Bounds that keep absurd values from reaching the scheduler (1e9 workers, 10 MB prompts).
 pub const MAX_CONCURRENCY: u32 = 4096;

@@ -13,11 +13,11 @@ use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
 use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
-use super::ast::{BaselineRef, Cond, Objective, Value};
 use super::baseline::{BaselineStore, Entry};
-use super::eval::{self, Ctx, Interval, RequestSample, Side, StepRecord, Store, Truth, Want};
+use super::eval::{self, Ctx, RequestSample, Side, StepRecord, Store};
+use super::reading::{baseline_terms, empty_reading, evaluate_one, side_json, wants_of};
 use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
-use super::verdict::{Raw, Verdict};
+use super::verdict::Verdict;
 use super::{LabelDomain, SloDef, SloKind};
 
 /// How often the daemon evaluates every SLO.
@@ -103,107 +103,6 @@ impl ActiveClock {
             _ => {}
         }
     }
-}
-
-fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
-    let mut wants = Vec::new();
-    let mut cycle_wants = Vec::new();
-    let mut objective_sets: Vec<Vec<Objective>> = Vec::new();
-    for d in defs {
-        match &d.kind {
-            SloKind::Expr(c) => {
-                let mut cmps = Vec::new();
-                c.comparisons(&mut cmps);
-                for (_, a, b) in cmps {
-                    for v in [a, b] {
-                        collect(
-                            v,
-                            d.window,
-                            false,
-                            &mut wants,
-                            &mut cycle_wants,
-                            &mut objective_sets,
-                        );
-                    }
-                }
-            }
-            SloKind::BurnRate {
-                selector,
-                threshold,
-                ..
-            } => objective_sets.push(vec![Objective {
-                measure: selector.measure,
-                seconds: *threshold,
-            }]),
-        }
-    }
-    (wants, cycle_wants, objective_sets)
-}
-
-fn collect(
-    v: &Value,
-    window: Duration,
-    in_baseline: bool,
-    wants: &mut Vec<Want>,
-    cycle_wants: &mut Vec<Want>,
-    objective_sets: &mut Vec<Vec<Objective>>,
-) {
-    match v {
-        Value::Agg(_, sel) => {
-            let want = Want {
-                measure: sel.measure,
-                matchers: sel.matchers.clone(),
-                window,
-            };
-            let list = if in_baseline { cycle_wants } else { wants };
-            if !list.contains(&want) {
-                list.push(want);
-            }
-        }
-        Value::Goodput(_, objectives) => {
-            if !objective_sets.contains(objectives) {
-                objective_sets.push(objectives.clone());
-            }
-        }
-        Value::Baseline(inner, _) => {
-            collect(inner, window, true, wants, cycle_wants, objective_sets)
-        }
-        Value::Fit(_, inner, _) | Value::Neg(inner) => collect(
-            inner,
-            window,
-            in_baseline,
-            wants,
-            cycle_wants,
-            objective_sets,
-        ),
-        Value::Binary(_, a, b) => {
-            collect(a, window, in_baseline, wants, cycle_wants, objective_sets);
-            collect(b, window, in_baseline, wants, cycle_wants, objective_sets);
-        }
-        Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
-    }
-}
-
-fn baseline_terms(c: &Cond) -> Vec<(Value, BaselineRef)> {
-    fn walk(v: &Value, out: &mut Vec<(Value, BaselineRef)>) {
-        match v {
-            Value::Baseline(inner, past) => out.push(((**inner).clone(), past.clone())),
-            Value::Fit(_, inner, _) | Value::Neg(inner) => walk(inner, out),
-            Value::Binary(_, a, b) => {
-                walk(a, out);
-                walk(b, out);
-            }
-            _ => {}
-        }
-    }
-    let mut cmps = Vec::new();
-    c.comparisons(&mut cmps);
-    let mut out = Vec::new();
-    for (_, a, b) in cmps {
-        walk(a, &mut out);
-        walk(b, &mut out);
-    }
-    out
 }
 
 fn unix_now() -> f64 {
@@ -787,111 +686,6 @@ pub async fn run_evaluations(engine: Arc<SloEngine>, stop: tokio_util::sync::Can
             _ = stop.cancelled() => return,
         }
         engine.evaluate_now();
-    }
-}
-
-fn interval_json(i: &Interval) -> Json {
-    let num = |v: f64| v.is_finite().then_some(v);
-    json!({"estimate": num(i.estimate), "lower": num(i.lower), "upper": num(i.upper)})
-}
-
-fn side_json(s: &Side) -> Json {
-    json!({
-        "op": s.op.as_str(),
-        "lhs": interval_json(&s.lhs),
-        "rhs": interval_json(&s.rhs),
-        "verdict": match s.verdict { Truth::True => "holds", Truth::False => "violated", Truth::Unknown => "undecided" },
-    })
-}
-
-fn empty_reading(state: SloState) -> SloReading {
-    SloReading {
-        state,
-        value: None,
-        threshold: None,
-        value_lower: None,
-        value_upper: None,
-    }
-}
-
-/// One SLO's raw verdict, its reading (state filled in by the caller), its comparisons and why
-/// it has no verdict.
-fn evaluate_one(ctx: &Ctx<'_>, d: &SloDef) -> (Raw, SloReading, Vec<Side>, Option<String>) {
-    let state = SloState::InsufficientData;
-    match &d.kind {
-        SloKind::Expr(c) => match eval::condition(ctx, c) {
-            Ok((truth, sides)) => {
-                let raw = match truth {
-                    Truth::True => Raw::Pass,
-                    Truth::False => Raw::Fail,
-                    Truth::Unknown => Raw::Borderline,
-                };
-                let first = &sides[0];
-                let reading = SloReading {
-                    state,
-                    value: Some(first.lhs.estimate).filter(|v| v.is_finite()),
-                    threshold: Some(first.rhs.estimate).filter(|v| v.is_finite()),
-                    value_lower: first.lhs.lower_bound(),
-                    value_upper: first.lhs.upper_bound(),
-                };
-                (raw, reading, sides, None)
-            }
-            Err(e) => (
-                Raw::Insufficient,
-                empty_reading(state),
-                Vec::new(),
-                Some(e.reason),
-            ),
-        },
-        SloKind::BurnRate {
-            selector,
-            threshold,
-            objective,
-            ..
-        } => {
-            let t = ctx.store.totals(&selector.matchers, ctx.window, ctx.now);
-            if t.counts.requests < ctx.min_samples || t.counts.requests == 0 {
-                return (
-                    Raw::Insufficient,
-                    empty_reading(state),
-                    Vec::new(),
-                    Some(format!(
-                        "{} requests in the window, {} needed",
-                        t.counts.requests, ctx.min_samples
-                    )),
-                );
-            }
-            let key = eval::objectives_key(&[Objective {
-                measure: selector.measure,
-                seconds: *threshold,
-            }]);
-            let good = t.good.get(&key).copied().unwrap_or(0);
-            let bad_ratio = eval::wilson(
-                t.counts.requests - good.min(t.counts.requests),
-                t.counts.requests,
-            );
-            // (100 − objective) / 100 is exact for objectives written with few decimals.
-            let budget = (100.0 - objective) / 100.0;
-            let side = Side {
-                op: super::ast::CmpOp::Le,
-                lhs: bad_ratio,
-                rhs: Interval::point(budget),
-                verdict: eval::compare(super::ast::CmpOp::Le, bad_ratio, Interval::point(budget)),
-            };
-            let raw = match side.verdict {
-                Truth::True => Raw::Pass,
-                Truth::False => Raw::Fail,
-                Truth::Unknown => Raw::Borderline,
-            };
-            let reading = SloReading {
-                state,
-                value: Some(bad_ratio.estimate),
-                threshold: Some(budget),
-                value_lower: Some(bad_ratio.lower),
-                value_upper: Some(bad_ratio.upper),
-            };
-            (raw, reading, vec![side], None)
-        }
     }
 }
 

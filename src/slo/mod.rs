@@ -9,6 +9,8 @@ pub mod engine;
 pub mod eval;
 mod lex;
 pub mod parse;
+mod promql;
+mod reading;
 pub mod rules;
 pub mod state;
 pub mod verdict;

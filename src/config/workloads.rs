@@ -1,0 +1,312 @@
+//! The workloads' part of the configuration schema (docs/DESIGN.md §3 and §5): the four
+//! workloads with the benchmark plan's numbers as defaults, their open-loop rate, and the names
+//! that become the `workload` label.
+
+use serde::{Deserialize, Serialize};
+
+use super::at::{At, Dur};
+
+/// The four workloads; a workload left out of a written `workloads:` map does not run.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workloads {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_sweep: Option<ConcurrencySweep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_turn: Option<MultiTurn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_distribution: Option<SequenceDistribution>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
+}
+
+impl Default for Workloads {
+    /// All four with the benchmark plan's values.
+    fn default() -> Self {
+        Workloads {
+            concurrency_sweep: Some(ConcurrencySweep::default()),
+            multi_turn: Some(MultiTurn::default()),
+            sequence_distribution: Some(SequenceDistribution::default()),
+            prefix_cache: Some(PrefixCache::default()),
+        }
+    }
+}
+
+/// The workload names (the `workload` label), in the benchmark plan's order.
+pub const WORKLOAD_NAMES: [&str; 4] = [
+    "concurrency_sweep",
+    "multi_turn",
+    "sequence_distribution",
+    "prefix_cache",
+];
+
+/// Open-loop arrivals instead of closed-loop workers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    #[serde(default)]
+    pub arrival: Arrival,
+    /// Requests per second.
+    pub rps: At<f64>,
+    /// Cap on requests in flight per target; arrivals beyond it still count from their intended time.
+    #[serde(default = "max_inflight")]
+    pub max_inflight: At<u32>,
+}
+
+fn max_inflight() -> At<u32> {
+    At::dflt(1024)
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arrival {
+    Constant,
+    #[default]
+    Poisson,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySweep {
+    #[serde(default = "sweep_levels")]
+    pub levels: At<Vec<u32>>,
+    #[serde(default = "n1024")]
+    pub isl: At<u32>,
+    #[serde(default = "n512")]
+    pub osl: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn sweep_levels() -> At<Vec<u32>> {
+    At::dflt(vec![1, 2, 4, 8, 16, 32, 64])
+}
+fn n1024() -> At<u32> {
+    At::dflt(1024)
+}
+fn n512() -> At<u32> {
+    At::dflt(512)
+}
+fn n256() -> At<u32> {
+    At::dflt(256)
+}
+fn n2048() -> At<u32> {
+    At::dflt(2048)
+}
+fn n16() -> At<u32> {
+    At::dflt(16)
+}
+fn s120() -> At<Dur> {
+    At::dflt(Dur::secs(120))
+}
+fn s10() -> At<Dur> {
+    At::dflt(Dur::secs(10))
+}
+pub(super) fn s0() -> At<Dur> {
+    At::dflt(Dur::secs(0))
+}
+
+impl Default for ConcurrencySweep {
+    fn default() -> Self {
+        ConcurrencySweep {
+            levels: sweep_levels(),
+            isl: n1024(),
+            osl: n512(),
+            step: s120(),
+            warmup: s10(),
+            rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultiTurn {
+    #[serde(default = "turns")]
+    pub turns: At<u32>,
+    #[serde(default = "conversations")]
+    pub conversations: At<u32>,
+    /// Tokens of each new user message.
+    #[serde(default = "n512")]
+    pub isl: At<u32>,
+    #[serde(default = "n256")]
+    pub osl: At<u32>,
+    #[serde(default = "s300")]
+    pub duration: At<Dur>,
+    /// Pause between a reply and the next turn (a user reading).
+    #[serde(default = "s0")]
+    pub think_time: At<Dur>,
+}
+
+fn turns() -> At<u32> {
+    At::dflt(5)
+}
+fn conversations() -> At<u32> {
+    At::dflt(8)
+}
+fn s300() -> At<Dur> {
+    At::dflt(Dur::secs(300))
+}
+
+impl Default for MultiTurn {
+    fn default() -> Self {
+        MultiTurn {
+            turns: turns(),
+            conversations: conversations(),
+            isl: n512(),
+            osl: n256(),
+            duration: s300(),
+            think_time: s0(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistributionKind {
+    Uniform,
+    Zipf,
+    Lognormal,
+}
+
+impl DistributionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DistributionKind::Uniform => "uniform",
+            DistributionKind::Zipf => "zipf",
+            DistributionKind::Lognormal => "lognormal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Range {
+    pub min: At<u32>,
+    pub max: At<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceDistribution {
+    #[serde(default = "distributions")]
+    pub distributions: At<Vec<DistributionKind>>,
+    #[serde(default = "isl_range")]
+    pub isl: Range,
+    #[serde(default = "osl_range")]
+    pub osl: Range,
+    #[serde(default = "n16")]
+    pub concurrency: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Zipf exponent over the length range (> 0; larger = more short sequences).
+    #[serde(default = "zipf_exponent")]
+    pub zipf_exponent: At<f64>,
+    /// Lognormal: median lengths (default: geometric mean of min and max) and sigma.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lognormal_isl_median: Option<At<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lognormal_osl_median: Option<At<f64>>,
+    #[serde(default = "lognormal_sigma")]
+    pub lognormal_sigma: At<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn distributions() -> At<Vec<DistributionKind>> {
+    At::dflt(vec![
+        DistributionKind::Uniform,
+        DistributionKind::Zipf,
+        DistributionKind::Lognormal,
+    ])
+}
+fn isl_range() -> Range {
+    Range {
+        min: At::dflt(128),
+        max: At::dflt(4096),
+    }
+}
+fn osl_range() -> Range {
+    Range {
+        min: At::dflt(64),
+        max: At::dflt(2048),
+    }
+}
+fn zipf_exponent() -> At<f64> {
+    At::dflt(1.1)
+}
+fn lognormal_sigma() -> At<f64> {
+    At::dflt(0.6)
+}
+
+impl Default for SequenceDistribution {
+    fn default() -> Self {
+        SequenceDistribution {
+            distributions: distributions(),
+            isl: isl_range(),
+            osl: osl_range(),
+            concurrency: n16(),
+            step: s120(),
+            warmup: s10(),
+            zipf_exponent: zipf_exponent(),
+            lognormal_isl_median: None,
+            lognormal_osl_median: None,
+            lognormal_sigma: lognormal_sigma(),
+            rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixCache {
+    #[serde(default = "hit_ratios")]
+    pub hit_ratios: At<Vec<f64>>,
+    #[serde(default = "n2048")]
+    pub isl: At<u32>,
+    #[serde(default = "n512")]
+    pub osl: At<u32>,
+    #[serde(default = "n16")]
+    pub concurrency: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Shared prefixes in the pool each step draws from.
+    #[serde(default = "pool_size")]
+    pub pool_size: At<u32>,
+    /// KV block size the prefixes are aligned to (the server's block size; 16 for vLLM/Dynamo GPU).
+    #[serde(default = "n16")]
+    pub block_size: At<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+}
+
+fn hit_ratios() -> At<Vec<f64>> {
+    At::dflt(vec![0.0, 0.25, 0.5, 0.75, 1.0])
+}
+fn pool_size() -> At<u32> {
+    At::dflt(4)
+}
+
+impl Default for PrefixCache {
+    fn default() -> Self {
+        PrefixCache {
+            hit_ratios: hit_ratios(),
+            isl: n2048(),
+            osl: n512(),
+            concurrency: n16(),
+            step: s120(),
+            warmup: s10(),
+            pool_size: pool_size(),
+            block_size: n16(),
+            rate: None,
+        }
+    }
+}
