@@ -303,6 +303,21 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
         );
     }
 
+    // The simulators send Dynamo's nvext.timing: every step taken apart, per mode, its parts
+    // adding up to the client's mean TTFT (to the table's rounding).
+    let tb = table(&s, "ttft_breakdown");
+    for mode in MODES {
+        let rows = rows_where(tb, "mode", &mode.into());
+        assert_eq!(rows.len(), 9, "{mode}: one row per step: {rows:?}");
+        for r in rows {
+            let parts = num(r, tb, "client queue")
+                + num(r, tb, "server TTFT")
+                + num(r, tb, "handoff + network");
+            assert!((parts - num(r, tb, "client TTFT")).abs() < 0.2, "{r:?}");
+            assert!(num(r, tb, "server TTFT") > 0.0, "{r:?}");
+        }
+    }
+
     let q = table(&s, "questions");
     assert_eq!(q["rows"].as_array().unwrap().len(), 4);
     for r in q["rows"].as_array().unwrap() {

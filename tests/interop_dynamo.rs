@@ -25,6 +25,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use interop::{home_cache, in_ci, repo};
+use llm_canary::config::ServingMode;
 use support::http::{get_text, http_client};
 use support::metrics::sample;
 
@@ -329,6 +330,26 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
         d.len()
     );
 
+    // Observed prefix hits at ratio 1.0: aggregated from usage; disaggregated (whose usage says
+    // 0) from the router's kv_hit_rate, each request naming its source.
+    let mut sources: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in all.iter().filter(|r| {
+        text(r, "outcome") == "ok"
+            && text(r, "workload") == "prefix_cache"
+            && text(r, "phase") == "steady"
+            && text(r, "prefix_ratio") == "1"
+    }) {
+        *sources
+            .entry((text(r, "target"), text(r, "cached_tokens_source")))
+            .or_default() += 1;
+    }
+    let count = |t: &str, s: &str| sources.get(&(t.into(), s.into())).copied().unwrap_or(0);
+    assert_eq!(count("dyn-agg", "kv_hit_rate"), 0, "{sources:?}");
+    assert!(
+        count("dyn-disagg", "kv_hit_rate") >= 9 * count("dyn-disagg", "usage").max(1),
+        "{sources:?}"
+    );
+
     // The server's own view, per step: server TTFT from the frontend's dynamo_frontend_*
     // histogram, KV usage from the workers' engine metrics.
     let summary: serde_json::Value =
@@ -354,8 +375,112 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
                     .is_some_and(|u| u > 0.0),
                 "{target}: worker KV usage {server}"
             );
+            // The TTFT taken apart: the parts add up to the client's mean TTFT, and in disagg
+            // the handoff after the prefill worker's first token is the larger part.
+            let b = &s["ttft_breakdown"];
+            let f = |k: &str| b[k].as_f64().unwrap_or_else(|| panic!("{k} in {b}"));
+            let sum = f("client_queue") + f("server_ttft") + f("handoff");
+            assert!((sum - f("client_ttft")).abs() < 1e-6, "{target}: {b}");
+            assert!(
+                f("server_ttft") > 0.0 && f("handoff") >= 0.0,
+                "{target}: {b}"
+            );
         }
+        let prefix_full = summary["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| {
+                s["target"] == target
+                    && s["workload"] == "prefix_cache"
+                    && s["labels"]["prefix_ratio"] == "1"
+            })
+            .unwrap_or_else(|| panic!("{target}: no prefix_ratio=1 step"));
+        let hit = prefix_full["cache_hit_ratio"].as_f64().unwrap_or(0.0);
+        assert!(hit > 0.8, "{target}: observed hit at ratio 1.0 is {hit}");
+        let server_hit = prefix_full["server"]["prefix_cache_hit_ratio"].as_f64();
+        assert!(
+            server_hit.is_some_and(|h| h > 0.5),
+            "{target}: the router's prefix hit at ratio 1.0: {server_hit:?}"
+        );
     }
+    let tables: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let breakdown = tables["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "ttft_breakdown")
+        .expect("the TTFT breakdown table");
+    assert!(
+        breakdown["rows"].as_array().is_some_and(|r| r.len() >= 8),
+        "{breakdown}"
+    );
+
+    // Every Dynamo name the embedded simulator exports, Dynamo exports too (here, live).
+    let live: Vec<&str> = [&agg, &disagg]
+        .iter()
+        .flat_map(|s| s.metrics_urls())
+        .collect();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(simulator_names_are_dynamos(&live));
+}
+
+/// The simulator's `dynamo_*` families, in both modes, all among those the live stacks at
+/// `urls` export.
+async fn simulator_names_are_dynamos(urls: &[&str]) {
+    let client = http_client(Some(Duration::from_secs(10)));
+    let mut live = BTreeSet::new();
+    for url in urls {
+        let text = get_text(&client, url).await.expect("scrape a stack");
+        live.extend(families(&text));
+    }
+    for mode in [ServingMode::Aggregated, ServingMode::Disaggregated] {
+        let sim = llm_canary::sim::start(
+            llm_canary::sim::SimSpec::default(),
+            mode,
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}"#;
+        let resp = client
+            .post(format!("{}/v1/chat/completions", sim.base_url()))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        resp.bytes().await.unwrap();
+        let text = get_text(&client, &format!("{}/metrics", sim.base_url()))
+            .await
+            .unwrap();
+        let invented: Vec<String> = families(&text)
+            .into_iter()
+            .filter(|n| n.starts_with("dynamo_") && !live.contains(n))
+            .collect();
+        assert!(
+            invented.is_empty(),
+            "{mode:?}: the simulator's Dynamo names that Dynamo 1.6.1 lacks: {invented:?}"
+        );
+        sim.shutdown().await;
+    }
+}
+
+/// The metric families of an exposition (`_bucket`, `_sum`, `_count` folded).
+fn families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|n| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+                .to_owned()
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,7 +114,7 @@ async fn discovery_follows_deployments_live() {
     );
     put_pod(&api, "vllm-agg-worker-0", "vllm-agg", "worker", "10.0.0.2");
     let t = until(&mut rx, "agg appears", |t| {
-        t.len() == 1 && !t[0].server_metrics.is_empty()
+        t.len() == 1 && t[0].server_metrics.len() == 2
     })
     .await;
     assert_eq!(
@@ -122,13 +122,20 @@ async fn discovery_follows_deployments_live() {
         [("vllm-agg".to_owned(), ServingMode::Aggregated)]
     );
     assert_eq!(t[0].url, "http://vllm-agg-frontend.dynamo.svc:8000");
-    assert_eq!(t[0].server_metrics, ["http://10.0.0.2:9090/metrics"]);
+    // The frontend's own /metrics (Dynamo's frontend and KV router) and the worker's.
+    assert_eq!(
+        t[0].server_metrics,
+        [
+            "http://10.0.0.1:8000/metrics",
+            "http://10.0.0.2:9090/metrics"
+        ]
+    );
     assert!(
         t[0].reference().uid.is_some(),
         "Events need the deployment's uid"
     );
 
-    // The disaggregated example appears: prefill + decode workers, both scraped.
+    // The disaggregated example appears: its frontend, prefill and decode workers, all scraped.
     api.put(&dgds(), example("vllm-disagg.yaml"));
     put_pod(
         &api,
@@ -152,7 +159,7 @@ async fn discovery_follows_deployments_live() {
         "10.0.1.3",
     );
     let t = until(&mut rx, "disagg appears", |t| {
-        t.len() == 2 && t[1].server_metrics.len() == 2
+        t.len() == 2 && t[1].server_metrics.len() == 3
     })
     .await;
     assert_eq!(

@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use llm_canary::client::{Outcome, RequestRecord, Usage};
+use llm_canary::client::{Outcome, RequestRecord, ServerTiming, Usage, WorkerId};
 use llm_canary::config::{Api, At, Dur, Otlp, OtlpProtocol, ServingMode};
 use llm_canary::export::buckets::latency_buckets;
 use llm_canary::export::otlp::{OtlpExporter, OtlpTarget};
@@ -97,6 +97,20 @@ fn record() -> RequestRecord {
         prompt_tokens: 100,
         completion_tokens: 5,
         cached_tokens: 40,
+    });
+    // Dynamo's own timing: 30 ms waiting and 120 ms prefilling of the 200 ms TTFT.
+    rec.server_timing = Some(ServerTiming {
+        prefill_wait_time_ms: Some(30.0),
+        prefill_time_ms: Some(120.0),
+        ttft_ms: Some(150.0),
+        kv_hit_rate: Some(0.4),
+        ..ServerTiming::default()
+    });
+    rec.worker_id = Some(WorkerId::Split {
+        prefill_worker_id: Some(7),
+        decode_worker_id: Some(9),
+        prefill_dp_rank: None,
+        decode_dp_rank: None,
     });
     rec.settle(Outcome::Ok, t0 + ms(300), None);
     rec
@@ -180,6 +194,9 @@ fn assert_one_request_exported(r: &Received) {
         ("gen_ai.client.operation.time_to_first_chunk", 1, 0.2),
         ("gen_ai.client.operation.time_per_output_chunk", 4, 0.08),
         ("llm_canary.inter_token_latency", 1, 0.02),
+        ("llm_canary.server.time_to_first_token", 1, 0.15),
+        ("llm_canary.server.queue_time", 1, 0.03),
+        ("llm_canary.server.prefill_time", 1, 0.12),
     ] {
         let points = histogram_points(r, name);
         assert_eq!(points.len(), 1, "{name}: {points:?}");
@@ -262,6 +279,30 @@ fn assert_one_request_exported(r: &Received) {
         string_attr(&span.attributes, "llm_canary.request_id").as_deref(),
         Some("req-1")
     );
+    // The server's timing and its workers on the span (never on a metric point).
+    let double = |key: &str| match attr(&span.attributes, key) {
+        Some(any_value::Value::DoubleValue(v)) => Some(*v),
+        _ => None,
+    };
+    assert_eq!(double("llm_canary.server.ttft_ms"), Some(150.0));
+    assert_eq!(double("llm_canary.server.queue_ms"), Some(30.0));
+    let handoff = double("llm_canary.server.handoff_ms").unwrap();
+    assert!((handoff - 50.0).abs() < 1e-6, "{handoff}");
+    assert_eq!(
+        string_attr(&span.attributes, "llm_canary.server.prefill_worker_id").as_deref(),
+        Some("7")
+    );
+    for name in [
+        "gen_ai.client.operation.time_to_first_chunk",
+        "llm_canary.server.time_to_first_token",
+    ] {
+        for p in histogram_points(r, name) {
+            assert!(
+                attr(&p.attributes, "llm_canary.server.prefill_worker_id").is_none(),
+                "{name}: a worker id on a metric point"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

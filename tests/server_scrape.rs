@@ -197,3 +197,75 @@ async fn periodic_scrape_publishes_and_counts_a_dead_endpoint() {
     assert!(!text.contains("llm_canary_server_kv_cache_usage_ratio{target=\"dead\"}"));
     sim.shutdown().await;
 }
+
+/// The names a real run exposed, `_bucket`/`_sum`/`_count` folded into their family: Dynamo
+/// 1.6.1's frontend and mocker workers (`tests/testdata/dynamo/metric-names.txt`), vLLM's CPU
+/// build (`tests/testdata/vllm/metric-names.txt`), and KVBM's registered names
+/// (`tests/testdata/dynamo/kvbm-metric-names.txt`, from its source: KVBM needs a GPU).
+fn real_names() -> std::collections::BTreeSet<String> {
+    [
+        include_str!("testdata/dynamo/metric-names.txt"),
+        include_str!("testdata/vllm/metric-names.txt"),
+        include_str!("testdata/dynamo/kvbm-metric-names.txt"),
+    ]
+    .iter()
+    .flat_map(|text| text.lines())
+    .map(str::trim)
+    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    .map(|l| family(l).to_owned())
+    .collect()
+}
+
+fn family(sample: &str) -> &str {
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| sample.strip_suffix(s))
+        .unwrap_or(sample)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_server_metric_the_simulator_exports_exists_on_a_real_server() {
+    let real = real_names();
+    // Every family the simulator can export: both modes, KV tiers on (KVBM's counters), a
+    // pool small enough to evict, successes and a prefix hit.
+    for mode in [ServingMode::Aggregated, ServingMode::Disaggregated] {
+        let pool = PoolSpec {
+            kv_blocks: Some(16),
+            ..PoolSpec::default()
+        };
+        let tier = TierSpec {
+            capacity_gb: 1.0,
+            bandwidth_gbps: 20.0,
+        };
+        let spec = SimSpec {
+            aggregated: pool.clone(),
+            prefill: pool.clone(),
+            decode: pool,
+            cpu_tier: Some(tier),
+            disk_tier: Some(tier),
+            ..fast()
+        };
+        let sim = start_sim(spec, mode).await;
+        let base = sim.base_url();
+        for salt in ["a", "a", "b", "c", "d"] {
+            chat(&base, &words(400, salt)).await;
+        }
+        let text = raw_metrics(&base).await;
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(family)
+            .collect();
+        assert!(
+            exported.len() >= 10 && exported.contains("kvbm_offload_blocks_d2h"),
+            "{mode:?}: too few families to judge: {exported:?}"
+        );
+        let invented: Vec<&&str> = exported.iter().filter(|n| !real.contains(**n)).collect();
+        assert!(
+            invented.is_empty(),
+            "{mode:?}: the simulator exports names no real Dynamo, vLLM or KVBM has: {invented:?}"
+        );
+        sim.shutdown().await;
+    }
+}

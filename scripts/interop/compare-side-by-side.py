@@ -9,8 +9,11 @@ canary's `canary-c<LEVEL>/requests.jsonl` (steady window, ok requests), and vLLM
 snapshots taken before and after each tool's run (`metrics-<tool>-c<LEVEL>-{before,after}.txt`).
 Prints, per concurrency level, both tools' request count, prompt and output tokens (from usage),
 TTFT p50/p99/mean and ITL p50/mean in milliseconds, next to the server's own mean TTFT and ITL over
-the same run (increase of `vllm:time_to_first_token_seconds` and `vllm:inter_token_latency_seconds`
-sum / count), then the canary/AIPerf ratios and each tool's excess over the server's view.
+the same run (increase of the TTFT and ITL histograms' sum / count: vLLM's
+`vllm:time_to_first_token_seconds` and `vllm:inter_token_latency_seconds`, or Dynamo's frontend
+`dynamo_frontend_time_to_first_token_seconds` and `dynamo_frontend_inter_token_latency_seconds`,
+whichever the snapshots hold), then the canary/AIPerf ratios and each tool's excess over the
+server's view.
 
 The second form prints the median server-counted prompt length of AIPerf's requests at LEVEL (the
 side-by-side script sets the canary's ISL to it).
@@ -58,19 +61,23 @@ def canary(out, level):
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+# The server's TTFT and ITL histograms: vLLM's engine, or Dynamo's frontend.
+FAMILIES = (
+    ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"),
+    ("dynamo_frontend_time_to_first_token_seconds", "dynamo_frontend_inter_token_latency_seconds"),
+)
+
+
 def totals(path):
-    """Sum of each `_sum` / `_count` series of the two latency histograms in one scrape."""
+    """Sum of each `_sum` / `_count` series of the latency histograms in one scrape."""
     sums = {}
     if not path.exists():
         return sums
+    wanted = {f + suffix for pair in FAMILIES for f in pair for suffix in ("_sum", "_count")}
     for line in path.read_text().splitlines():
         m = SAMPLE.match(line)
-        if not m:
-            continue
-        name = m.group(1)
-        for family in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
-            if name in (family + "_sum", family + "_count"):
-                sums[name] = sums.get(name, 0.0) + float(m.group(3))
+        if m and m.group(1) in wanted:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
     return sums
 
 
@@ -78,8 +85,9 @@ def server_means(out, tool, level):
     """The server's mean TTFT and ITL (ms) over one tool's run, or None where it has no data."""
     before = totals(out / f"metrics-{tool}-c{level}-before.txt")
     after = totals(out / f"metrics-{tool}-c{level}-after.txt")
+    families = next((pair for pair in FAMILIES if pair[0] + "_count" in after), FAMILIES[0])
     means = []
-    for family in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+    for family in families:
         count = after.get(family + "_count", 0.0) - before.get(family + "_count", 0.0)
         total = after.get(family + "_sum", 0.0) - before.get(family + "_sum", 0.0)
         means.append(1e3 * total / count if count > 0 else None)

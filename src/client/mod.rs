@@ -23,8 +23,8 @@ use crate::config::{Api, Dialect, LengthControl};
 
 pub use body::{BodySpec, ChatMessage, Prompt, Role, encode as encode_body};
 pub use record::{
-    MAX_RECORD_SPAN, Outcome, RecordSummary, RequestRecord, ServerTiming, TokenCounter, Usage,
-    WorkerId,
+    CacheSource, MAX_RECORD_SPAN, Outcome, RequestRecord, ServerSplit, ServerTiming, TokenCounter,
+    Usage, WorkerId,
 };
 pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 

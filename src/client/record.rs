@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+pub use crate::measure::step::{CacheSource, ServerSplit};
+
 /// Counts the tokens of a piece of streamed text. Without one, every content chunk counts as one
 /// token (what OpenAI-compatible servers send when streaming token by token).
 pub trait TokenCounter: Send + Sync {
@@ -323,8 +325,64 @@ impl RequestRecord {
         self.usage.map(|u| u.prompt_tokens)
     }
 
+    /// Prompt tokens served from the prefix cache, as observed ([`RequestRecord::cache_source`]
+    /// says from where): `usage.prompt_tokens_details.cached_tokens`, or, when usage reports none
+    /// but Dynamo's `nvext.timing.kv_hit_rate` is above zero, `kv_hit_rate × prompt_tokens`
+    /// rounded. Disaggregated Dynamo reports 0 cached tokens in usage while its KV router reports
+    /// the prefix hit (docs/METRICS.md, "Cache hits"). `None` without usage.
     pub fn cached_tokens(&self) -> Option<u64> {
-        self.usage.map(|u| u.cached_tokens)
+        let usage = self.usage?;
+        Some(match self.cache_source() {
+            Some(CacheSource::KvHitRate) => {
+                let rate = self.router_kv_hit_rate().unwrap_or(0.0);
+                (rate * usage.prompt_tokens as f64).round() as u64
+            }
+            _ => usage.cached_tokens,
+        })
+    }
+
+    /// Where [`RequestRecord::cached_tokens`] came from; `None` without usage.
+    pub fn cache_source(&self) -> Option<CacheSource> {
+        let usage = self.usage?;
+        Some(
+            if usage.cached_tokens == 0 && self.router_kv_hit_rate().is_some_and(|r| r > 0.0) {
+                CacheSource::KvHitRate
+            } else {
+                CacheSource::Usage
+            },
+        )
+    }
+
+    /// `nvext.timing.kv_hit_rate` when it is a share (0..=1); anything else is not a hit rate.
+    fn router_kv_hit_rate(&self) -> Option<f64> {
+        self.server_timing
+            .as_ref()?
+            .kv_hit_rate
+            .filter(|r| (0.0..=1.0).contains(r))
+    }
+
+    /// The server-side decomposition of this request's TTFT, from Dynamo's `nvext.timing`: `None`
+    /// when the request failed, had no first token, or the server sent no `ttft_ms`.
+    pub fn server_split(&self) -> Option<ServerSplit> {
+        if !self.outcome.is_ok() {
+            return None;
+        }
+        let timing = self.server_timing.as_ref()?;
+        let secs = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v >= 0.0).map(|v| v / 1e3);
+        let server_ttft = secs(timing.ttft_ms)?;
+        let from_send = self
+            .first_token_at()?
+            .saturating_duration_since(self.sent)
+            .as_secs_f64();
+        Some(ServerSplit {
+            client_ttft: self.ttft()?.as_secs_f64(),
+            client_queue: self.schedule_lag().as_secs_f64(),
+            server_ttft,
+            server_queue: secs(timing.prefill_wait_time_ms),
+            server_prefill: secs(timing.prefill_time_ms),
+            handoff: (from_send - server_ttft).max(0.0),
+            kv_transfer: secs(timing.kv_transfer_estimated_latency_ms),
+        })
     }
 
     /// Inter-token latency: (last content chunk − first content chunk) / (output tokens − 1), for
@@ -385,7 +443,8 @@ impl RequestRecord {
     /// `cached / prompt` tokens, when usage reported a non-zero prompt.
     pub fn cache_hit_ratio(&self) -> Option<f64> {
         let usage = self.usage?;
-        (usage.prompt_tokens > 0).then(|| usage.cached_tokens as f64 / usage.prompt_tokens as f64)
+        let cached = self.cached_tokens()?;
+        (usage.prompt_tokens > 0).then(|| cached as f64 / usage.prompt_tokens as f64)
     }
 
     /// A successful request whose output length differs from the requested OSL by more than
@@ -399,73 +458,6 @@ impl RequestRecord {
         let difference = self.output_tokens().abs_diff(u64::from(requested_osl));
         difference as f64 > tolerance
     }
-
-    /// A flat, serialisable view for per-request JSONL, with instants as milliseconds after
-    /// `epoch` (for example the start of the run).
-    pub fn summary(&self, epoch: Instant) -> RecordSummary {
-        let ms_after = |at: Instant| duration_ms(at.saturating_duration_since(epoch));
-        RecordSummary {
-            x_request_id: self.request_id.clone(),
-            response_id: self.response_id.clone(),
-            outcome: self.outcome,
-            http_status: self.http_status,
-            intended_ms: ms_after(self.intended),
-            sent_ms: ms_after(self.sent),
-            first_byte_ms: self.first_byte.map(ms_after),
-            first_token_ms: self.first_token_at().map(ms_after),
-            last_token_ms: self.last_token_at().map(ms_after),
-            done_ms: self.done.map(ms_after),
-            end_ms: ms_after(self.end),
-            ttft_ms: self.ttft().map(duration_ms),
-            ttst_ms: self.ttst().map(duration_ms),
-            itl_ms: self.itl().map(duration_ms),
-            latency_ms: duration_ms(self.latency()),
-            schedule_lag_ms: duration_ms(self.schedule_lag()),
-            prompt_tokens: self.prompt_tokens(),
-            completion_tokens: self.usage.map(|u| u.completion_tokens),
-            cached_tokens: self.cached_tokens(),
-            client_tokens: self.client_tokens(),
-            content_chunks: self.chunks.len(),
-            finish_reason: self.finish_reason.clone(),
-            worker_id: self.worker_id.clone(),
-            server_timing: self.server_timing.clone(),
-            error: self.error.clone(),
-        }
-    }
-}
-
-fn duration_ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// One line of the bench's per-request JSONL.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RecordSummary {
-    pub x_request_id: String,
-    pub response_id: Option<String>,
-    pub outcome: Outcome,
-    pub http_status: Option<u16>,
-    pub intended_ms: f64,
-    pub sent_ms: f64,
-    pub first_byte_ms: Option<f64>,
-    pub first_token_ms: Option<f64>,
-    pub last_token_ms: Option<f64>,
-    pub done_ms: Option<f64>,
-    pub end_ms: f64,
-    pub ttft_ms: Option<f64>,
-    pub ttst_ms: Option<f64>,
-    pub itl_ms: Option<f64>,
-    pub latency_ms: f64,
-    pub schedule_lag_ms: f64,
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-    pub client_tokens: u64,
-    pub content_chunks: usize,
-    pub finish_reason: Option<String>,
-    pub worker_id: Option<WorkerId>,
-    pub server_timing: Option<ServerTiming>,
-    pub error: Option<String>,
 }
 
 #[cfg(test)]
@@ -602,21 +594,71 @@ mod tests {
     }
 
     #[test]
-    fn summary_reports_milliseconds_after_the_epoch() {
+    fn cached_tokens_come_from_the_router_only_where_usage_reports_none() {
         let t0 = Instant::now();
         let mut rec = record(t0, &[(50, 1), (60, 1)]);
-        rec.response_id = Some("chatcmpl-1".into());
         rec.settle(Outcome::Ok, t0 + 70 * MS, None);
-        let summary = rec.summary(t0);
-        assert_eq!(summary.x_request_id, "r-1");
-        assert_eq!(summary.outcome, Outcome::Ok);
-        assert_eq!(summary.ttft_ms, Some(50.0));
-        assert_eq!(summary.itl_ms, Some(10.0));
-        assert_eq!(summary.sent_ms, 2.0);
-        assert_eq!(summary.latency_ms, 60.0);
-        let json = serde_json::to_value(&summary).unwrap();
-        assert_eq!(json["outcome"], "ok");
-        assert_eq!(json["response_id"], "chatcmpl-1");
+        assert_eq!((rec.cached_tokens(), rec.cache_source()), (None, None));
+        rec.usage = Some(Usage {
+            prompt_tokens: 843,
+            completion_tokens: 2,
+            cached_tokens: 0,
+        });
+        // Disaggregated Dynamo: usage says 0, the router says 93 %.
+        rec.server_timing = Some(ServerTiming {
+            kv_hit_rate: Some(0.93),
+            ..ServerTiming::default()
+        });
+        assert_eq!(rec.cache_source(), Some(CacheSource::KvHitRate));
+        assert_eq!(rec.cached_tokens(), Some(784));
+        assert!((rec.cache_hit_ratio().unwrap() - 784.0 / 843.0).abs() < 1e-12);
+        // Aggregated Dynamo: usage reports the hit, and usage wins.
+        rec.usage.as_mut().unwrap().cached_tokens = 832;
+        assert_eq!(rec.cache_source(), Some(CacheSource::Usage));
+        assert_eq!(rec.cached_tokens(), Some(832));
+        // A rate that is not a share is no hit rate.
+        rec.usage.as_mut().unwrap().cached_tokens = 0;
+        rec.server_timing.as_mut().unwrap().kv_hit_rate = Some(7.0);
+        assert_eq!(rec.cache_source(), Some(CacheSource::Usage));
+        assert_eq!(rec.cached_tokens(), Some(0));
+    }
+
+    #[test]
+    fn server_timing_takes_the_ttft_apart() {
+        let t0 = Instant::now();
+        // Intended at t0, sent 2 ms late, first token 90 ms after the intended send.
+        let mut rec = record(t0, &[(90, 1), (96, 1)]);
+        rec.server_timing = Some(ServerTiming {
+            prefill_wait_time_ms: Some(1.0),
+            prefill_time_ms: Some(35.0),
+            ttft_ms: Some(36.0),
+            kv_transfer_estimated_latency_ms: Some(0.0),
+            ..ServerTiming::default()
+        });
+        rec.settle(Outcome::Ok, t0 + 100 * MS, None);
+        let split = rec.server_split().unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(split.client_ttft, 0.090), "{split:?}");
+        assert!(close(split.client_queue, 0.002), "{split:?}");
+        assert!(close(split.server_ttft, 0.036), "{split:?}");
+        // 88 ms from the actual send to the first token, 36 of them at the worker.
+        assert!(close(split.handoff, 0.052), "{split:?}");
+        assert!(close(
+            split.client_queue + split.server_ttft + split.handoff,
+            split.client_ttft
+        ));
+        assert_eq!(split.server_queue, Some(0.001));
+        assert_eq!(split.kv_transfer, Some(0.0));
+        // A failed request, or one without the server's TTFT, has no split.
+        rec.server_timing.as_mut().unwrap().ttft_ms = None;
+        assert_eq!(rec.server_split(), None);
+        let mut failed = record(t0, &[(90, 1)]);
+        failed.server_timing = Some(ServerTiming {
+            ttft_ms: Some(36.0),
+            ..ServerTiming::default()
+        });
+        failed.settle(Outcome::StreamTruncated, t0 + 100 * MS, None);
+        assert_eq!(failed.server_split(), None);
     }
 
     #[test]

@@ -43,6 +43,13 @@ pub struct ModeLabels {
     pub workload: String,
 }
 
+/// `target`, `serving_mode`: the server's own per-request timing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetModeLabels {
+    pub target: String,
+    pub serving_mode: String,
+}
+
 /// `target` only: server-side and target health series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetLabels {

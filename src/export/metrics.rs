@@ -32,8 +32,7 @@ use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 
 use super::buckets::{Latency, Resolution, family_buckets, schedule_lag_buckets};
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
@@ -69,6 +68,7 @@ pub(super) struct TargetSeries {
     pub(super) modes: HashSet<ModeLabels>,
     pub(super) lags: HashSet<TargetWorkloadLabels>,
     pub(super) budget_steps: HashSet<BudgetStepLabels>,
+    pub(super) server_timing: HashSet<TargetModeLabels>,
     /// Last cumulative server counter values seen, to mirror their increase.
     pub(super) last_preemptions: Option<f64>,
     pub(super) last_kv_offload_blocks: Option<f64>,
@@ -91,6 +91,13 @@ pub struct Metrics {
     /// Coarser labels than the per-request histograms: the per-token gap distribution is read per
     /// target and workload, and per step it would add another ~126 series per step label set.
     pub(super) chunk_gap: Family<ModeLabels, AtomicHistogram, SharedBuckets>,
+    /// The server's own timing of successful requests (Dynamo's `nvext.timing`): its TTFT, the
+    /// wait for prefill and the prefill itself, on the TTFT grid, per target (and its serving
+    /// mode): the series budget has no room for them per workload, and the steps carry their
+    /// means per step (`ttft_breakdown`). Never a worker id: those are in `requests.jsonl` only.
+    pub(super) server_ttft: Family<TargetModeLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) server_queue: Family<TargetModeLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) server_prefill: Family<TargetModeLabels, AtomicHistogram, SharedBuckets>,
     pub(super) requests: Family<OutcomeLabels, Counter>,
     pub(super) prompt_tokens: Family<RequestLabels, Counter>,
     pub(super) cached_tokens: Family<RequestLabels, Counter>,
@@ -184,6 +191,9 @@ impl Metrics {
                 bounds(Latency::RequestDuration),
             ),
             chunk_gap: Family::new_with_constructor(SharedBuckets(itl_bounds)),
+            server_ttft: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
+            server_queue: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
+            server_prefill: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
             requests: Family::default(),
             prompt_tokens: Family::default(),
             cached_tokens: Family::default(),
@@ -231,275 +241,6 @@ impl Metrics {
             budget_throttled_seen: Mutex::new(HashMap::new()),
         };
         metrics.register()
-    }
-
-    /// Registers every family under its contract name (docs/DESIGN.md §6). Counters are registered without
-    /// `_total`, which the encoder appends; `Unit::Seconds` appends `_seconds` and emits `# UNIT`.
-    fn register(mut self) -> Self {
-        let r = &mut self.registry;
-        let s = || Unit::Seconds;
-
-        // TTFT, ITL and request duration encode themselves (`LatencyFamily`), ahead of these.
-        r.register_with_unit(
-            "llm_canary_chunk_gap",
-            "Per-token gap between content chunks; a chunk of k tokens counts gap/k, k times",
-            s(),
-            self.chunk_gap.clone(),
-        );
-        r.register(
-            "llm_canary_requests",
-            "Requests by outcome: ok or an error kind",
-            self.requests.clone(),
-        );
-        r.register(
-            "llm_canary_prompt_tokens",
-            "Prompt tokens reported in usage",
-            self.prompt_tokens.clone(),
-        );
-        r.register(
-            "llm_canary_cached_tokens",
-            "Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens)",
-            self.cached_tokens.clone(),
-        );
-        r.register(
-            "llm_canary_output_tokens",
-            "Completion tokens reported in usage",
-            self.output_tokens.clone(),
-        );
-        r.register(
-            "llm_canary_osl_mismatch",
-            "Requests whose completion tokens missed the requested OSL by more than min(5 %, 50)",
-            self.osl_mismatch.clone(),
-        );
-        r.register(
-            "llm_canary_client_token_count_mismatch",
-            "Requests whose client-side token count disagreed with usage.completion_tokens",
-            self.token_count_mismatch.clone(),
-        );
-
-        r.register_with_unit(
-            "llm_canary_step_ttft",
-            "TTFT quantile over the step's steady window",
-            s(),
-            self.step_ttft.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_step_itl",
-            "ITL quantile over the step's steady window",
-            s(),
-            self.step_itl.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_step_request_duration",
-            "Request duration quantile over the step's steady window",
-            s(),
-            self.step_request_duration.clone(),
-        );
-        for (name, (lower, upper)) in [
-            "llm_canary_step_ttft",
-            "llm_canary_step_itl",
-            "llm_canary_step_request_duration",
-        ]
-        .iter()
-        .zip(&self.step_ci)
-        {
-            r.register_with_unit(
-                format!("{name}_lower"),
-                "Lower bound of the 95 % confidence interval of the step quantile",
-                s(),
-                lower.clone(),
-            );
-            r.register_with_unit(
-                format!("{name}_upper"),
-                "Upper bound of the 95 % confidence interval of the step quantile",
-                s(),
-                upper.clone(),
-            );
-        }
-        r.register(
-            "llm_canary_step_output_tokens_per_second",
-            "Output tokens per second over the step's steady window",
-            self.step_output_tokens_per_second.clone(),
-        );
-        r.register(
-            "llm_canary_step_requests_per_second",
-            "Completed requests per second over the step's steady window",
-            self.step_requests_per_second.clone(),
-        );
-        r.register(
-            "llm_canary_step_error_ratio",
-            "Failed requests / all requests over the step's steady window",
-            self.step_error_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_step_cache_hit_ratio",
-            "Cached prompt tokens / prompt tokens over the step's steady window",
-            self.step_cache_hit_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_step_cost_per_million_tokens_usd",
-            "Cost of one million output tokens at the step's throughput and the target's hourly cost",
-            self.step_cost_per_million_tokens.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_step_end_timestamp",
-            "Unix time at which the step's window ended",
-            s(),
-            self.step_end_timestamp.clone(),
-        );
-        r.register(
-            "llm_canary_step_degraded",
-            "1 when the step's schedule lag p99 exceeded its limit; such steps are excluded from SLOs",
-            self.step_degraded.clone(),
-        );
-        r.register(
-            "llm_canary_step_faulted",
-            "1 when more of the step's requests failed than its latencies can stand for; such steps are excluded from SLO latencies",
-            self.step_faulted.clone(),
-        );
-
-        r.register(
-            "llm_canary_server_prefix_cache_hit_ratio",
-            "Prefix cache hit ratio reported by the server's own metrics",
-            self.server_prefix_cache_hit_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_server_kv_cache_usage_ratio",
-            "KV cache usage reported by the server's own metrics",
-            self.server_kv_cache_usage_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_server_preemptions",
-            "Preemptions reported by the server's own metrics",
-            self.server_preemptions.clone(),
-        );
-        // `Unit::Other("blocks")` appends `_blocks`: `llm_canary_server_kv_offload_blocks_total`.
-        r.register_with_unit(
-            "llm_canary_server_kv_offload",
-            "KV blocks the server's KV block manager offloaded from GPU to host memory (increase of kvbm_offload_blocks_d2h)",
-            Unit::Other("blocks".into()),
-            self.server_kv_offload_blocks.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_server_ttft_mean",
-            "Mean TTFT reported by the server's own metrics",
-            s(),
-            self.server_ttft_mean.clone(),
-        );
-        r.register(
-            "llm_canary_server_kvbm_host_cache_hit_ratio",
-            "KV block manager CPU-tier hit rate reported by the server (kvbm_host_cache_hit_rate)",
-            self.server_kvbm_host_cache_hit_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_server_kvbm_disk_cache_hit_ratio",
-            "KV block manager disk-tier hit rate reported by the server (kvbm_disk_cache_hit_rate)",
-            self.server_kvbm_disk_cache_hit_ratio.clone(),
-        );
-        r.register(
-            "llm_canary_server_scrape_errors",
-            "Failed scrapes of the server's own metrics endpoints",
-            self.server_scrape_errors.clone(),
-        );
-
-        r.register(
-            "llm_canary_slo_state",
-            "SLO verdict as a state set: exactly one of pass, fail, insufficient_data is 1",
-            self.slo_state.clone(),
-        );
-        r.register(
-            "llm_canary_slo_value",
-            "Measured value of the SLO's left-hand side",
-            self.slo_value.clone(),
-        );
-        r.register(
-            "llm_canary_slo_threshold",
-            "Threshold the SLO's value is compared with",
-            self.slo_threshold.clone(),
-        );
-        r.register(
-            "llm_canary_slo_value_lower",
-            "Lower bound of the 95 % confidence interval of the SLO's value",
-            self.slo_value_lower.clone(),
-        );
-        r.register(
-            "llm_canary_slo_value_upper",
-            "Upper bound of the 95 % confidence interval of the SLO's value",
-            self.slo_value_upper.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_slo_data_age",
-            "Age of the newest step the SLO's stalest selector read (steps are held between runs)",
-            Unit::Seconds,
-            self.slo_data_age.clone(),
-        );
-
-        r.register(
-            "llm_canary_target_up",
-            "1 when the last request or probe of the target reached it",
-            self.target_up.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_schedule_lag",
-            "Actual minus intended send time: the canary's own scheduling delay",
-            s(),
-            self.schedule_lag.clone(),
-        );
-        r.register(
-            "llm_canary_inflight_requests",
-            "Requests sent and not yet finished",
-            self.inflight.clone(),
-        );
-        // An OpenMetrics info family: the sample is `llm_canary_build_info{version} 1`.
-        r.register(
-            "llm_canary_build",
-            "Build information",
-            Info::new(VersionLabels {
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-            }),
-        );
-        r.register(
-            "llm_canary_config_last_reload_successful",
-            "1 when the last config reload succeeded",
-            self.config_last_reload_successful.clone(),
-        );
-        r.register_with_unit(
-            "llm_canary_config_last_reload_success_timestamp",
-            "Unix time of the last successful config load",
-            s(),
-            self.config_last_reload_success_timestamp.clone(),
-        );
-        r.register(
-            "llm_canary_paused",
-            "1 for each reason traffic is paused now (operator, schedule, budget); all 0 while sending",
-            self.paused.clone(),
-        );
-        r.register(
-            "llm_canary_probe_success",
-            "1 when the start-up probe of the target passed (reachable, model, dialect, streaming)",
-            self.probe_success.clone(),
-        );
-        r.register(
-            "llm_canary_budget_steps",
-            "Steps the traffic budget skipped, scaled, serialized or cut",
-            self.budget_steps.clone(),
-        );
-        r.register(
-            "llm_canary_budget_throttled_requests",
-            "Requests that waited for the budget's max_rps pace",
-            self.budget_throttled.clone(),
-        );
-        r.register(
-            "llm_canary_budget_output_tokens_last_hour",
-            "Output tokens received in the last hour, per budget scope",
-            self.budget_output_tokens.clone(),
-        );
-        r.register(
-            "llm_canary_budget_limit",
-            "A configured budget limit (max_inflight, max_rps, max_output_tokens_per_hour)",
-            self.budget_limit.clone(),
-        );
-        self
     }
 
     /// The TTFT histogram's bucket bounds (fixed at start-up; each latency family has its own
@@ -588,6 +329,32 @@ impl Metrics {
         for &(gap, tokens) in gaps {
             if tokens > 0 {
                 histogram.observe_n(gap / f64::from(tokens), u64::from(tokens));
+            }
+        }
+    }
+
+    /// Records the server's own timing of one successful request, by `target` and
+    /// `serving_mode` (`llm_canary_server_{ttft,queue,prefill}_seconds`).
+    pub fn record_server_timing(
+        &self,
+        labels: &RequestLabels,
+        ttft: f64,
+        queue: Option<f64>,
+        prefill: Option<f64>,
+    ) {
+        let key = TargetModeLabels {
+            target: labels.target.clone(),
+            serving_mode: labels.serving_mode.clone(),
+        };
+        if self.server_ttft.get(&key).is_none() {
+            self.track(&key.target, |s| {
+                s.server_timing.insert(key.clone());
+            });
+        }
+        self.server_ttft.get_or_create(&key).observe(ttft);
+        for (family, value) in [(&self.server_queue, queue), (&self.server_prefill, prefill)] {
+            if let Some(v) = value {
+                family.get_or_create(&key).observe(v);
             }
         }
     }
@@ -792,6 +559,11 @@ impl Metrics {
             self.osl_mismatch.remove(labels);
             self.token_count_mismatch.remove(labels);
             self.chunk_gap.remove(labels);
+        }
+        for labels in &series.server_timing {
+            self.server_ttft.remove(labels);
+            self.server_queue.remove(labels);
+            self.server_prefill.remove(labels);
         }
         for labels in &series.lags {
             self.schedule_lag.remove(labels);

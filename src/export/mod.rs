@@ -9,6 +9,7 @@ mod labels;
 pub mod metrics;
 pub mod otlp;
 mod record;
+mod registry;
 
 pub use buckets::latency_buckets;
 pub use http::{

@@ -11,6 +11,14 @@
 //! | `llm_canary.inter_token_latency` | s | ITL of successful requests (no semantic-convention name) |
 //! | `llm_canary.requests` | {request} | every request, warmup included, by `llm_canary.outcome` |
 //! | `llm_canary.cached_tokens` | {token} | prompt tokens served from the prefix cache |
+//! | `llm_canary.server.time_to_first_token` | s | the server's own TTFT (Dynamo `nvext.timing.ttft_ms`) |
+//! | `llm_canary.server.queue_time` | s | the server's wait for prefill (`prefill_wait_time_ms`) |
+//! | `llm_canary.server.prefill_time` | s | the server's prefill time (`prefill_time_ms`) |
+//!
+//! A span also carries the server's timing (`llm_canary.server.ttft_ms`, `.queue_ms`,
+//! `.prefill_ms`, `.handoff_ms`, `.kv_transfer_ms`, `.kv_hit_rate`) and its workers
+//! (`llm_canary.server.prefill_worker_id`, `.decode_worker_id`): a span is one request, so a
+//! worker id there costs nothing, unlike a metric attribute.
 //!
 //! Every point carries the canary's labels as attributes (empty ones left out), plus
 //! `gen_ai.operation.name`, `gen_ai.request.model`, `server.address` and `server.port`. The
@@ -120,6 +128,9 @@ struct Instruments {
     tokens: Histogram<u64>,
     requests: Counter<u64>,
     cached: Counter<u64>,
+    server_ttft: Histogram<f64>,
+    server_queue: Histogram<f64>,
+    server_prefill: Histogram<f64>,
 }
 
 /// The running OTLP pipeline. Recording is the SDK's in-memory aggregation; the network is only
@@ -330,6 +341,18 @@ impl OtlpExporter {
                 .with_unit("{token}")
                 .with_description("Prompt tokens served from the prefix cache")
                 .build(),
+            server_ttft: seconds(
+                "llm_canary.server.time_to_first_token",
+                "The server's own TTFT (Dynamo nvext.timing.ttft_ms)",
+            ),
+            server_queue: seconds(
+                "llm_canary.server.queue_time",
+                "Time the request waited for prefill at the server (Dynamo nvext.timing.prefill_wait_time_ms)",
+            ),
+            server_prefill: seconds(
+                "llm_canary.server.prefill_time",
+                "Prefill time at the server (Dynamo nvext.timing.prefill_time_ms)",
+            ),
         };
         Ok(OtlpExporter {
             meters,
@@ -389,6 +412,19 @@ impl OtlpExporter {
             self.instruments
                 .cached
                 .add(rec.cached_tokens().unwrap_or(0), &attrs);
+            if let Some(split) = rec.server_split() {
+                self.instruments
+                    .server_ttft
+                    .record(split.server_ttft, &attrs);
+                for (instrument, value) in [
+                    (&self.instruments.server_queue, split.server_queue),
+                    (&self.instruments.server_prefill, split.server_prefill),
+                ] {
+                    if let Some(v) = value {
+                        instrument.record(v, &attrs);
+                    }
+                }
+            }
         }
         if let Some((_, tracer)) = &self.tracing {
             let name = span_name.unwrap_or_else(|| "chat".to_owned());
@@ -420,6 +456,40 @@ impl OtlpExporter {
                 "gen_ai.response.time_to_first_chunk",
                 t.as_secs_f64(),
             ));
+        }
+        if let Some(split) = rec.server_split() {
+            let ms = |v: f64| v * 1e3;
+            attributes.push(KeyValue::new(
+                "llm_canary.server.ttft_ms",
+                ms(split.server_ttft),
+            ));
+            attributes.push(KeyValue::new(
+                "llm_canary.server.handoff_ms",
+                ms(split.handoff),
+            ));
+            for (key, value) in [
+                ("llm_canary.server.queue_ms", split.server_queue),
+                ("llm_canary.server.prefill_ms", split.server_prefill),
+                ("llm_canary.server.kv_transfer_ms", split.kv_transfer),
+            ] {
+                if let Some(v) = value {
+                    attributes.push(KeyValue::new(key, ms(v)));
+                }
+            }
+        }
+        if let Some(rate) = rec.server_timing.as_ref().and_then(|t| t.kv_hit_rate) {
+            attributes.push(KeyValue::new("llm_canary.server.kv_hit_rate", rate));
+        }
+        if let Some(worker) = &rec.worker_id {
+            let (prefill, decode) = worker.prefill_and_decode();
+            for (key, value) in [
+                ("llm_canary.server.prefill_worker_id", prefill),
+                ("llm_canary.server.decode_worker_id", decode),
+            ] {
+                if let Some(v) = value {
+                    attributes.push(KeyValue::new(key, v));
+                }
+            }
         }
         let mut span = tracer
             .span_builder(name)

@@ -56,6 +56,14 @@ impl Sink for Metrics {
                 .collect();
             self.record_chunk_gaps(labels, &gaps);
         }
+        if let Some(split) = rec.server_split() {
+            self.record_server_timing(
+                labels,
+                split.server_ttft,
+                split.server_queue,
+                split.server_prefill,
+            );
+        }
         self.observe_schedule_lag(&labels.target, &labels.workload, secs(rec.schedule_lag()));
         if rec.osl_mismatch(ctx.osl) {
             self.record_osl_mismatch(labels);

@@ -3,9 +3,12 @@
 //! set every time it changes, so targets appear and disappear while the daemon runs.
 //!
 //! One target per deployment that has a frontend Pod: traffic goes to the `<dgd>-frontend`
-//! Service on the frontend's `http` port, the serving mode is disaggregated when the deployment
-//! has a `subComponentType: prefill` service, and every worker Pod's `system` port is scraped as
-//! the target's server metrics.
+//! Service on the frontend's `http` port, and the serving mode is disaggregated when the
+//! deployment has a `subComponentType: prefill` service. The target's server metrics are every
+//! `/metrics` of the deployment's Pods: each frontend Pod's `http` port (Dynamo's frontend and KV
+//! router serve theirs beside the API), each worker Pod's `system` port (the workers' own and the
+//! engine's), and KVBM's port on workers that run it (a container port named `kvbm`, or
+//! `DYN_KVBM_METRICS=true` with `DYN_KVBM_METRICS_PORT`, default 6880).
 
 use std::collections::BTreeMap;
 
@@ -24,8 +27,14 @@ use crate::config::ServingMode;
 
 /// Pod label naming the DynamoGraphDeployment a Pod belongs to.
 pub const DGD_NAME_LABEL: &str = "nvidia.com/dynamo-graph-deployment-name";
-/// Pod label with the component type: `frontend`, `worker`, ...
+/// Pod label with the component type: `frontend`, `worker` (or `prefill` / `decode`), ...
 pub const COMPONENT_TYPE_LABEL: &str = "nvidia.com/dynamo-component-type";
+
+/// The component types of Pods that run an engine.
+const WORKER_TYPES: [&str; 3] = ["worker", "prefill", "decode"];
+
+/// KVBM's metrics port when `DYN_KVBM_METRICS` is on and `DYN_KVBM_METRICS_PORT` is unset.
+const DEFAULT_KVBM_METRICS_PORT: i32 = 6880;
 
 /// The DynamoGraphDeployment resource.
 pub fn dgd_resource() -> ApiResource {
@@ -142,6 +151,35 @@ fn container_port(pod: &Pod, name: &str) -> Option<i32> {
     })
 }
 
+/// The port of KVBM's `/metrics` on `pod`: a container port named `kvbm`, or the port its
+/// environment turns on (`DYN_KVBM_METRICS=true`, `DYN_KVBM_METRICS_PORT` or 6880). Values from
+/// a ConfigMap or Secret are not resolved; such a Pod needs the named port.
+fn kvbm_port(pod: &Pod) -> Option<i32> {
+    container_port(pod, "kvbm").or_else(|| {
+        pod.spec.as_ref()?.containers.iter().find_map(|c| {
+            let env = c.env.as_ref()?;
+            let value = |name: &str| {
+                env.iter()
+                    .find(|e| e.name == name)
+                    .and_then(|e| e.value.as_deref())
+            };
+            let on = value("DYN_KVBM_METRICS")
+                .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"));
+            on.then(|| {
+                value("DYN_KVBM_METRICS_PORT")
+                    .and_then(|p| p.trim().parse().ok())
+                    .unwrap_or(DEFAULT_KVBM_METRICS_PORT)
+            })
+        })
+    })
+}
+
+/// `http://<pod IP>:<port>/metrics`, for a Pod with an IP.
+fn metrics_url(pod: &Pod, port: i32) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    Some(format!("http://{ip}:{port}/metrics"))
+}
+
 /// The Dynamo operator's frontend port when the Pod does not name one.
 const DEFAULT_FRONTEND_PORT: i32 = 8000;
 
@@ -167,27 +205,36 @@ pub fn targets_from(
             continue;
         }
         let ns_ref = ns.as_str();
-        let of_dgd = |component: &'static str| {
+        let of_dgd = |components: &'static [&'static str]| {
             pods.iter().filter(move |p| {
                 p.namespace().as_deref() == Some(ns_ref)
                     && p.labels().get(DGD_NAME_LABEL).map(String::as_str) == Some(name)
-                    && p.labels().get(COMPONENT_TYPE_LABEL).map(String::as_str) == Some(component)
+                    && p.labels()
+                        .get(COMPONENT_TYPE_LABEL)
+                        .is_some_and(|c| components.contains(&c.as_str()))
                     && is_live(p)
             })
         };
         // No frontend Pod: nothing answers behind the Service yet (or any more).
-        let Some(frontend) = of_dgd("frontend").min_by_key(|p| p.name_any()) else {
+        let Some(frontend) = of_dgd(&["frontend"]).min_by_key(|p| p.name_any()) else {
             continue;
         };
         let port = container_port(frontend, "http").unwrap_or(DEFAULT_FRONTEND_PORT);
-        let mut server_metrics: Vec<String> = of_dgd("worker")
-            .filter_map(|p| {
-                let ip = p.status.as_ref()?.pod_ip.as_deref()?;
-                let port = container_port(p, "system")?;
-                Some(format!("http://{ip}:{port}/metrics"))
-            })
-            .collect();
+        let frontends = of_dgd(&["frontend"]).filter_map(|p| {
+            metrics_url(
+                p,
+                container_port(p, "http").unwrap_or(DEFAULT_FRONTEND_PORT),
+            )
+        });
+        let workers = of_dgd(&WORKER_TYPES).flat_map(|p| {
+            [container_port(p, "system"), kvbm_port(p)]
+                .into_iter()
+                .flatten()
+                .filter_map(|port| metrics_url(p, port))
+        });
+        let mut server_metrics: Vec<String> = frontends.chain(workers).collect();
         server_metrics.sort();
+        server_metrics.dedup();
         out.push(DiscoveredTarget {
             name: setting(dgd, keys::TARGET_NAME).unwrap_or(name).to_owned(),
             namespace: ns.clone(),
@@ -410,7 +457,14 @@ mod tests {
             ("vllm-agg", ServingMode::Aggregated)
         );
         assert_eq!(t[0].url, "http://vllm-agg-frontend.dynamo.svc:8000");
-        assert_eq!(t[0].server_metrics, ["http://10.0.0.2:9090/metrics"]);
+        // The frontend's own /metrics (its KV router's too) and every worker's system port.
+        assert_eq!(
+            t[0].server_metrics,
+            [
+                "http://10.0.0.1:8000/metrics",
+                "http://10.0.0.2:9090/metrics"
+            ]
+        );
         assert_eq!(
             (t[1].name.as_str(), t[1].mode),
             ("vllm-disagg", ServingMode::Disaggregated)
@@ -418,6 +472,7 @@ mod tests {
         assert_eq!(
             t[1].server_metrics,
             [
+                "http://10.0.1.1:8000/metrics",
                 "http://10.0.1.2:9090/metrics",
                 "http://10.0.1.3:9090/metrics"
             ]
@@ -460,13 +515,13 @@ mod tests {
                 (
                     "agg",
                     ServingMode::Aggregated,
-                    Some(65.54),
+                    Some(16.39),
                     "Qwen/Qwen3-30B-A3B-FP8"
                 ),
                 (
                     "disagg",
                     ServingMode::Disaggregated,
-                    Some(107.5),
+                    Some(21.63),
                     "Qwen/Qwen3-30B-A3B-FP8"
                 )
             ]
@@ -474,6 +529,74 @@ mod tests {
         assert_eq!(
             t[1].url,
             "http://qwen3-disagg-frontend.dynamo-workload.svc:8000"
+        );
+    }
+
+    #[test]
+    fn kvbm_ports_and_prefill_decode_typed_workers_are_scraped() {
+        let dgds = [dgd(DISAGG, "dynamo")];
+        let with = |mut p: Pod, f: &dyn Fn(&mut k8s_openapi::api::core::v1::Container)| {
+            f(&mut p.spec.as_mut().unwrap().containers[0]);
+            p
+        };
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| k8s_openapi::api::core::v1::EnvVar {
+                    name: (*k).into(),
+                    value: Some((*v).into()),
+                    ..Default::default()
+                })
+                .collect::<Vec<_>>()
+        };
+        let pods = [
+            pod("dynamo", "f", "vllm-disagg", "frontend", "10.0.1.1"),
+            // The operator's newer component types, KVBM on by its environment (default port).
+            with(
+                pod("dynamo", "p", "vllm-disagg", "prefill", "10.0.1.3"),
+                &|c| c.env = Some(env(&[("DYN_KVBM_METRICS", "true")])),
+            ),
+            // KVBM on another port, by its environment.
+            with(
+                pod("dynamo", "d", "vllm-disagg", "decode", "10.0.1.2"),
+                &|c| {
+                    c.env = Some(env(&[
+                        ("DYN_KVBM_METRICS", "1"),
+                        ("DYN_KVBM_METRICS_PORT", "7000"),
+                    ]))
+                },
+            ),
+            // A named `kvbm` port wins; KVBM's metrics off: no port.
+            with(
+                pod("dynamo", "w", "vllm-disagg", "worker", "10.0.1.4"),
+                &|c| {
+                    c.ports.as_mut().unwrap().push(
+                        serde_json::from_value(
+                            serde_json::json!({"name": "kvbm", "containerPort": 6881}),
+                        )
+                        .unwrap(),
+                    );
+                    c.env = Some(env(&[("DYN_KVBM_METRICS", "false")]));
+                },
+            ),
+            with(
+                pod("dynamo", "x", "vllm-disagg", "worker", "10.0.1.5"),
+                &|c| c.env = Some(env(&[("DYN_KVBM_METRICS", "false")])),
+            ),
+        ];
+        let t = targets_from(&dgds, &pods, &DiscoveryOptions::default());
+        assert_eq!(
+            t[0].server_metrics,
+            [
+                "http://10.0.1.1:8000/metrics",
+                "http://10.0.1.2:7000/metrics",
+                "http://10.0.1.2:9090/metrics",
+                "http://10.0.1.3:6880/metrics",
+                "http://10.0.1.3:9090/metrics",
+                "http://10.0.1.4:6881/metrics",
+                "http://10.0.1.4:9090/metrics",
+                "http://10.0.1.5:9090/metrics"
+            ]
         );
     }
 

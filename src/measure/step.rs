@@ -115,6 +115,130 @@ impl Counts {
     }
 }
 
+/// Where a request's observed cached prompt tokens came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheSource {
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    Usage,
+    /// Dynamo's `nvext.timing.kv_hit_rate` (the KV router's prefix overlap, in whole blocks)
+    /// times the prompt tokens, where usage reports no cached tokens.
+    KvHitRate,
+}
+
+impl CacheSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheSource::Usage => "usage",
+            CacheSource::KvHitRate => "kv_hit_rate",
+        }
+    }
+}
+
+/// One request's TTFT taken apart with the server's own timing (seconds). The client's TTFT
+/// (from the intended send) is `client_queue` + the time from the actual send to the first
+/// token, and that is `server_ttft` + `handoff`; Dynamo's `server_ttft` is `server_queue` +
+/// `server_prefill`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServerSplit {
+    /// The client's TTFT, from the intended send.
+    pub client_ttft: f64,
+    /// Intended send → actual send, in the canary.
+    pub client_queue: f64,
+    /// `timing.ttft_ms`: request received → first token at the worker (in disaggregated
+    /// serving the prefill worker's first token).
+    pub server_ttft: f64,
+    /// `timing.prefill_wait_time_ms`: waiting for a prefill slot.
+    pub server_queue: Option<f64>,
+    /// `timing.prefill_time_ms`.
+    pub server_prefill: Option<f64>,
+    /// Actual send → first token at the client, minus `server_ttft`: the network, HTTP/SSE
+    /// framing and the frontend's work outside the worker's timer in every mode, and in
+    /// disaggregated serving the prefill → decode handoff with its KV transfer (at least 0).
+    pub handoff: f64,
+    /// `timing.kv_transfer_estimated_latency_ms`: the router's estimate of the KV transfer
+    /// (disaggregated only).
+    pub kv_transfer: Option<f64>,
+}
+
+/// Sums of a step's [`ServerSplit`]s, for their means.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct SplitSums {
+    requests: u64,
+    client_ttft: f64,
+    client_queue: f64,
+    server_ttft: f64,
+    handoff: f64,
+    server_queue: (f64, u64),
+    server_prefill: (f64, u64),
+    kv_transfer: (f64, u64),
+}
+
+impl SplitSums {
+    fn add(&mut self, s: &ServerSplit) {
+        let opt = |acc: &mut (f64, u64), v: Option<f64>| {
+            if let Some(v) = v {
+                acc.0 += v;
+                acc.1 += 1;
+            }
+        };
+        self.requests += 1;
+        self.client_ttft += s.client_ttft;
+        self.client_queue += s.client_queue;
+        self.server_ttft += s.server_ttft;
+        self.handoff += s.handoff;
+        opt(&mut self.server_queue, s.server_queue);
+        opt(&mut self.server_prefill, s.server_prefill);
+        opt(&mut self.kv_transfer, s.kv_transfer);
+    }
+
+    fn merge(&mut self, o: &SplitSums) {
+        let pair = |a: &mut (f64, u64), b: (f64, u64)| {
+            a.0 += b.0;
+            a.1 += b.1;
+        };
+        self.requests += o.requests;
+        self.client_ttft += o.client_ttft;
+        self.client_queue += o.client_queue;
+        self.server_ttft += o.server_ttft;
+        self.handoff += o.handoff;
+        pair(&mut self.server_queue, o.server_queue);
+        pair(&mut self.server_prefill, o.server_prefill);
+        pair(&mut self.kv_transfer, o.kv_transfer);
+    }
+
+    fn means(&self) -> Option<TtftBreakdown> {
+        let n = self.requests as f64;
+        let mean = |(sum, count): (f64, u64)| (count > 0).then(|| sum / count as f64);
+        (self.requests > 0).then(|| TtftBreakdown {
+            requests: self.requests,
+            client_ttft: self.client_ttft / n,
+            client_queue: self.client_queue / n,
+            server_queue: mean(self.server_queue),
+            server_prefill: mean(self.server_prefill),
+            server_ttft: self.server_ttft / n,
+            handoff: self.handoff / n,
+            kv_transfer: mean(self.kv_transfer),
+        })
+    }
+}
+
+/// The mean TTFT of a step's successful requests that carried the server's timing, taken apart
+/// (seconds; see [`ServerSplit`]): `client_ttft` = `client_queue` + `server_ttft` + `handoff`
+/// exactly, as means of the same requests add up (quantiles would not).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TtftBreakdown {
+    /// Successful steady requests with the server's timing.
+    pub requests: u64,
+    pub client_ttft: f64,
+    pub client_queue: f64,
+    pub server_queue: Option<f64>,
+    pub server_prefill: Option<f64>,
+    pub server_ttft: f64,
+    pub handoff: f64,
+    pub kv_transfer: Option<f64>,
+}
+
 /// One request's measurements as the accumulator needs them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sample<'a> {
@@ -128,6 +252,10 @@ pub struct Sample<'a> {
     pub output_tokens: u64,
     /// Shared-prefix tokens the request was built with (prefix_cache), for the expected hit ratio.
     pub expected_cached_tokens: u64,
+    /// Where `cached_tokens` came from.
+    pub cache_source: Option<CacheSource>,
+    /// The TTFT with the server's own timing, where the server sent it.
+    pub server: Option<ServerSplit>,
     pub osl_mismatch: bool,
 }
 
@@ -143,6 +271,8 @@ pub struct StepAccumulator {
     counts: Counts,
     expected_cached_tokens: u64,
     osl_mismatches: u64,
+    cache_sources: BTreeMap<CacheSource, u64>,
+    server: SplitSums,
 }
 
 impl Default for StepAccumulator {
@@ -157,6 +287,8 @@ impl Default for StepAccumulator {
             counts: Counts::default(),
             expected_cached_tokens: 0,
             osl_mismatches: 0,
+            cache_sources: BTreeMap::new(),
+            server: SplitSums::default(),
         }
     }
 }
@@ -183,6 +315,12 @@ impl StepAccumulator {
         self.counts.output_tokens += s.output_tokens;
         self.expected_cached_tokens += s.expected_cached_tokens;
         self.osl_mismatches += u64::from(s.osl_mismatch);
+        if let Some(source) = s.cache_source {
+            *self.cache_sources.entry(source).or_default() += 1;
+        }
+        if let Some(split) = &s.server {
+            self.server.add(split);
+        }
     }
 
     /// A whole multi-turn conversation finished in `secs`.
@@ -207,6 +345,10 @@ impl StepAccumulator {
         self.counts.add(&other.counts);
         self.expected_cached_tokens += other.expected_cached_tokens;
         self.osl_mismatches += other.osl_mismatches;
+        for (k, v) in &other.cache_sources {
+            *self.cache_sources.entry(*k).or_default() += v;
+        }
+        self.server.merge(&other.server);
     }
 
     pub fn requests(&self) -> u64 {
@@ -255,6 +397,8 @@ impl StepAccumulator {
                 .filter(|_| output_tps > 0.0)
                 .map(|c| c / 3600.0 / output_tps * 1e6),
             osl_mismatches: self.osl_mismatches,
+            cache_sources: self.cache_sources.clone(),
+            ttft_breakdown: self.server.means(),
             degraded,
             faulted: error_ratio > FAULTED_ERROR_RATIO,
         }
@@ -287,6 +431,12 @@ pub struct StepMeasurements {
     pub expected_cache_hit_ratio: Option<f64>,
     pub cost_per_million_tokens_usd: Option<f64>,
     pub osl_mismatches: u64,
+    /// Successful requests by where their cached tokens came from (`usage`, `kv_hit_rate`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cache_sources: BTreeMap<CacheSource, u64>,
+    /// The mean TTFT taken apart with the server's own timing, where the server sent it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_breakdown: Option<TtftBreakdown>,
     /// Schedule lag p99 above the limit: the canary, not the server, was measured.
     pub degraded: bool,
     /// More than [`FAULTED_ERROR_RATIO`] of the requests failed: the step measured a fault.
@@ -322,7 +472,7 @@ mod tests {
             cached_tokens: 250,
             output_tokens: out,
             expected_cached_tokens: 256,
-            osl_mismatch: false,
+            ..Default::default()
         }
     }
 

@@ -82,6 +82,7 @@ impl Report {
             ix.multi_turn_table(),
             ix.distribution_table(),
             ix.prefix_table(&prefix_fits),
+            ix.breakdown_table(),
             ix.cost_table(),
             ix.questions_table(&prefix_fits),
             ix.recommendations_table(),
@@ -406,6 +407,7 @@ impl<'a> Index<'a> {
         t.notes.push(
             "every turn resends the whole history; conversation = first send to last token of the last turn, complete conversations started in the steady window".into(),
         );
+        t.notes.extend(self.cache_source_notes("multi_turn"));
         t
     }
 
@@ -515,7 +517,8 @@ impl<'a> Index<'a> {
                 f.serving_mode, f.intercept_ms, f.slope_ms, f.r2, f.points
             ));
         }
-        t.notes.push("server columns come from the servers' own /metrics (vLLM names), scraped through the step where available; KV usage is the mean over workers".into());
+        t.notes.extend(self.cache_source_notes("prefix_cache"));
+        t.notes.push("server columns come from the servers' own /metrics, scraped through the step where available: prefix hit from vLLM's prefix_cache_hits/queries or Dynamo's KV router (cached prefix tokens selected / input tokens routed); KV usage is the mean over workers".into());
         t.notes.push("KV blocks offloaded is the increase of Dynamo KVBM's kvbm_offload_blocks_d2h, the blocks copied from GPU to host memory: real KVBM copies every computed block, so it is not an eviction count (the simulator copies only on eviction); empty without KVBM, as vLLM has no such counter".into());
         t
     }

@@ -6,6 +6,7 @@
 
 pub mod analysis;
 pub mod bench;
+mod breakdown;
 mod html;
 mod progress;
 mod questions;

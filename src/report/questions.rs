@@ -287,12 +287,33 @@ impl<'a> Index<'a> {
                 d - a
             ));
         }
-        let finding = match (worse.len(), worse.iter().filter(|w| **w).count()) {
+        // The server's side, where it sent its timing: what disaggregation saved at the worker
+        // against what the handoff after the prefill worker's first token cost.
+        let split = self
+            .low_load_breakdown(&agg.info.name)
+            .zip(self.low_load_breakdown(&dis.info.name));
+        let mut overhead = None;
+        if let Some(((step_a, a), (step_d, d))) = &split {
+            evidence.push(super::breakdown::breakdown_text(step_a, "agg", a));
+            evidence.push(super::breakdown::breakdown_text(step_d, "disagg", d));
+            overhead = Some((
+                (d.handoff - a.handoff) * 1e3,
+                (a.server_ttft - d.server_ttft) * 1e3,
+            ));
+        }
+        let mut finding = match (worse.len(), worse.iter().filter(|w| **w).count()) {
             (0, _) => "no data at low load or short prompts".to_owned(),
             (_, 0) => "no: disaggregated TTFT stays at or below aggregated even at the lowest load and shortest prompts".to_owned(),
             (n, k) if k == n => "yes: at the lowest load and shortest prompts the transfer overhead makes disaggregated TTFT higher".to_owned(),
             _ => "partly: disaggregated TTFT is higher in one of the low-load / short-prompt cases".to_owned(),
         };
+        if let Some((handoff, saved)) = overhead {
+            finding.push_str(&format!(
+                "; by the server's own timing, disaggregated spends {handoff:+.1} ms after the worker's first token (the prefill → decode handoff) and {:.1} ms {} before it",
+                saved.abs(),
+                if saved >= 0.0 { "less" } else { "more" }
+            ));
+        }
         Answer {
             finding,
             evidence: evidence.join("; "),

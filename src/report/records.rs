@@ -102,6 +102,8 @@ struct Line<'a> {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     cached_tokens: Option<u64>,
+    /// `usage` or `kv_hit_rate` (docs/METRICS.md, "Cache hits").
+    cached_tokens_source: Option<&'static str>,
     outcome: &'static str,
     http_status: Option<u16>,
     error: Option<&'a str>,
@@ -114,6 +116,9 @@ struct Line<'a> {
     server_kv_hit_rate: Option<f64>,
     server_router_queue_depth: Option<f64>,
     server_kv_transfer_ms: Option<f64>,
+    /// Actual send → first token at the client, minus `server_ttft_ms`: the network, and in
+    /// disaggregated serving the prefill → decode handoff.
+    server_handoff_ms: Option<f64>,
     /// Dynamo's `nvext.worker_id`, as text (64-bit ids).
     prefill_worker_id: Option<String>,
     decode_worker_id: Option<String>,
@@ -261,6 +266,7 @@ impl BenchSink {
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),
             cached_tokens: rec.cached_tokens(),
+            cached_tokens_source: rec.cache_source().map(|c| c.as_str()),
             outcome: rec.outcome.as_str(),
             http_status: rec.http_status,
             error: rec.error.as_deref(),
@@ -271,6 +277,7 @@ impl BenchSink {
             server_kv_hit_rate: timing.kv_hit_rate,
             server_router_queue_depth: timing.router_queue_depth,
             server_kv_transfer_ms: timing.kv_transfer_estimated_latency_ms,
+            server_handoff_ms: rec.server_split().map(|s| s.handoff * 1e3),
             prefill_worker_id,
             decode_worker_id,
             token_mono_ns: self.record_tokens.then(|| {

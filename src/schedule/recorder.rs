@@ -124,6 +124,8 @@ impl Recorder {
             cached_tokens: rec.cached_tokens().unwrap_or(0),
             output_tokens: if ok { rec.output_tokens() } else { 0 },
             expected_cached_tokens: ctx.shared_prefix_tokens,
+            cache_source: rec.cache_source().filter(|_| ok),
+            server: rec.server_split(),
             osl_mismatch: rec.osl_mismatch(ctx.osl),
         };
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);

@@ -105,6 +105,13 @@ pub struct ServerTotals {
     /// or not; the simulator offloads a block only when it evicts it from the GPU. `None` without
     /// KVBM.
     pub kv_offload_blocks: Option<f64>,
+    /// Dynamo's KV router: `dynamo_component_router_kv_selected_cached_prefix_tokens_total`,
+    /// the prompt tokens already cached on the worker it chose, and
+    /// `dynamo_component_router_input_sequence_tokens_sum`, the prompt tokens it routed, of one
+    /// routing phase ([`RouterPhases::pick`]). Their increases give the server's prefix hit ratio
+    /// where the engine exports no vLLM counters.
+    pub router_cached_tokens: Option<f64>,
+    pub router_input_tokens: Option<f64>,
     /// `dynamo_frontend_time_to_first_token_seconds_sum` and `_count`.
     pub ttft_sum_seconds: Option<f64>,
     pub ttft_count: Option<f64>,
@@ -135,6 +142,40 @@ impl Acc {
     }
 }
 
+/// The KV router's counters per routing `phase` label. A disaggregated frontend routes every
+/// request twice, to a prefill and to a decode worker, and counts the prompt in both phases;
+/// the prefix cache that saves work is the prefill worker's. So the prefill phase is read where
+/// there is one, else the aggregated phase, else series without the label (older Dynamo), and
+/// never the sum of phases.
+#[derive(Default)]
+struct RouterPhases {
+    /// (phase, cached, input), phase "" for series without the label.
+    phases: Vec<(String, Acc, Acc)>,
+}
+
+impl RouterPhases {
+    fn entry(&mut self, phase: &str) -> &mut (String, Acc, Acc) {
+        match self.phases.iter().position(|(p, _, _)| p == phase) {
+            Some(i) => &mut self.phases[i],
+            None => {
+                self.phases
+                    .push((phase.to_owned(), Acc::default(), Acc::default()));
+                self.phases.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// (cached, input) of the phase that tells the prefix cache's effect.
+    fn pick(&self) -> (Option<f64>, Option<f64>) {
+        ["prefill", "aggregated", ""]
+            .iter()
+            .find_map(|want| self.phases.iter().find(|(p, _, _)| p == want))
+            .map_or((None, None), |(_, cached, input)| {
+                (cached.sum(), input.sum())
+            })
+    }
+}
+
 #[derive(Default)]
 struct TotalsBuilder {
     queries: Acc,
@@ -142,6 +183,7 @@ struct TotalsBuilder {
     kv_usage: Acc,
     preemptions: Acc,
     kv_offload_blocks: Acc,
+    router: RouterPhases,
     ttft_sum: Acc,
     ttft_count: Acc,
     kvbm_host: Acc,
@@ -152,6 +194,12 @@ impl TotalsBuilder {
     fn add_text(&mut self, text: &str) {
         for s in crate::promtext::parse(text).samples {
             let acc = match s.name {
+                "dynamo_component_router_kv_selected_cached_prefix_tokens_total" => {
+                    &mut self.router.entry(s.label("phase").unwrap_or("")).1
+                }
+                "dynamo_component_router_input_sequence_tokens_sum" => {
+                    &mut self.router.entry(s.label("phase").unwrap_or("")).2
+                }
                 "vllm:prefix_cache_queries_total" => &mut self.queries,
                 "vllm:prefix_cache_hits_total" => &mut self.hits,
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => &mut self.kv_usage,
@@ -168,12 +216,15 @@ impl TotalsBuilder {
     }
 
     fn build(self) -> ServerTotals {
+        let (router_cached_tokens, router_input_tokens) = self.router.pick();
         ServerTotals {
             prefix_cache_queries: self.queries.sum(),
             prefix_cache_hits: self.hits.sum(),
             kv_cache_usage_ratio: self.kv_usage.mean(),
             preemptions: self.preemptions.sum(),
             kv_offload_blocks: self.kv_offload_blocks.sum(),
+            router_cached_tokens,
+            router_input_tokens,
             ttft_sum_seconds: self.ttft_sum.sum(),
             ttft_count: self.ttft_count.sum(),
             kvbm_host_cache_hit_ratio: self.kvbm_host.mean(),
@@ -233,8 +284,17 @@ fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
         after.ttft_sum_seconds,
     );
     let ttft_count = increase(before.and_then(|b| b.ttft_count), after.ttft_count);
+    let router_cached = increase(
+        before.and_then(|b| b.router_cached_tokens),
+        after.router_cached_tokens,
+    );
+    let router_input = increase(
+        before.and_then(|b| b.router_input_tokens),
+        after.router_input_tokens,
+    );
     Interval {
-        prefix_cache_hit_ratio: ratio(hits, queries),
+        // vLLM's own counters where the engine exports them, else Dynamo's KV router.
+        prefix_cache_hit_ratio: ratio(hits, queries).or_else(|| ratio(router_cached, router_input)),
         ttft_mean_seconds: match (ttft_sum, ttft_count) {
             (Some(s), Some(c)) if c > 0.0 => Some(s / c),
             _ => None,
@@ -555,6 +615,39 @@ kvbm_host_cache_hit_rate 0.75
         let vllm = ServerTotals::from_texts([WORKERS]);
         assert_eq!(vllm.kv_offload_blocks, None);
         assert_eq!(vllm.preemptions, Some(3.0));
+    }
+
+    /// Dynamo 1.6.1's disaggregated frontend after three requests with one 3,302-token prompt
+    /// (the first cold): both routing phases count the prompt, only the prefill phase the hits.
+    const DISAGG_ROUTER: &str = r#"
+dynamo_component_router_input_sequence_tokens_sum{dynamo_component="backend",phase="decode",worker_id="d9"} 9906
+dynamo_component_router_input_sequence_tokens_sum{dynamo_component="backend",phase="prefill",worker_id="d9"} 9906
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_component="backend",phase="decode",worker_id="d9"} 0
+dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_component="backend",phase="prefill",worker_id="d9"} 6528
+"#;
+
+    #[test]
+    fn dynamo_router_hits_come_from_the_prefill_phase_never_the_sum_of_phases() {
+        let disagg = ServerTotals::from_texts([DISAGG_ROUTER]);
+        assert_eq!(
+            (disagg.router_cached_tokens, disagg.router_input_tokens),
+            (Some(6528.0), Some(9906.0))
+        );
+        let iv = interval(None, &disagg);
+        assert!((iv.prefix_cache_hit_ratio.unwrap() - 6528.0 / 9906.0).abs() < 1e-12);
+        // Aggregated: one phase; two workers add up.
+        let agg = ServerTotals::from_texts([
+            "dynamo_component_router_input_sequence_tokens_sum{phase=\"aggregated\",worker_id=\"a\"} 1000\n\
+             dynamo_component_router_input_sequence_tokens_sum{phase=\"aggregated\",worker_id=\"b\"} 1000\n\
+             dynamo_component_router_kv_selected_cached_prefix_tokens_total{phase=\"aggregated\",worker_id=\"b\"} 900\n",
+        ]);
+        assert_eq!(interval(None, &agg).prefix_cache_hit_ratio, Some(0.45));
+        // vLLM's own counters win where the engine exports them.
+        let both = ServerTotals::from_texts([
+            DISAGG_ROUTER,
+            "vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 25\n",
+        ]);
+        assert_eq!(interval(None, &both).prefix_cache_hit_ratio, Some(0.25));
     }
 
     #[test]

@@ -1,0 +1,298 @@
+//! The registration of every Prometheus family of [`Metrics`] under its contract name
+//! (docs/DESIGN.md §6), in the order `/metrics` lists them: one list a reader can check against
+//! the contract.
+
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Unit;
+
+use super::labels::VersionLabels;
+use super::metrics::Metrics;
+
+impl Metrics {
+    /// Registers every family under its contract name (docs/DESIGN.md §6). Counters are registered without
+    /// `_total`, which the encoder appends; `Unit::Seconds` appends `_seconds` and emits `# UNIT`.
+    pub(super) fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
+
+        // TTFT, ITL and request duration encode themselves (`LatencyFamily`), ahead of these.
+        r.register_with_unit(
+            "llm_canary_chunk_gap",
+            "Per-token gap between content chunks; a chunk of k tokens counts gap/k, k times",
+            s(),
+            self.chunk_gap.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_server_ttft",
+            "The server's own TTFT of successful requests (Dynamo nvext.timing.ttft_ms; in disaggregated serving the prefill worker's first token)",
+            s(),
+            self.server_ttft.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_server_queue",
+            "Time successful requests waited for prefill at the server (Dynamo nvext.timing.prefill_wait_time_ms)",
+            s(),
+            self.server_queue.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_server_prefill",
+            "Prefill time of successful requests at the server (Dynamo nvext.timing.prefill_time_ms)",
+            s(),
+            self.server_prefill.clone(),
+        );
+        r.register(
+            "llm_canary_requests",
+            "Requests by outcome: ok or an error kind",
+            self.requests.clone(),
+        );
+        r.register(
+            "llm_canary_prompt_tokens",
+            "Prompt tokens reported in usage",
+            self.prompt_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_cached_tokens",
+            "Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens, or Dynamo's nvext.timing.kv_hit_rate x prompt tokens where usage reports none)",
+            self.cached_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_output_tokens",
+            "Completion tokens reported in usage",
+            self.output_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_osl_mismatch",
+            "Requests whose completion tokens missed the requested OSL by more than min(5 %, 50)",
+            self.osl_mismatch.clone(),
+        );
+        r.register(
+            "llm_canary_client_token_count_mismatch",
+            "Requests whose client-side token count disagreed with usage.completion_tokens",
+            self.token_count_mismatch.clone(),
+        );
+
+        r.register_with_unit(
+            "llm_canary_step_ttft",
+            "TTFT quantile over the step's steady window",
+            s(),
+            self.step_ttft.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_itl",
+            "ITL quantile over the step's steady window",
+            s(),
+            self.step_itl.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_request_duration",
+            "Request duration quantile over the step's steady window",
+            s(),
+            self.step_request_duration.clone(),
+        );
+        for (name, (lower, upper)) in [
+            "llm_canary_step_ttft",
+            "llm_canary_step_itl",
+            "llm_canary_step_request_duration",
+        ]
+        .iter()
+        .zip(&self.step_ci)
+        {
+            r.register_with_unit(
+                format!("{name}_lower"),
+                "Lower bound of the 95 % confidence interval of the step quantile",
+                s(),
+                lower.clone(),
+            );
+            r.register_with_unit(
+                format!("{name}_upper"),
+                "Upper bound of the 95 % confidence interval of the step quantile",
+                s(),
+                upper.clone(),
+            );
+        }
+        r.register(
+            "llm_canary_step_output_tokens_per_second",
+            "Output tokens per second over the step's steady window",
+            self.step_output_tokens_per_second.clone(),
+        );
+        r.register(
+            "llm_canary_step_requests_per_second",
+            "Completed requests per second over the step's steady window",
+            self.step_requests_per_second.clone(),
+        );
+        r.register(
+            "llm_canary_step_error_ratio",
+            "Failed requests / all requests over the step's steady window",
+            self.step_error_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_step_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens over the step's steady window",
+            self.step_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_step_cost_per_million_tokens_usd",
+            "Cost of one million output tokens at the step's throughput and the target's hourly cost",
+            self.step_cost_per_million_tokens.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_step_end_timestamp",
+            "Unix time at which the step's window ended",
+            s(),
+            self.step_end_timestamp.clone(),
+        );
+        r.register(
+            "llm_canary_step_degraded",
+            "1 when the step's schedule lag p99 exceeded its limit; such steps are excluded from SLOs",
+            self.step_degraded.clone(),
+        );
+        r.register(
+            "llm_canary_step_faulted",
+            "1 when more of the step's requests failed than its latencies can stand for; such steps are excluded from SLO latencies",
+            self.step_faulted.clone(),
+        );
+
+        r.register(
+            "llm_canary_server_prefix_cache_hit_ratio",
+            "Prefix cache hit ratio reported by the server's own metrics",
+            self.server_prefix_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_kv_cache_usage_ratio",
+            "KV cache usage reported by the server's own metrics",
+            self.server_kv_cache_usage_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_preemptions",
+            "Preemptions reported by the server's own metrics",
+            self.server_preemptions.clone(),
+        );
+        // `Unit::Other("blocks")` appends `_blocks`: `llm_canary_server_kv_offload_blocks_total`.
+        r.register_with_unit(
+            "llm_canary_server_kv_offload",
+            "KV blocks the server's KV block manager offloaded from GPU to host memory (increase of kvbm_offload_blocks_d2h)",
+            Unit::Other("blocks".into()),
+            self.server_kv_offload_blocks.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_server_ttft_mean",
+            "Mean TTFT reported by the server's own metrics",
+            s(),
+            self.server_ttft_mean.clone(),
+        );
+        r.register(
+            "llm_canary_server_kvbm_host_cache_hit_ratio",
+            "KV block manager CPU-tier hit rate reported by the server (kvbm_host_cache_hit_rate)",
+            self.server_kvbm_host_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_kvbm_disk_cache_hit_ratio",
+            "KV block manager disk-tier hit rate reported by the server (kvbm_disk_cache_hit_rate)",
+            self.server_kvbm_disk_cache_hit_ratio.clone(),
+        );
+        r.register(
+            "llm_canary_server_scrape_errors",
+            "Failed scrapes of the server's own metrics endpoints",
+            self.server_scrape_errors.clone(),
+        );
+
+        r.register(
+            "llm_canary_slo_state",
+            "SLO verdict as a state set: exactly one of pass, fail, insufficient_data is 1",
+            self.slo_state.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value",
+            "Measured value of the SLO's left-hand side",
+            self.slo_value.clone(),
+        );
+        r.register(
+            "llm_canary_slo_threshold",
+            "Threshold the SLO's value is compared with",
+            self.slo_threshold.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value_lower",
+            "Lower bound of the 95 % confidence interval of the SLO's value",
+            self.slo_value_lower.clone(),
+        );
+        r.register(
+            "llm_canary_slo_value_upper",
+            "Upper bound of the 95 % confidence interval of the SLO's value",
+            self.slo_value_upper.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_slo_data_age",
+            "Age of the newest step the SLO's stalest selector read (steps are held between runs)",
+            Unit::Seconds,
+            self.slo_data_age.clone(),
+        );
+
+        r.register(
+            "llm_canary_target_up",
+            "1 when the last request or probe of the target reached it",
+            self.target_up.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_schedule_lag",
+            "Actual minus intended send time: the canary's own scheduling delay",
+            s(),
+            self.schedule_lag.clone(),
+        );
+        r.register(
+            "llm_canary_inflight_requests",
+            "Requests sent and not yet finished",
+            self.inflight.clone(),
+        );
+        // An OpenMetrics info family: the sample is `llm_canary_build_info{version} 1`.
+        r.register(
+            "llm_canary_build",
+            "Build information",
+            Info::new(VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            }),
+        );
+        r.register(
+            "llm_canary_config_last_reload_successful",
+            "1 when the last config reload succeeded",
+            self.config_last_reload_successful.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_config_last_reload_success_timestamp",
+            "Unix time of the last successful config load",
+            s(),
+            self.config_last_reload_success_timestamp.clone(),
+        );
+        r.register(
+            "llm_canary_paused",
+            "1 for each reason traffic is paused now (operator, schedule, budget); all 0 while sending",
+            self.paused.clone(),
+        );
+        r.register(
+            "llm_canary_probe_success",
+            "1 when the start-up probe of the target passed (reachable, model, dialect, streaming)",
+            self.probe_success.clone(),
+        );
+        r.register(
+            "llm_canary_budget_steps",
+            "Steps the traffic budget skipped, scaled, serialized or cut",
+            self.budget_steps.clone(),
+        );
+        r.register(
+            "llm_canary_budget_throttled_requests",
+            "Requests that waited for the budget's max_rps pace",
+            self.budget_throttled.clone(),
+        );
+        r.register(
+            "llm_canary_budget_output_tokens_last_hour",
+            "Output tokens received in the last hour, per budget scope",
+            self.budget_output_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_budget_limit",
+            "A configured budget limit (max_inflight, max_rps, max_output_tokens_per_hour)",
+            self.budget_limit.clone(),
+        );
+        self
+    }
+}
