@@ -134,6 +134,13 @@ async fn streaming_chat_has_the_openai_shape_usage_and_nvext() {
         assert!(timing[key].is_number(), "nvext.timing.{key} in {finish}");
     }
     assert!(timing["kv_transfer_estimated_latency_ms"].as_f64().unwrap() >= 5.0);
+    // As in Dynamo, `ttft_ms` is the prefill worker's first token (wait + prefill), before the
+    // handoff to the decode worker: the client's first token comes later.
+    let ms = |k: &str| timing[k].as_f64().unwrap();
+    assert!(
+        (ms("prefill_wait_time_ms") + ms("prefill_time_ms") - ms("ttft_ms")).abs() < 0.01,
+        "{timing}"
+    );
     assert_eq!(finish["nvext"]["worker_id"]["prefill_worker_id"], 0);
     assert_eq!(finish["nvext"]["worker_id"]["decode_worker_id"], 1);
     let usage_chunk = data_json(all[all.len() - 2]).unwrap();
