@@ -6,6 +6,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod export;
+pub mod files;
 pub mod k8s;
 pub mod measure;
 pub mod model;

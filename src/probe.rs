@@ -106,7 +106,7 @@ pub async fn probe(
     base_dir: &Path,
     client: &StreamClient,
 ) -> ProbeReport {
-    let mut report = ProbeReport::new(&t.name, url);
+    let mut report = ProbeReport::new(&t.name, &crate::config::display_url_text(url));
     // One model lookup, not the daemon's half-minute of retries: a stopped target shows at once.
     let target = match resolve_at(t, url, base_dir, client, 1).await {
         Ok(target) => target,

@@ -33,11 +33,46 @@ pub struct Deployment {
     pub tokens: Arc<TokenModel>,
     /// For each target, the index of its embedded simulator in `sims`.
     pub sim_of: Vec<Option<usize>>,
+    /// For each target, the index of its entry in the config's `targets`.
+    pub config_index: Vec<usize>,
+}
+
+/// A configured target that could not be started or resolved (its model lookup failed, its key
+/// or TLS files could not be read), kept aside so the others run.
+#[derive(Debug, Clone)]
+pub struct TargetFailure {
+    /// Its index in the config's `targets`.
+    pub config_index: usize,
+    pub name: String,
+    pub error: String,
 }
 
 impl Deployment {
-    /// Starts the embedded simulators and resolves every target (model `auto`, API keys).
+    /// Starts the embedded simulators and resolves every target (model `auto`, API keys); an
+    /// error if any target fails.
     pub async fn start(cfg: &Config, base_dir: &Path) -> Result<Deployment, TargetError> {
+        let (deployment, failed) =
+            Self::start_partial(cfg, base_dir, MODEL_LOOKUP_ATTEMPTS).await?;
+        match failed.into_iter().next() {
+            None => Ok(deployment),
+            Some(f) => {
+                deployment.stop().await;
+                Err(TargetError::Target {
+                    target: f.name,
+                    message: f.error,
+                })
+            }
+        }
+    }
+
+    /// Starts and resolves every target at once, each on its own (model `auto` asked at most
+    /// `attempts` times): a target that fails is returned aside and never holds back or stops
+    /// the others. An error only for what every target needs (the tokenizer, the client).
+    pub async fn start_partial(
+        cfg: &Config,
+        base_dir: &Path,
+        attempts: u32,
+    ) -> Result<(Deployment, Vec<TargetFailure>), TargetError> {
         let tokens = Arc::new(
             TokenModel::load(
                 cfg.tokenizer
@@ -53,24 +88,46 @@ impl Deployment {
         } else {
             client
         };
+        let started = futures_util::future::join_all(
+            cfg.targets
+                .iter()
+                .map(|t| start_target_with(t, base_dir, &client, attempts)),
+        )
+        .await;
         let mut sims = Vec::new();
         let mut targets = Vec::new();
         let mut sim_of = Vec::new();
-        for t in &cfg.targets {
-            let (target, sim) = start_target(t, base_dir, &client).await?;
-            targets.push(target);
-            sim_of.push(sim.map(|s| {
-                sims.push(s);
-                sims.len() - 1
-            }));
+        let mut config_index = Vec::new();
+        let mut failed = Vec::new();
+        for (i, (t, result)) in cfg.targets.iter().zip(started).enumerate() {
+            match result {
+                Ok((target, sim)) => {
+                    targets.push(target);
+                    config_index.push(i);
+                    sim_of.push(sim.map(|s| {
+                        sims.push(s);
+                        sims.len() - 1
+                    }));
+                }
+                Err(e) => {
+                    tracing::error!(target = %*t.name, error = %e, "target not started; the others run without it");
+                    failed.push(TargetFailure {
+                        config_index: i,
+                        name: t.name.value.clone(),
+                        error: e.to_string(),
+                    });
+                }
+            }
         }
-        Ok(Deployment {
+        let deployment = Deployment {
             targets,
             sims,
             client,
             tokens,
             sim_of,
-        })
+            config_index,
+        };
+        Ok((deployment, failed))
     }
 
     /// The step runner for `cfg` over these targets; `run_salt` keeps earlier runs' caches out.
@@ -103,6 +160,13 @@ pub fn stream_client(cfg: &Config) -> Result<StreamClient, TargetError> {
     Ok(StreamClient::new(ClientConfig {
         connect_timeout: cfg.client.connect_timeout.0,
         request_timeout: cfg.client.request_timeout.0,
+        // Capped by the whole-request limit (`check` refuses a written one above it).
+        first_token_timeout: cfg
+            .client
+            .first_token_timeout
+            .0
+            .min(cfg.client.request_timeout.0),
+        stall_timeout: cfg.client.stall_timeout.0.min(cfg.client.request_timeout.0),
         max_event_bytes: *cfg.client.max_event_bytes as usize,
         marker: crate::client::Marker {
             // Validated with the config.
@@ -139,8 +203,18 @@ pub async fn start_target(
     base_dir: &Path,
     client: &StreamClient,
 ) -> Result<(Arc<Target>, Option<SimHandle>), TargetError> {
+    start_target_with(t, base_dir, client, MODEL_LOOKUP_ATTEMPTS).await
+}
+
+/// [`start_target`], asking `/v1/models` at most `attempts` times.
+pub async fn start_target_with(
+    t: &TargetConfig,
+    base_dir: &Path,
+    client: &StreamClient,
+    attempts: u32,
+) -> Result<(Arc<Target>, Option<SimHandle>), TargetError> {
     let (url, sim) = serve(t).await?;
-    match resolve_at(t, &url, base_dir, client, MODEL_LOOKUP_ATTEMPTS).await {
+    match resolve_at(t, &url, base_dir, client, attempts).await {
         Ok(target) => Ok((Arc::new(target), sim)),
         Err(e) => {
             if let Some(sim) = sim {
@@ -171,7 +245,10 @@ pub async fn resolve_target(
 
 /// `GET /v1/models` attempts for model `auto` (2 s apart): a deployment still starting answers
 /// within about half a minute.
-const MODEL_LOOKUP_ATTEMPTS: u32 = 15;
+pub const MODEL_LOOKUP_ATTEMPTS: u32 = 15;
+
+/// Longest one `GET /v1/models` may take.
+const MODEL_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A target at `url` as the runner sees it, asking `/v1/models` (for model `auto`) at most
 /// `attempts` times: the preflight asks once, so a stopped target is reported at once.
@@ -250,6 +327,8 @@ async fn resolve_model(
         return Ok(t.model.clone());
     }
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
+    // What the messages show: the same URL without any credentials in it.
+    let shown = crate::config::display_url_text(&url);
     let http = match lookup.tls {
         Some(http) => http,
         None => crate::client::http_client_builder()
@@ -262,7 +341,7 @@ async fn resolve_model(
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        let mut request = http.get(&url).timeout(Duration::from_secs(10));
+        let mut request = http.get(&url).timeout(MODEL_LOOKUP_TIMEOUT);
         if let Some(key) = lookup.key {
             let value = key.authorization().map_err(|e| e.to_string())?;
             request = request.header(reqwest::header::AUTHORIZATION, value);
@@ -274,20 +353,24 @@ async fn resolve_model(
             Ok(mut r) if r.status().is_success() => {
                 // The server decides the size: read at most MODEL_LIST_MAX_BYTES.
                 let mut bytes = Vec::new();
-                while let Some(chunk) = r.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+                while let Some(chunk) = r
+                    .chunk()
+                    .await
+                    .map_err(|e| format!("{shown}: {}", crate::client::error_text(&e)))?
+                {
                     if bytes.len() + chunk.len() > MODEL_LIST_MAX_BYTES {
                         return Err(format!(
-                            "{url}: the model list is over {MODEL_LIST_MAX_BYTES} bytes; set `model:` on the target"
+                            "{shown}: the model list is over {MODEL_LIST_MAX_BYTES} bytes; set `model:` on the target"
                         ));
                     }
                     bytes.extend_from_slice(&chunk);
                 }
                 let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-                    format!("{url}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
+                    format!("{shown}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
                 })?;
                 let id = body["data"][0]["id"]
                     .as_str()
-                    .ok_or_else(|| format!("{url} lists no models; set `model:` on the target to the served model name instead of `auto`"))?;
+                    .ok_or_else(|| format!("{shown} lists no models; set `model:` on the target to the served model name instead of `auto`"))?;
                 // The id goes into every request body and `/api/v1/status`: refuse what no real
                 // model name looks like rather than carry it around.
                 if id.is_empty()
@@ -295,7 +378,7 @@ async fn resolve_model(
                     || id.chars().any(char::is_control)
                 {
                     return Err(format!(
-                        "{url} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
+                        "{shown} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
                     ));
                 }
                 return Ok(id.to_owned());
@@ -305,12 +388,12 @@ async fn resolve_model(
             // deployment still starting are retried.
             Ok(r) if !matches!(r.status().as_u16(), 429 | 502..=504) => {
                 return Err(format!(
-                    "{url} answered {}; set `model:` on the target to the served model name instead of `auto`",
+                    "{shown} answered {}; set `model:` on the target to the served model name instead of `auto`",
                     r.status()
                 ));
             }
-            Ok(r) => last = format!("{url} answered {}", r.status()),
-            Err(e) => last = format!("{url}: {e}"),
+            Ok(r) => last = format!("{shown} answered {}", r.status()),
+            Err(e) => last = format!("{shown}: {}", crate::client::error_text(&e)),
         }
     }
     Err(format!(
@@ -326,9 +409,9 @@ fn api_key(t: &TargetConfig, base_dir: &Path) -> Result<Option<ApiKey>, String> 
     }
     if let Some(file) = &t.api_key_file {
         let path = base_dir.join(file.as_str());
-        return std::fs::read_to_string(&path)
+        return crate::files::read_text(&path, crate::files::MAX_SECRET_BYTES)
             .map(|k| Some(ApiKey::new(k.trim())))
-            .map_err(|e| format!("cannot read api_key_file {}: {e}", path.display()));
+            .map_err(|e| format!("api_key_file {}: {e}", path.display()));
     }
     Ok(None)
 }

@@ -253,3 +253,206 @@ workloads:
     assert!(text.ends_with("# EOF\n"));
     deployment.stop().await;
 }
+
+/// Issue 21, item 8: a server's error body can neither forge a log line nor drive a terminal:
+/// its newlines and escape codes reach the record (and every log and file) escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_body_cannot_forge_a_log_line() {
+    let body = "bad request\n2026-12-02T00:00:00Z  INFO llm_canary: all targets healthy\r\x1b[2J";
+    let reply = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (addr, _) = support::raw_server(move |_| RawReply::Bytes(reply.clone().into_bytes())).await;
+    let rec = send(addr, 8).await;
+    assert_eq!(rec.outcome, Outcome::Http4xx);
+    let error = rec.error.unwrap();
+    assert!(!error.chars().any(char::is_control), "{error:?}");
+    assert!(
+        error.contains("bad request\\n2026-12-02T00:00:00Z  INFO") && error.contains("\\u{1b}[2J"),
+        "{error}"
+    );
+}
+
+/// Issue 21, item 10: a 200 KB response id is kept cut and escaped, not verbatim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_response_id_is_kept_short() {
+    let id = format!("{}\u{1b}[31m", "x".repeat(200_000));
+    let chunk =
+        serde_json::json!({"id": id, "choices": [{"index": 0, "delta": {"content": "hi"}}]});
+    let usage = serde_json::json!({"id": id, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}});
+    let body = format!("data: {chunk}\n\ndata: {usage}\n\ndata: [DONE]\n\n");
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let client = StreamClient::new(ClientConfig {
+        request_timeout: Duration::from_secs(20),
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    let (addr, _) = support::raw_server(move |_| RawReply::Bytes(reply.clone().into_bytes())).await;
+    let endpoint =
+        Endpoint::new(&format!("http://{addr}"), Api::Chat, "m", Dialect::Openai).unwrap();
+    let rec = client
+        .send(&endpoint, &request(1), tokio::time::Instant::now())
+        .await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    let kept = rec.response_id.unwrap();
+    assert!(kept.len() <= 128 + '…'.len_utf8(), "{} bytes", kept.len());
+    assert!(kept.starts_with("xxx") && kept.ends_with('…'), "{kept}");
+}
+
+/// Issue 21, item 10: a response head too large to parse, and a compressed body the request did
+/// not accept, are the server's bad responses, not truncated streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_and_compressed_bodies_are_bad_responses() {
+    let huge_header = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-junk: {}\r\n\r\n",
+        "j".repeat(2 << 20)
+    );
+    let (addr, _) =
+        support::raw_server(move |_| RawReply::Bytes(huge_header.clone().into_bytes())).await;
+    let rec = send(addr, 8).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+
+    let body = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03compressed";
+    let mut gzip = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    gzip.extend_from_slice(body);
+    let (addr, heads) = support::raw_server(move |_| RawReply::Bytes(gzip.clone())).await;
+    let rec = send(addr, 8).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+    assert!(rec.error.unwrap().contains("\"gzip\"-encoded body"));
+    let head = heads.lock().unwrap()[0].to_ascii_lowercase();
+    assert!(head.contains("accept-encoding: identity"), "{head}");
+}
+
+/// Issue 21, item 10: a stream that announces a huge Content-Length and sends less is not
+/// waited for after `[DONE]`: a closed loop against it keeps its request rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_content_length_does_not_slow_the_next_request() {
+    let honest = support::sse_ok("m", 2);
+    let text = String::from_utf8(honest.clone()).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let lying_head = head
+        .lines()
+        .map(|l| {
+            if l.to_ascii_lowercase().starts_with("content-length") {
+                "content-length: 1000000000".to_owned()
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    let lying = format!("{lying_head}\r\n\r\n{body}");
+    // The server keeps the connection open after the body, as a server that lies would.
+    let (addr, _) = support::raw_server(move |_| RawReply::Hold(lying.clone().into_bytes())).await;
+    // A tail grace far longer than any request: a client that waited for the announced bytes
+    // would take all of it.
+    let client = StreamClient::new(ClientConfig {
+        request_timeout: Duration::from_secs(60),
+        tail_grace: Duration::from_secs(30),
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    let endpoint =
+        Endpoint::new(&format!("http://{addr}"), Api::Chat, "m", Dialect::Openai).unwrap();
+    let started = tokio::time::Instant::now();
+    let rec = client
+        .send(&endpoint, &request(2), tokio::time::Instant::now())
+        .await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?} for bytes the server only announced",
+        started.elapsed()
+    );
+}
+
+/// Issue 21, item 4: numbers no honest server could send are a `bad_response` with the reason,
+/// never an `ok` feeding throughput, cost, counters or the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn implausible_usage_is_a_bad_response() {
+    let chunk = serde_json::json!({"choices": [{"index": 0, "delta": {"content": "hi "}}]});
+    let stream = |usage: Option<serde_json::Value>, content: bool| {
+        let mut body = String::new();
+        if content {
+            for _ in 0..4 {
+                body.push_str(&format!("data: {chunk}\n\n"));
+            }
+        }
+        if let Some(u) = usage {
+            body.push_str(&format!(
+                "data: {}\n\n",
+                serde_json::json!({"choices": [], "usage": u})
+            ));
+        }
+        body.push_str("data: [DONE]\n\n");
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let cases = [
+        ("a [DONE] alone", stream(None, false), "without any content"),
+        (
+            "10^15 completion tokens",
+            stream(
+                Some(
+                    serde_json::json!({"prompt_tokens": 3, "completion_tokens": 1_000_000_000_000_000u64}),
+                ),
+                true,
+            ),
+            "usage.completion_tokens 1000000000000000",
+        ),
+        (
+            "2^64 - 1 prompt tokens",
+            stream(
+                Some(serde_json::json!({"prompt_tokens": u64::MAX, "completion_tokens": 4})),
+                true,
+            ),
+            "usage.prompt_tokens 18446744073709551615",
+        ),
+        (
+            "more cached than prompt tokens",
+            stream(
+                Some(
+                    serde_json::json!({"prompt_tokens": 3, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 50_000}}),
+                ),
+                true,
+            ),
+            "cached_tokens 50000 above",
+        ),
+        (
+            "no completion tokens for content",
+            stream(
+                Some(serde_json::json!({"prompt_tokens": 3, "completion_tokens": 0})),
+                true,
+            ),
+            "usage.completion_tokens 0 for 4 tokens",
+        ),
+    ];
+    for (what, reply, why) in cases {
+        let (addr, _) = support::raw_server(move |_| RawReply::Bytes(reply.clone())).await;
+        let rec = send(addr, 4).await;
+        assert_eq!(rec.outcome, Outcome::BadResponse, "{what}: {:?}", rec.error);
+        let error = rec.error.clone().unwrap_or_default();
+        assert!(error.contains(why), "{what}: {error}");
+        // What the budget is charged: only what the client counted itself.
+        assert!(rec.billable_tokens() <= 4, "{what}");
+    }
+    // An honest reply stays ok.
+    let honest = stream(
+        Some(serde_json::json!({"prompt_tokens": 3, "completion_tokens": 4})),
+        true,
+    );
+    let (addr, _) = support::raw_server(move |_| RawReply::Bytes(honest.clone())).await;
+    let rec = send(addr, 4).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+}

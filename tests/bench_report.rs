@@ -878,3 +878,50 @@ fn bad_options_exit_2_before_any_traffic() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("broken.yaml:1:"), "{err}");
 }
+
+/// Issue 21, item 6: a target whose `/v1/models` never answers is reported, and the others are
+/// measured: the bench writes its files, names the target it could not measure, and exits 1.
+#[test]
+fn a_target_that_cannot_start_is_reported_and_the_others_measured() {
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung = hole.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = hole.accept() {
+            held.push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "partial.yaml",
+        &format!(
+            "targets:\n  - {{ name: sim, serving_mode: aggregated, simulated: {{ profile: fast }} }}\n  \
+             - {{ name: hung, serving_mode: disaggregated, url: \"http://{hung}\", model: auto }}\n\
+             workloads:\n  concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 2s, warmup: 1s }}\n"
+        ),
+    );
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("target hung could not be measured"),
+        "{stderr}"
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["run"]["failed_targets"][0]["name"], "hung", "{summary}");
+    let steps = summary["steps"].as_array().unwrap();
+    assert!(
+        steps.iter().any(|s| s["target"] == "sim" && s["ok_requests"].as_u64() > Some(0)),
+        "{summary}"
+    );
+}

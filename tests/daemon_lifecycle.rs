@@ -329,3 +329,244 @@ export: {{ listen: "127.0.0.1:{port}" }}
     }
     assert!(status.contains("secured"), "{status}");
 }
+
+/// The daemon's resident memory in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("the daemon is alive")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmRSS")
+        / 1024
+}
+
+/// Issue 21, item 5: a flood of the canary's own port, with clients that ask for `/metrics` and
+/// read a byte now and then, and clients that connect and send nothing, neither grows the
+/// daemon's memory without bound (connections, `/metrics` responses in flight, each response's
+/// writing time and each connection's buffer are bounded), nor keeps it once they leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_slow_readers_and_idle_connections_leaves_memory_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/fast-demo.yaml");
+    let (daemon, addr) = start_daemon(Some(&config), dir.path());
+    let pid = daemon.child.id();
+    let client = http_client(Some(Duration::from_secs(10)));
+    let url = format!("http://{addr}/metrics");
+    // A few steps in, so /metrics is a real exposition (tens of KiB).
+    eventually("a sizeable /metrics", Duration::from_secs(120), || {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let text = get_text(&client, &url).await.ok()?;
+            (text.len() > 40_000).then_some(())
+        }
+    })
+    .await;
+    let baseline = rss_mib(pid);
+
+    // 300 slow readers and 400 idle connections (under the 1,024 descriptors a test may have).
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..700 {
+        flood.spawn(async move {
+            let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
+                return;
+            };
+            if i < 300 {
+                let _ = conn
+                    .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+                    .await;
+                let mut byte = [0u8; 1];
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    match conn.read(&mut byte).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            }
+            // Idle: hold the connection, send nothing.
+            let _ = conn.read(&mut [0u8; 1]).await;
+        });
+    }
+    let mut peak = baseline;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        peak = peak.max(rss_mib(pid));
+    }
+    flood.abort_all();
+    while flood.join_next().await.is_some() {}
+
+    // The daemon served on, and its memory stayed bounded: 300 unread expositions alone would be
+    // far above this (the issue saw 178 → 593 MiB).
+    assert!(
+        get_text(&client, &format!("http://{addr}/-/healthy"))
+            .await
+            .is_ok(),
+        "healthy after the flood"
+    );
+    assert!(
+        peak <= baseline + 64,
+        "peak {peak} MiB over a baseline of {baseline} MiB"
+    );
+    let settled = eventually(
+        "memory back near the baseline",
+        Duration::from_secs(30),
+        || {
+            let now = rss_mib(pid);
+            async move { (now <= baseline + 32).then_some(now) }
+        },
+    )
+    .await;
+    eprintln!("flood: baseline {baseline} MiB, peak {peak} MiB, after {settled} MiB");
+    drop(daemon);
+}
+
+/// A port that accepts connections and never answers (a hung server), held until dropped.
+async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    (addr, task)
+}
+
+/// Issue 21, item 6: `model: auto` asks `/v1/models` with the target's key, and a target whose
+/// lookup never answers neither keeps the daemon from serving nor stops the other target: the
+/// daemon runs with the healthy one, reports the broken one, and stops on the first SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_auto_uses_the_key_and_a_hung_target_stops_nobody() {
+    const KEY: &str = "sk-canary-lookup-7e57";
+    let (secured, heads) = support::raw_server(|head| {
+        let authorised = head
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case(&format!("authorization: Bearer {KEY}")));
+        if !authorised {
+            return support::RawReply::Bytes(
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_vec(),
+            );
+        }
+        if head.starts_with("GET /v1/models") {
+            let body = r#"{"object":"list","data":[{"id":"served-model","object":"model"}]}"#;
+            return support::RawReply::Bytes(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes(),
+            );
+        }
+        support::RawReply::Bytes(support::sse_ok("served-model", 8))
+    })
+    .await;
+    let (hung, _hole) = black_hole().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+targets:
+  - {{ name: secured, serving_mode: aggregated, url: "http://{secured}", model: auto, dialect: openai, api_key_env: CANARY_TEST_KEY }}
+  - {{ name: hung, serving_mode: disaggregated, url: "http://{hung}", model: auto, dialect: openai }}
+time_scale: 0.01
+workloads:
+  concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 120s, warmup: 10s }}
+"#
+        ),
+    )
+    .unwrap();
+    let (daemon, addr) =
+        support::start_daemon_with(Some(&path), dir.path(), true, &[("CANARY_TEST_KEY", KEY)]);
+    let client = http();
+    // The surface answers once the start is over: each target's lookup is one attempt of at
+    // most 5 s, all at once, and the hung one is then left to the background retries.
+    let metrics_url = format!("http://{addr}/metrics");
+    eventually("the surface up", Duration::from_secs(20), || {
+        let (client, url) = (client.clone(), metrics_url.clone());
+        async move { get_text(&client, &url).await.ok() }
+    })
+    .await;
+    // The healthy target is measured, with the model its lookup found.
+    eventually(
+        "the healthy target measured",
+        Duration::from_secs(60),
+        || async {
+            let text = scrape(&client, addr).await;
+            (sum(
+                &text,
+                "llm_canary_requests_total",
+                &[("target", "secured"), ("outcome", "ok")],
+            ) >= 4.0)
+                .then_some(())
+        },
+    )
+    .await;
+    let seen = heads.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|h| h.starts_with("GET /v1/models") && h.contains(KEY)),
+        "the model lookup carried the key: {seen:?}"
+    );
+    // The hung one is reported, down, and retried (not in the target list).
+    let status: serde_json::Value = serde_json::from_str(
+        &get_text(&client, &format!("http://{addr}/api/v1/status"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let failed = status["failed_targets"].as_array().expect("failed_targets");
+    assert_eq!(failed.len(), 1, "{status}");
+    assert_eq!(failed[0]["name"], "hung");
+    assert!(
+        status["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["name"] != "hung"),
+        "{status}"
+    );
+    assert_eq!(
+        sample(
+            &scrape(&client, addr).await,
+            "llm_canary_target_up",
+            &[("target", "hung")]
+        ),
+        Some(0.0)
+    );
+    daemon.signal("TERM");
+    let mut daemon = daemon;
+    let exit = daemon
+        .wait_exit("exit on SIGTERM", Duration::from_secs(30))
+        .await;
+    assert!(exit.success(), "{exit:?}\n{}", daemon.log_text());
+}
+
+/// Issue 21, item 6: a SIGTERM while the targets' lookups hang ends the daemon at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_during_the_model_lookup_is_heard() {
+    let (hung, _hole) = black_hole().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "targets:\n  - {{ name: hung, serving_mode: aggregated, url: \"http://{hung}\", model: auto }}\n"
+        ),
+    )
+    .unwrap();
+    let (daemon, _addr) = start_daemon(Some(&path), dir.path());
+    daemon.signal("TERM");
+    let mut daemon = daemon;
+    // Well under the lookup's own 5 s timeout and the drain's bound.
+    let exit = daemon
+        .wait_exit("exit on the first SIGTERM", Duration::from_secs(4))
+        .await;
+    assert!(exit.success(), "{exit:?}\n{}", daemon.log_text());
+}

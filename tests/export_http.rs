@@ -87,6 +87,7 @@ fn fill(metrics: &Metrics) {
         100,
     );
     metrics.record_chunk_gaps(&agg, &[(0.04, 2)]);
+    metrics.record_server_timing(&disagg, 0.04, Some(0.002), Some(0.038));
     metrics.record_osl_mismatch(&agg);
     metrics.record_token_count_mismatch(&disagg);
     metrics.observe_schedule_lag("agg", "concurrency_sweep", 0.0004);
@@ -198,7 +199,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 50);
+    assert_eq!(families.len(), 53);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());
@@ -528,6 +529,8 @@ async fn greedy_and_slow_clients_cannot_hold_the_surface() {
         header_read_timeout: Duration::from_secs(1),
         body_read_timeout: Duration::from_secs(1),
         write_stall_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        max_metrics_responses: 4,
     };
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = calls.clone();

@@ -269,7 +269,8 @@ rows! {
     http_429: "{ error: { status: 429 } }" => "http_429", up = true;
     http_500: "{ error: { status: 500 } }" => "http_5xx", up = true;
     http_503: "{ error: { status: 503 } }" => "http_5xx", up = true;
-    stall_after_tokens: "{ stall: { after_tokens: 3, duration: 5s } }" => "timeout", up = true;
+    stall_after_tokens: "{ stall: { after_tokens: 3, duration: 5s } }" => "timeout", up = false;
+    black_hole: "{ refuse_connections: black_hole }" => "timeout", up = false;
     truncated_stream: "{ truncate: { after_tokens: 3 } }" => "stream_truncated", up = true;
     reset_mid_stream: "{ truncate: { after_tokens: 3, abrupt: true } }" => "stream_truncated", up = true;
     malformed_chunk: "{ malformed_chunk: { after_tokens: 3 } }" => "bad_response", up = true;
@@ -278,4 +279,146 @@ rows! {
     refused_connections: "{ refuse_connections: stop_accepting }" => "connect", up = false;
     disappears_mid_run_and_comes_back: "{ refuse_connections: stop_accepting }" => "connect", up = false,
         mid_run = Duration::from_millis(600);
+}
+
+/// Issue 21: hung targets (one that sends its headers and then nothing, one that never answers
+/// at all) next to a healthy one, with the default timeouts, all longer than the step. Each hung
+/// target's requests fail in the step (its outage is data, not missing data), the step is
+/// faulted, `target_up` is 0 and an error-ratio SLO on it fails; the healthy target measures as
+/// it does alone, and no step takes longer than its own length and drain (the first one adds at
+/// most the calibration's bound, once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_targets_are_outages_and_hold_nobody_back() {
+    let _turn = ONE_ROW_AT_A_TIME.lock().await;
+    let steady_only = r#"
+targets:
+  - { name: steady, serving_mode: aggregated, simulated: { profile: fast } }
+workloads:
+  concurrency_sweep: { levels: [4], isl: 64, osl: 8, step: 3s, warmup: 1s }
+schedule: { drain_grace: 2s }
+"#;
+    let all = r#"
+targets:
+  - { name: steady, serving_mode: aggregated, simulated: { profile: fast } }
+  - { name: stalled, serving_mode: disaggregated, simulated: { profile: fast } }
+  - { name: hole, serving_mode: disaggregated, simulated: { profile: fast } }
+workloads:
+  concurrency_sweep: { levels: [4], isl: 64, osl: 8, step: 3s, warmup: 1s }
+schedule: { drain_grace: 2s }
+slos:
+  - { name: hole-errors, expr: 'error_ratio{target="hole"} < 0.5', window: 30m, min_samples: 4 }
+  - { name: stalled-errors, expr: 'error_ratio{target="stalled"} < 0.5', window: 30m, min_samples: 4 }
+"#;
+    async fn run(
+        yaml: &str,
+        faults: &[(usize, &str)],
+    ) -> (Vec<Vec<StepResult>>, Vec<Duration>, String, Arc<SloEngine>) {
+        let cfg = Config::parse(yaml, "hung.yaml", Path::new(".")).unwrap();
+        let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+        for (i, f) in faults {
+            deployment.sims[*i].set_faults(serde_saphyr::from_str(f).unwrap());
+        }
+        let metrics = Arc::new(Metrics::new(&[]));
+        let slo = Arc::new(SloEngine::new(
+            llm_canary::slo::compile_all(&cfg).unwrap(),
+            llm_canary::slo::LabelDomain::of(&cfg),
+            BaselineStore::in_memory(),
+            Some(metrics.clone()),
+        ));
+        let recorder = Arc::new(Recorder::new(vec![metrics.clone(), slo.clone()]));
+        let runner = Arc::new(deployment.runner(&cfg, recorder, 11));
+        let source = TargetSource::fixed(TargetSet {
+            targets: deployment.targets.clone(),
+            scrape: Vec::new(),
+        });
+        let mut scheduler = Scheduler::new(runner, source, None, Duration::from_secs(15));
+        let plan = plan_cycle(&cfg).remove(0);
+        let (mut steps, mut walls) = (Vec::new(), Vec::new());
+        for cycle in 0..2 {
+            let started = tokio::time::Instant::now();
+            steps.push(
+                scheduler
+                    .step(&plan, cycle, &Shutdown::new())
+                    .await
+                    .expect("not cut"),
+            );
+            walls.push(started.elapsed());
+        }
+        let text = metrics.encode().unwrap();
+        deployment.stop().await;
+        (steps, walls, text, slo)
+    }
+
+    let (alone, alone_walls, _, _) = run(steady_only, &[]).await;
+    let (paired, paired_walls, text, slo) = run(
+        all,
+        &[
+            (1, "{ stall: { after_tokens: 0, duration: 1h } }"),
+            (2, "{ refuse_connections: black_hole }"),
+        ],
+    )
+    .await;
+    for (cycle, (a, p)) in alone.iter().zip(&paired).enumerate() {
+        let (a, p) = (
+            &result(a, "steady").measurements,
+            &result(p, "steady").measurements,
+        );
+        assert!(
+            a.errors == 0 && p.errors == 0 && !p.faulted,
+            "cycle {cycle}: {p:?}"
+        );
+        // The same shape: the zero-delay simulator's request count is the CPU the step got; a
+        // neighbour that held the healthy target back would halve it.
+        assert!(
+            p.requests * 2 >= a.requests,
+            "cycle {cycle}: {} requests beside hung targets, {} alone",
+            p.requests,
+            a.requests
+        );
+        for hung in ["stalled", "hole"] {
+            let m = &result(&paired[cycle], hung).measurements;
+            assert!(
+                m.requests >= 4,
+                "{hung} cycle {cycle}: one per worker at least: {m:?}"
+            );
+            assert_eq!(
+                m.outcomes.get("timeout"),
+                Some(&m.requests),
+                "{hung}: {m:?}"
+            );
+            assert!(m.faulted && m.error_ratio == 1.0, "{hung}: {m:?}");
+        }
+    }
+    for hung in ["stalled", "hole"] {
+        assert_eq!(
+            sample(&text, "llm_canary_target_up", &[("target", hung)]),
+            Some(0.0),
+            "{hung}"
+        );
+    }
+    assert_eq!(
+        sample(&text, "llm_canary_target_up", &[("target", "steady")]),
+        Some(1.0)
+    );
+    slo.evaluate_now();
+    for name in ["hole-errors", "stalled-errors"] {
+        assert_eq!(
+            slo.state(name),
+            Some(SloState::Fail),
+            "{name}: {}",
+            slo.status_json()
+        );
+    }
+    // No step waits for a hung target beyond its own drain (3 s + 2 s); the first one also
+    // waits for the calibration of the hung targets, bounded and once.
+    let bound = Duration::from_secs(5) + Duration::from_secs(3);
+    let calibration = llm_canary::schedule::CALIBRATION_TIMEOUT;
+    assert!(
+        paired_walls[0] <= bound + calibration,
+        "{paired_walls:?} (alone {alone_walls:?})"
+    );
+    assert!(
+        paired_walls[1] <= bound,
+        "{paired_walls:?} (alone {alone_walls:?})"
+    );
 }

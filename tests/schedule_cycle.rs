@@ -84,7 +84,7 @@ async fn a_full_cycle_against_both_simulators() {
     let recorder = Arc::new(Recorder::new(vec![metrics, capture.clone()]));
     let runner = Arc::new(deployment.runner(&cfg, recorder, 7));
     let never = CancellationToken::new();
-    runner.calibrate(&never).await;
+    runner.calibrate(&never, &Default::default()).await;
     let mut results = Vec::new();
     for step in plan_cycle(&cfg) {
         results.extend(runner.run_step(&step, 0, &never, &never).await);

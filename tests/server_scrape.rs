@@ -269,3 +269,60 @@ async fn every_server_metric_the_simulator_exports_exists_on_a_real_server() {
         sim.shutdown().await;
     }
 }
+
+/// Issue 21, item 7: a target whose `/metrics` never answers delays no other target's step: the
+/// scrapes at a step's start and end wait for it at most `BOUNDARY_SCRAPE_WAIT`, a periodic
+/// round stuck on it holds no lock, and the slow one counts scrape errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_metrics_endpoint_delays_no_other_target() {
+    let sim = start_sim(fast(), ServingMode::Aggregated).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hung = listener.local_addr().unwrap();
+    let _hole = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            held.push(c);
+        }
+    });
+    let (metrics, scraper) = scraper(&[
+        ("live", format!("{}/metrics", sim.base_url())),
+        ("hung", format!("http://{hung}/metrics")),
+    ]);
+    let scraper = Arc::new(scraper);
+    // A periodic round, stuck on the hung endpoint for its whole 5 s timeout.
+    let periodic = tokio::spawn({
+        let s = Arc::clone(&scraper);
+        async move { s.scrape_all().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let bound = llm_canary::scrape::BOUNDARY_SCRAPE_WAIT + Duration::from_secs(2);
+    let started = tokio::time::Instant::now();
+    let mark = scraper.begin_step().await;
+    chat(&sim.base_url(), &words(50, "step")).await;
+    let steps = scraper.end_step(mark).await;
+    let took = started.elapsed();
+    assert!(
+        took < 2 * bound,
+        "a step's two boundary scrapes took {took:?} beside a hung endpoint"
+    );
+    assert_eq!(steps["live"].scrapes, 2, "{steps:?}");
+    // The hung endpoint's step has no server values, rather than stale ones.
+    assert!(
+        steps
+            .get("hung")
+            .is_none_or(|s| s.scrapes == 0 && s.ttft_mean_seconds.is_none()),
+        "{steps:?}"
+    );
+    let text = metrics.encode().unwrap();
+    assert!(
+        sample(
+            &text,
+            "llm_canary_server_scrape_errors_total",
+            &[("target", "hung")]
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    periodic.await.unwrap();
+    sim.shutdown().await;
+}

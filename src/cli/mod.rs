@@ -305,7 +305,8 @@ async fn run(args: RunArgs) -> ExitCode {
 }
 
 /// One pass of the plan; the tables on stdout, progress and logs on stderr, files in `--out`.
-/// Exit 0 when the plan ran to the end, 1 when it failed or was interrupted, 2 for bad options.
+/// Exit 0 when the plan ran to the end, 1 when it failed, was interrupted or a target could not
+/// be measured (the others were, and the files are written), 2 for bad options.
 async fn bench(args: BenchArgs) -> ExitCode {
     use std::io::IsTerminal;
     let setup = match load(args.config.as_deref()) {
@@ -342,6 +343,15 @@ async fn bench(args: BenchArgs) -> ExitCode {
     }
     for f in &outcome.files {
         tracing::info!("wrote {}", f.display());
+    }
+    for f in &report.run.failed_targets {
+        eprintln!(
+            "llm-canary bench: target {} could not be measured: {}",
+            f.name, f.error
+        );
+    }
+    if !report.run.failed_targets.is_empty() {
+        return ExitCode::from(1);
     }
     if report.run.interrupted {
         eprintln!(

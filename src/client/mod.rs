@@ -7,6 +7,7 @@
 //! it; every SSE event in that read shares the stamp.
 
 mod body;
+mod http;
 mod record;
 mod sse;
 mod stream;
@@ -15,7 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{
+    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderValue,
+};
 use tokio::time::Instant;
 use url::Url;
 
@@ -28,7 +31,12 @@ pub use record::{
 };
 pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 
-use stream::{Flow, StreamDecoder, truncate};
+pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_client_builder};
+use http::{
+    MAX_TAIL_BYTES, classify_send_error, drain, read_error_body, rejected_fields_hint,
+    response_limit,
+};
+use stream::{Flow, StreamDecoder, sanitize};
 
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
 /// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
@@ -90,6 +98,12 @@ pub struct ClientConfig {
     /// Limit on one whole request, from the actual send to the end of the stream; at most
     /// [`MAX_RECORD_SPAN`].
     pub request_timeout: Duration,
+    /// Limit from the actual send to the first content chunk: a server that accepts a request
+    /// and then sends nothing (or only its headers) fails here, as `timeout`.
+    pub first_token_timeout: Duration,
+    /// Limit on the silence between two reads once the first content chunk came: a stream that
+    /// stalls mid-way fails here, as `timeout`, with when it stalled.
+    pub stall_timeout: Duration,
     /// Cap on one SSE line or event; a larger one is a `bad_response`, so a broken server cannot
     /// exhaust memory.
     pub max_event_bytes: usize,
@@ -134,7 +148,9 @@ impl Default for ClientConfig {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(120),
+            first_token_timeout: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(30),
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             max_response_bytes: 64 << 20,
             max_error_bytes: 2048,
@@ -153,6 +169,9 @@ impl ClientConfig {
         }
         if self.request_timeout.is_zero() || self.request_timeout > MAX_RECORD_SPAN {
             return bad("request_timeout must be positive and at most 1h");
+        }
+        if self.first_token_timeout.is_zero() || self.stall_timeout.is_zero() {
+            return bad("first_token_timeout and stall_timeout must be positive");
         }
         if self.max_event_bytes < 1024 {
             return bad("max_event_bytes must be at least 1024");
@@ -337,30 +356,6 @@ pub struct StreamRequest {
     pub osl: u32,
 }
 
-/// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
-/// scraping): installs the TLS crypto provider reqwest needs and ignores environment proxies,
-/// through which latency would measure the proxy rather than the target.
-pub fn http_client_builder() -> reqwest::ClientBuilder {
-    install_crypto_provider();
-    reqwest::Client::builder().no_proxy()
-}
-
-/// The blocking counterpart of [`http_client_builder`], for the OTLP exporter, whose periodic
-/// reader sends from a thread without a Tokio reactor.
-pub fn blocking_http_client_builder() -> reqwest::blocking::ClientBuilder {
-    install_crypto_provider();
-    reqwest::blocking::Client::builder().no_proxy()
-}
-
-fn install_crypto_provider() {
-    // reqwest is built without a bundled TLS crypto provider and refuses to build a client
-    // until one is installed; ring is the one this crate links. Losing the race to another
-    // installer is fine: a provider is then installed.
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
 /// The measurement client, cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct StreamClient {
@@ -403,9 +398,14 @@ impl StreamClient {
     /// at start-up (or reload), never at request time.
     pub fn tls_client(&self, tls: &TlsFiles) -> Result<reqwest::Client, ClientError> {
         let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|source| ClientError::TlsFile {
-                path: path.display().to_string(),
-                source,
+            crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES).map_err(|e| {
+                ClientError::TlsFile {
+                    path: path.display().to_string(),
+                    source: match e {
+                        crate::files::FileError::Io(source) => source,
+                        other => std::io::Error::other(other.to_string()),
+                    },
+                }
             })
         };
         let pem_error = |path: &std::path::Path, what, e: reqwest::Error| ClientError::TlsPem {
@@ -507,6 +507,7 @@ impl StreamClient {
         deadline: Instant,
         rec: &mut RequestRecord,
     ) {
+        let body_bytes_sent = body.len();
         let mut builder = endpoint
             .http
             .as_ref()
@@ -514,6 +515,8 @@ impl StreamClient {
             .post(endpoint.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "text/event-stream")
+            // Token arrival is stamped as bytes arrive: a compressed stream would delay them.
+            .header(ACCEPT_ENCODING, "identity")
             .header("x-request-id", request.request_id.as_str())
             .body(body);
         if let Some(authorization) = &endpoint.authorization {
@@ -522,7 +525,20 @@ impl StreamClient {
         if let Some((name, value)) = &self.config.marker.header {
             builder = builder.header(name.clone(), value.clone());
         }
-        let mut response = match builder.send().await {
+        let first_token_deadline = deadline.min(rec.sent + self.config.first_token_timeout);
+        let sent = tokio::time::timeout_at(first_token_deadline, builder.send()).await;
+        let Ok(sent) = sent else {
+            let mut why = self.silence(rec, first_token_deadline);
+            if first_token_deadline == deadline {
+                why = format!(
+                    "no complete response within {:?}: {why}",
+                    self.config.request_timeout
+                );
+            }
+            rec.settle(Outcome::Timeout, Instant::now(), Some(why));
+            return;
+        };
+        let mut response = match sent {
             Ok(response) => response,
             Err(err) => {
                 let at = Instant::now();
@@ -554,13 +570,15 @@ impl StreamClient {
                 // The fix first, so truncation never cuts it off.
                 Some(hint) => {
                     if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
-                        tracing::error!(url = %endpoint.url, status = status.as_u16(), server_said = %text.trim(), "{hint}");
+                        let said = sanitize(text.trim(), self.config.max_error_bytes);
+                        let url = crate::config::display_url(&endpoint.url);
+                        tracing::error!(url = %url, status = status.as_u16(), server_said = %said, "{hint}");
                     }
                     format!("HTTP {status}: {hint}; the server said: {}", text.trim())
                 }
                 None => format!("HTTP {status}: {}", text.trim()),
             };
-            rec.error = Some(truncate(&message, self.config.max_error_bytes));
+            rec.error = Some(sanitize(&message, self.config.max_error_bytes));
             return;
         }
         let content_type = response
@@ -577,7 +595,26 @@ impl StreamClient {
             rec.settle(
                 Outcome::BadResponse,
                 at,
-                Some(truncate(&message, self.config.max_error_bytes)),
+                Some(sanitize(&message, self.config.max_error_bytes)),
+            );
+            return;
+        }
+
+        let encoding = response
+            .headers()
+            .get(CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
+        if let Some(encoding) = encoding {
+            let message = format!(
+                "HTTP {status} with a {encoding:?}-encoded body, which the request did not accept \
+                 (Accept-Encoding: identity)"
+            );
+            rec.settle(
+                Outcome::BadResponse,
+                at,
+                Some(sanitize(&message, self.config.max_error_bytes)),
             );
             return;
         }
@@ -590,10 +627,28 @@ impl StreamClient {
         .ending_at_finish_reason(endpoint.ends_at_finish_reason);
         let body_limit = response_limit(&self.config, request.osl);
         let mut body_bytes = 0usize;
+        let mut last_read = rec.sent;
         loop {
-            let read = response.chunk().await;
+            // Until the first content chunk: the first-token limit; then: the stall limit
+            // since the last read. Either way never past the request's own deadline.
+            let read_deadline = match rec.first_token_at() {
+                None => first_token_deadline,
+                Some(_) => deadline.min(last_read + self.config.stall_timeout),
+            };
+            let Ok(read) = tokio::time::timeout_at(read_deadline, response.chunk()).await else {
+                let mut why = self.silence(rec, read_deadline);
+                if read_deadline == deadline {
+                    why = format!(
+                        "no complete response within {:?}: {why}",
+                        self.config.request_timeout
+                    );
+                }
+                rec.settle(Outcome::Timeout, Instant::now(), Some(why));
+                return;
+            };
             // Stamped before anything looks at the bytes.
             let at = Instant::now();
+            last_read = at;
             let flow = match read {
                 Ok(Some(bytes)) => {
                     rec.first_body_byte.get_or_insert(at);
@@ -621,9 +676,18 @@ impl StreamClient {
                 }
             };
             if let Flow::Finished(outcome, message) = flow {
+                let (outcome, message) = match rec.implausible(request.osl, body_bytes_sent) {
+                    Some(why) if outcome.is_ok() => (Outcome::BadResponse, Some(why)),
+                    _ => (outcome, message),
+                };
                 rec.settle(outcome, at, message);
-                if outcome.is_ok() {
-                    // Reading the end of the chunked body lets the connection return to the pool.
+                // Reading the end of the chunked body lets the connection return to the pool;
+                // a body announced far longer than what came is not waited for (a lying
+                // Content-Length would hold every request for the tail grace).
+                let announced_rest = response
+                    .content_length()
+                    .map_or(0, |n| n.saturating_sub(body_bytes as u64));
+                if outcome.is_ok() && announced_rest <= MAX_TAIL_BYTES {
                     let tail_deadline = deadline.min(at + self.config.tail_grace);
                     drain(&mut response, tail_deadline).await;
                 }
@@ -633,150 +697,30 @@ impl StreamClient {
         }
     }
 
+    /// Why a request that went silent was given up, and since when it was silent.
+    fn silence(&self, rec: &RequestRecord, gave_up: Instant) -> String {
+        let after = |at: Instant| at.saturating_duration_since(rec.sent);
+        match rec.content_chunks().last() {
+            None => match rec.first_byte {
+                None => format!("no response within {:?} of sending", after(gave_up)),
+                Some(head) => format!(
+                    "headers after {:?}, then no token until {:?} after sending",
+                    after(head),
+                    after(gave_up)
+                ),
+            },
+            Some((last, _)) => format!(
+                "stalled: {} tokens, the last {:?} after sending, then nothing for {:?}",
+                rec.client_tokens(),
+                after(last),
+                gave_up.saturating_duration_since(last)
+            ),
+        }
+    }
+
     fn message(&self, err: &reqwest::Error) -> String {
-        let mut text = err.to_string();
-        let mut source = std::error::Error::source(err);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        truncate(&text, self.config.max_error_bytes)
+        sanitize(&error_text(err), self.config.max_error_bytes)
     }
-}
-
-/// The most body bytes one request may receive (see [`ClientConfig::max_response_bytes`]).
-fn response_limit(config: &ClientConfig, osl: u32) -> usize {
-    let per_request = (osl as usize)
-        .saturating_mul(RESPONSE_BYTES_PER_TOKEN)
-        .saturating_add(1 << 20);
-    config
-        .max_response_bytes
-        .min(per_request)
-        .max(config.max_event_bytes)
-}
-
-/// The outcome of a request that got no response head.
-fn classify_send_error(err: &reqwest::Error) -> Outcome {
-    if err.is_connect() {
-        Outcome::Connect
-    } else if err.is_timeout() {
-        Outcome::Timeout
-    } else if err.is_builder() {
-        // The request could not be formed (an id that is not a header value): nothing valid
-        // reached the server.
-        Outcome::BadResponse
-    } else {
-        // Connected, but the connection ended before a complete response head: the server cut
-        // the exchange short.
-        Outcome::StreamTruncated
-    }
-}
-
-/// Phrases with which servers reject request fields they do not know: `transformers serve`
-/// ("Unexpected fields in the request"), OpenAI ("Unrecognized request argument supplied"),
-/// pydantic models that forbid extras ("Extra inputs are not permitted"), and similar.
-const UNKNOWN_FIELD_PHRASES: &[&str] = &[
-    "unexpected field",
-    "unrecognized request argument",
-    "unrecognized field",
-    "unknown field",
-    "unknown parameter",
-    "unsupported parameter",
-    "extra inputs are not permitted",
-    "extra fields not permitted",
-];
-
-/// For a 400/422 answer that rejects fields this client adds to the body (the length recipe,
-/// `nvext`, the `user` marker when `user` was sent), the setting that stops sending them; `None`
-/// for any other error.
-fn rejected_fields_hint(
-    status: u16,
-    body: &str,
-    endpoint: &Endpoint,
-    user: bool,
-) -> Option<String> {
-    if !matches!(status, 400 | 422) {
-        return None;
-    }
-    let lower = body.to_ascii_lowercase();
-    if !UNKNOWN_FIELD_PHRASES.iter().any(|p| lower.contains(p)) {
-        return None;
-    }
-    let names = |field: &str| {
-        lower.match_indices(field).any(|(at, _)| {
-            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
-            !word(lower[..at].chars().next_back())
-                && !word(lower[at + field.len()..].chars().next())
-        })
-    };
-    let lc = endpoint.length_control;
-    let length_fields = [
-        ("max_tokens", lc.max_tokens),
-        ("max_completion_tokens", lc.max_completion_tokens),
-        ("min_tokens", lc.min_tokens),
-        ("ignore_eos", lc.ignore_eos),
-    ];
-    let rejected: Vec<&str> = length_fields
-        .iter()
-        .filter(|(field, sent)| *sent && names(field))
-        .map(|(field, _)| *field)
-        .collect();
-    let mut fixes = Vec::new();
-    if !rejected.is_empty() {
-        let keep = |field: &str, sent: bool| sent && !rejected.contains(&field);
-        fixes.push(format!(
-            "the server rejects the length field(s) {}: set the target's `length_control` to the \
-             fields it accepts, e.g. `length_control: {{ max_tokens: {}, max_completion_tokens: {}, \
-             min_tokens: {}, ignore_eos: {} }}` (or pick the target's `dialect`: dynamo, vllm, \
-             sglang, openai or transformers); without `min_tokens`/`ignore_eos` the output length is not forced \
-             and `llm_canary_osl_mismatch_total` counts the requests that end early",
-            rejected.join(", "),
-            keep("max_tokens", lc.max_tokens),
-            keep("max_completion_tokens", lc.max_completion_tokens),
-            keep("min_tokens", lc.min_tokens),
-            keep("ignore_eos", lc.ignore_eos),
-        ));
-    }
-    if endpoint.nvext && names("nvext") {
-        fixes.push(
-            "the server rejects `nvext`, which only Dynamo understands: set the target's \
-             `dialect` to vllm, sglang, openai or transformers"
-                .to_owned(),
-        );
-    }
-    if user && names("user") {
-        fixes.push(
-            "the server rejects the OpenAI `user` field, the canary's traffic marker: set \
-             `client.user: \"\"` (the `client.marker_header` still marks the requests)"
-                .to_owned(),
-        );
-    }
-    (!fixes.is_empty()).then(|| fixes.join("; "))
-}
-
-/// Up to `limit` bytes of an error body, read until `deadline`.
-async fn read_error_body(
-    response: &mut reqwest::Response,
-    deadline: Instant,
-    limit: usize,
-) -> String {
-    let mut collected = Vec::new();
-    while collected.len() < limit {
-        match tokio::time::timeout_at(deadline, response.chunk()).await {
-            Ok(Ok(Some(bytes))) => {
-                let room = limit - collected.len();
-                collected.extend_from_slice(&bytes[..bytes.len().min(room)]);
-            }
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&collected).into_owned()
-}
-
-/// Reads and discards the rest of a body until it ends or `deadline` passes.
-async fn drain(response: &mut reqwest::Response, deadline: Instant) {
-    while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
 }
 
 #[cfg(test)]

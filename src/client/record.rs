@@ -168,6 +168,10 @@ struct ChunkStamp {
     tokens: u32,
 }
 
+/// The most tokens a chat template adds around the prompt's text (see
+/// [`RequestRecord::implausible`]).
+pub const MAX_TEMPLATE_TOKENS: u64 = 4096;
+
 /// The longest request a record can describe: chunk offsets are `u32` microseconds. The client
 /// refuses per-request timeouts above this.
 pub const MAX_RECORD_SPAN: Duration = Duration::from_secs(3600);
@@ -383,6 +387,63 @@ impl RequestRecord {
             handoff: (from_send - server_ttft).max(0.0),
             kv_transfer: secs(timing.kv_transfer_estimated_latency_ms),
         })
+    }
+
+    /// Why a stream that ended with `[DONE]` cannot be believed, judged against what was sent
+    /// (`osl` tokens asked for, a `body_bytes` request body) and what arrived; `None` when it
+    /// can. A server's numbers feed throughput, cost, the token counters and the budget, so a
+    /// reply whose usage no honest server could send is a `bad_response`, never an `ok` with
+    /// absurd numbers:
+    /// - no content at all (`data: [DONE]` alone, or only empty deltas) for a non-zero `osl`;
+    /// - `completion_tokens` above what `max_tokens` allows (2 × `osl` + 16: a server may count a
+    ///   stop token or a reasoning preamble, not more), or zero although content arrived;
+    /// - far more content than `completion_tokens` says (over twice as many tokens counted);
+    /// - `prompt_tokens` above the request body's bytes plus a template (no tokenizer makes more
+    ///   tokens than bytes);
+    /// - cached tokens above the prompt tokens.
+    pub fn implausible(&self, osl: u32, body_bytes: usize) -> Option<String> {
+        let content = self.client_tokens();
+        if content == 0 && osl > 0 {
+            return Some("the stream ended with [DONE] without any content".into());
+        }
+        let usage = self.usage?;
+        let most = 2 * u64::from(osl) + 16;
+        if usage.completion_tokens > most {
+            return Some(format!(
+                "usage.completion_tokens {} for {osl} requested tokens (at most {most} believable)",
+                usage.completion_tokens
+            ));
+        }
+        if usage.completion_tokens == 0 || content > 2 * usage.completion_tokens + 16 {
+            return Some(format!(
+                "usage.completion_tokens {} for {content} tokens of content received",
+                usage.completion_tokens
+            ));
+        }
+        let prompt_most = body_bytes as u64 + MAX_TEMPLATE_TOKENS;
+        if usage.prompt_tokens > prompt_most {
+            return Some(format!(
+                "usage.prompt_tokens {} for a request body of {body_bytes} bytes",
+                usage.prompt_tokens
+            ));
+        }
+        if usage.cached_tokens > usage.prompt_tokens {
+            return Some(format!(
+                "usage.prompt_tokens_details.cached_tokens {} above usage.prompt_tokens {}",
+                usage.cached_tokens, usage.prompt_tokens
+            ));
+        }
+        None
+    }
+
+    /// The output tokens a request spent of the traffic budget: the usage of a believed reply,
+    /// else only what the client counted itself.
+    pub fn billable_tokens(&self) -> u64 {
+        if self.outcome.is_ok() {
+            self.output_tokens()
+        } else {
+            self.client_tokens()
+        }
     }
 
     /// Inter-token latency: (last content chunk − first content chunk) / (output tokens − 1), for

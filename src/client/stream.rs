@@ -151,7 +151,7 @@ impl<'c> StreamDecoder<'c> {
             } else {
                 &event.data
             };
-            let message = truncate(&String::from_utf8_lossy(text), self.message_limit);
+            let message = sanitize(&String::from_utf8_lossy(text), self.message_limit);
             return Flow::Finished(Outcome::StreamError, Some(message));
         }
         // Named events other than the default carry no completion data.
@@ -172,19 +172,19 @@ impl<'c> StreamDecoder<'c> {
                 let message = format!("unparseable chunk ({err}): {preview}");
                 return Flow::Finished(
                     Outcome::BadResponse,
-                    Some(truncate(&message, self.message_limit)),
+                    Some(sanitize(&message, self.message_limit)),
                 );
             }
         };
         if let Some(error) = &chunk.error {
-            let message = truncate(&error_message(error), self.message_limit);
+            let message = sanitize(&error_message(error), self.message_limit);
             return Flow::Finished(Outcome::StreamError, Some(message));
         }
         if chunk.object.as_deref() == Some("error") {
             let message = chunk.message.as_deref().unwrap_or("error object in stream");
             return Flow::Finished(
                 Outcome::StreamError,
-                Some(truncate(message, self.message_limit)),
+                Some(sanitize(message, self.message_limit)),
             );
         }
         self.apply(rec, chunk, at);
@@ -193,7 +193,11 @@ impl<'c> StreamDecoder<'c> {
 
     fn apply(&self, rec: &mut RequestRecord, chunk: ChunkJson<'_>, at: Instant) {
         if rec.response_id.is_none() {
-            rec.response_id = chunk.id.as_ref().map(|id| id.as_ref().to_owned());
+            // An id is an identifier, not a payload: a server's 900 KB id is kept cut, escaped.
+            rec.response_id = chunk
+                .id
+                .as_ref()
+                .map(|id| sanitize(id.as_ref(), MAX_RESPONSE_ID_BYTES));
         }
         let mut finished_here = false;
         for choice in chunk.choices.iter().flatten() {
@@ -267,16 +271,35 @@ fn error_message(error: &serde_json::Value) -> String {
     }
 }
 
-/// Cuts `text` to at most `limit` bytes on a character boundary, marking the cut.
-pub(crate) fn truncate(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_owned();
+/// The longest response id kept (OpenAI's and Dynamo's are under 60 bytes).
+pub(crate) const MAX_RESPONSE_ID_BYTES: usize = 128;
+
+/// Server text made safe for logs, `requests.jsonl` and terminals: every control character
+/// (newline, carriage return, NUL, the ESC of terminal escape sequences, …), line and paragraph
+/// separator and bidirectional override is written as its escape (`\n`, `\u{1b}`), then the
+/// text is cut to at most `limit` bytes on a character boundary, the cut marked. A server can
+/// neither forge a log line nor drive the operator's terminal.
+pub(crate) fn sanitize(text: &str, limit: usize) -> String {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    let mut out = String::with_capacity(text.len().min(limit) + 3);
+    let mut piece = String::new();
+    for c in text.chars() {
+        piece.clear();
+        if unsafe_char(c) {
+            piece.extend(c.escape_default());
+        } else {
+            piece.push(c);
+        }
+        if out.len() + piece.len() > limit {
+            out.push('…');
+            return out;
+        }
+        out.push_str(&piece);
     }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    out
 }
 
 #[cfg(test)]
@@ -526,8 +549,21 @@ mod tests {
     }
 
     #[test]
-    fn truncate_respects_char_boundaries() {
-        assert_eq!(truncate("héllo", 2), "h…");
-        assert_eq!(truncate("hello", 5), "hello");
+    fn sanitize_respects_char_boundaries() {
+        assert_eq!(sanitize("héllo", 2), "h…");
+        assert_eq!(sanitize("hello", 5), "hello");
+    }
+
+    #[test]
+    fn sanitize_escapes_what_could_forge_a_log_line_or_drive_a_terminal() {
+        let forged = "boom\n2026-12-02T00:00:00Z  INFO llm_canary: all good\r\x1b[2J\u{202e}x\0";
+        let safe = sanitize(forged, 1000);
+        assert_eq!(
+            safe,
+            "boom\\n2026-12-02T00:00:00Z  INFO llm_canary: all good\\r\\u{1b}[2J\\u{202e}x\\u{0}"
+        );
+        assert!(!safe.chars().any(char::is_control));
+        // The cut never splits an escape.
+        assert_eq!(sanitize("ab\ncd", 3), "ab…");
     }
 }

@@ -6,6 +6,7 @@
 //! every problem is reported together.
 
 mod at;
+mod check;
 mod error;
 mod schema;
 pub mod sim;
@@ -20,7 +21,7 @@ use std::path::Path;
 pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
 pub use schema::*;
-pub use target::{Api, Dialect, LengthControl, ServingMode};
+pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
 pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 pub use workloads::*;
@@ -30,28 +31,22 @@ pub use workloads::*;
 pub const DEMO_YAML: &str = include_str!("../../examples/demo.yaml");
 
 /// Largest config file accepted; a config is a few KB, so anything near this is a mistake.
-pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+pub use crate::files::MAX_CONFIG_BYTES;
 
-/// Reads a config file: at most [`MAX_CONFIG_BYTES`], as UTF-8.
+/// Reads a config file: a regular file of at most [`MAX_CONFIG_BYTES`], as UTF-8 (a device such
+/// as `/dev/zero`, a FIFO or a huge file is refused, never read until memory runs out).
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
-    let io = |source| ConfigError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(ConfigError::Invalid {
+    match crate::files::read_text(path, MAX_CONFIG_BYTES) {
+        Ok(text) => Ok(text),
+        Err(crate::files::FileError::Io(source)) => Err(ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(e) => Err(ConfigError::Invalid {
             file: path.display().to_string(),
-            diagnostics: vec![Diagnostic::new(
-                None,
-                format!(
-                    "file is {} bytes, larger than the {MAX_CONFIG_BYTES} accepted",
-                    meta.len()
-                ),
-            )],
-        });
+            diagnostics: vec![Diagnostic::new(None, e.to_string())],
+        }),
     }
-    std::fs::read_to_string(path).map_err(io)
 }
 
 impl Config {

@@ -228,9 +228,18 @@ fn lease_duration() -> At<Dur> {
 pub struct ClientConfig {
     #[serde(default = "connect_timeout")]
     pub connect_timeout: At<Dur>,
-    /// Whole-request limit; a request still running then counts as `timeout`.
+    /// Whole-request limit; a request still running then counts as `timeout`. The default fits
+    /// the default step (120 s): a request can never outlive its step's drain anyway.
     #[serde(default = "request_timeout")]
     pub request_timeout: At<Dur>,
+    /// From the send to the first token: a server that accepts and then stays silent (or sends
+    /// only its headers) fails here, as `timeout`, instead of at the step's end.
+    #[serde(default = "first_token_timeout")]
+    pub first_token_timeout: At<Dur>,
+    /// The longest silence inside a stream once tokens flow: a stream that stalls fails here, as
+    /// `timeout`, with when it stalled.
+    #[serde(default = "stall_timeout")]
+    pub stall_timeout: At<Dur>,
     /// Largest SSE line or event accepted from a server, in bytes.
     #[serde(default = "max_event_bytes")]
     pub max_event_bytes: At<u64>,
@@ -251,7 +260,13 @@ fn connect_timeout() -> At<Dur> {
     At::dflt(Dur::secs(5))
 }
 fn request_timeout() -> At<Dur> {
-    At::dflt(Dur::secs(600))
+    At::dflt(Dur::secs(120))
+}
+fn first_token_timeout() -> At<Dur> {
+    At::dflt(Dur::secs(60))
+}
+fn stall_timeout() -> At<Dur> {
+    At::dflt(Dur::secs(30))
 }
 fn max_event_bytes() -> At<u64> {
     At::dflt(1 << 20)
@@ -307,6 +322,8 @@ impl Default for ClientConfig {
         ClientConfig {
             connect_timeout: connect_timeout(),
             request_timeout: request_timeout(),
+            first_token_timeout: first_token_timeout(),
+            stall_timeout: stall_timeout(),
             max_event_bytes: max_event_bytes(),
             marker_header: marker_header(),
             user: marker_user(),

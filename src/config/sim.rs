@@ -388,6 +388,9 @@ pub enum RefuseMode {
     StopAccepting,
     /// Accept, then close at once without a response.
     CloseImmediately,
+    /// Accept, then never read nor answer: a hung server behind a live port (every request,
+    /// `/v1/models` and `/metrics` alike, waits until the client gives up).
+    BlackHole,
 }
 
 impl FaultSpec {

@@ -53,7 +53,7 @@ impl Config {
         let _ = writeln!(out, "targets ({}):", self.targets.len());
         for t in &self.targets {
             let endpoint = match (&t.url, &t.simulated) {
-                (Some(u), _) => u.value.clone(),
+                (Some(u), _) => super::display_url_text(&u.value),
                 (None, Some(_)) => "embedded simulator".to_owned(),
                 (None, None) => String::new(),
             };

@@ -100,3 +100,20 @@ impl Dialect {
         matches!(self, Dialect::Transformers)
     }
 }
+
+/// `url` as the canary shows it (logs, `check`, `/api/v1/status`, the bench files): a user name
+/// or password in it is replaced by `***`, so credentials put in a target URL are never shown.
+pub fn display_url(url: &url::Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.to_string();
+    }
+    let mut shown = url.clone();
+    let _ = shown.set_username("***");
+    let _ = shown.set_password(None);
+    shown.to_string()
+}
+
+/// [`display_url`] of a URL as written in a config; text that is not a URL is shown as is.
+pub fn display_url_text(text: &str) -> String {
+    url::Url::parse(text).map_or_else(|_| text.to_owned(), |u| display_url(&u))
+}

@@ -5,126 +5,28 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::at::{At, Dur};
+use super::check::Check;
 use super::error::{Diagnostic, did_you_mean};
 use super::schema::*;
 use super::workloads::*;
 
 /// Bounds that keep absurd values from reaching the scheduler (1e9 workers, 10 MB prompts).
 pub const MAX_CONCURRENCY: u32 = 4096;
+/// Levels of one concurrency sweep.
+pub const MAX_LEVELS: usize = 64;
+/// The longest cycle accepted: a week of steps per verdict is no canary.
+pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 pub const MAX_ISL: u32 = 262_144;
 pub const MAX_OSL: u32 = 131_072;
 pub const MAX_TURNS: u32 = 100;
 pub const MAX_RPS: f64 = 100_000.0;
 pub const MAX_TIME_SCALE: f64 = 100.0;
 
-struct Check {
-    diags: Vec<Diagnostic>,
-}
-
-impl Check {
-    fn err(&mut self, pos: Option<(u64, u64)>, msg: impl Into<String>, hint: Option<String>) {
-        let mut d = Diagnostic::new(pos, msg);
-        d.hint = hint;
-        self.diags.push(d);
-    }
-
-    fn range_u32(&mut self, v: &At<u32>, key: &str, lo: u32, hi: u32) {
-        if **v < lo || **v > hi {
-            self.err(
-                v.pos,
-                format!("`{key}` is {}, must be between {lo} and {hi}", **v),
-                None,
-            );
-        }
-    }
-
-    fn positive_dur(&mut self, v: &At<Dur>, key: &str) {
-        if v.is_zero() {
-            self.err(
-                v.pos,
-                format!("`{key}` must be longer than 0"),
-                Some("write a duration such as `120s` or `5m`".into()),
-            );
-        }
-    }
-
-    fn finite_in(&mut self, v: &At<f64>, key: &str, lo: f64, hi: f64, lo_open: bool) {
-        let x = **v;
-        let below = if lo_open { x <= lo } else { x < lo };
-        if !x.is_finite() || below || x > hi {
-            let lo_bracket = if lo_open { "(" } else { "[" };
-            self.err(
-                v.pos,
-                format!("`{key}` is {x}, must be in {lo_bracket}{lo}, {hi}]"),
-                None,
-            );
-        }
-    }
-
-    fn url(&mut self, v: &At<String>, key: &str) {
-        match url::Url::parse(v) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            Ok(u) => self.err(
-                v.pos,
-                format!("`{key}` `{}` is not an http(s) URL with a host", **v),
-                Some(format!(
-                    "scheme `{}` is not supported; write e.g. `http://host:8000`",
-                    u.scheme()
-                )),
-            ),
-            Err(e) => self.err(
-                v.pos,
-                format!("`{key}` `{}` is not a URL: {e}", **v),
-                Some("write e.g. `http://dynamo-agg-frontend:8000`".into()),
-            ),
-        }
-    }
-
-    fn label_safe_name(&mut self, v: &At<String>, what: &str) {
-        let ok = !v.is_empty()
-            && v.len() <= 63
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !ok {
-            self.err(
-                v.pos,
-                format!("{what} `{}` is not a valid name", **v),
-                Some("use 1-63 characters from a-z, A-Z, 0-9, `-`, `_`, `.`".into()),
-            );
-        }
-    }
-
-    fn rate(&mut self, rate: &Option<Rate>, workload: &str) {
-        if let Some(r) = rate {
-            self.finite_in(&r.rps, &format!("{workload}.rate.rps"), 0.0, MAX_RPS, true);
-            self.range_u32(
-                &r.max_inflight,
-                &format!("{workload}.rate.max_inflight"),
-                1,
-                100_000,
-            );
-        }
-    }
-
-    fn step_and_warmup(&mut self, step: &At<Dur>, warmup: &At<Dur>, workload: &str) {
-        self.positive_dur(step, &format!("{workload}.step"));
-        if **warmup >= **step && !step.is_zero() {
-            self.err(
-                warmup.pos,
-                format!(
-                    "`{workload}.warmup` ({}) must be shorter than the step ({})",
-                    **warmup, **step
-                ),
-                Some("nothing would be measured; shorten the warmup or lengthen the step".into()),
-            );
-        }
-    }
-}
-
 /// Checks every value of `cfg`; returns all problems found (empty = valid).
 /// The lifecycle token of `path`: the file's content without surrounding whitespace.
 pub fn read_token(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let text =
+        crate::files::read_text(path, crate::files::MAX_SECRET_BYTES).map_err(|e| e.to_string())?;
     let token = text.trim();
     if token.len() < 16 {
         return Err("the token is shorter than 16 characters".into());
@@ -202,6 +104,12 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
                     ),
                     Some("name the variable, e.g. `OPENAI_API_KEY` — never the key itself".into()),
                 );
+            } else if std::env::var_os(env.as_str()).is_none_or(|v| v.is_empty()) {
+                c.err(
+                    env.pos,
+                    format!("environment variable `{}` (api_key_env) is not set", **env),
+                    Some("set it in the canary's environment (the chart's `env`), or name a file with `api_key_file`".into()),
+                );
             }
             if t.api_key_file.is_some() {
                 c.err(
@@ -216,6 +124,25 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         }
         if let Some(cost) = &t.cost_per_hour_usd {
             c.finite_in(cost, "cost_per_hour_usd", 0.0, 1e6, false);
+        }
+        if let Some(file) = &t.api_key_file {
+            c.file(
+                file,
+                base_dir,
+                "api_key_file",
+                crate::files::MAX_SECRET_BYTES,
+            );
+        }
+        if let Some(tls) = &t.tls {
+            for (key, file) in [
+                ("tls.ca_file", &tls.ca_file),
+                ("tls.cert_file", &tls.cert_file),
+                ("tls.key_file", &tls.key_file),
+            ] {
+                if let Some(file) = file {
+                    c.file(file, base_dir, key, crate::files::MAX_PEM_BYTES);
+                }
+            }
         }
         if let Some(tls) = &t.tls
             && tls.cert_file.is_some() != tls.key_file.is_some()
@@ -281,6 +208,34 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     let cc = &cfg.client;
     c.positive_dur(&cc.connect_timeout, "client.connect_timeout");
     c.positive_dur(&cc.request_timeout, "client.request_timeout");
+    c.positive_dur(&cc.first_token_timeout, "client.first_token_timeout");
+    c.positive_dur(&cc.stall_timeout, "client.stall_timeout");
+    if cc.request_timeout.0.as_secs_f64() > 3600.0 {
+        c.err(
+            cc.request_timeout.pos,
+            format!(
+                "`client.request_timeout` is {}, at most 1h is accepted",
+                *cc.request_timeout
+            ),
+            Some("a request longer than its step is cut at the step's drain anyway".into()),
+        );
+    }
+    for (v, key) in [
+        (&cc.first_token_timeout, "client.first_token_timeout"),
+        (&cc.stall_timeout, "client.stall_timeout"),
+    ] {
+        // A default longer than a shorter request timeout is simply capped by it.
+        if v.pos.is_some() && **v > *cc.request_timeout {
+            c.err(
+                v.pos,
+                format!(
+                    "`{key}` ({}) is longer than `client.request_timeout` ({}), so it never applies",
+                    **v, *cc.request_timeout
+                ),
+                Some("keep it at or below the request timeout".into()),
+            );
+        }
+    }
     if *cc.max_event_bytes < 1024 || *cc.max_event_bytes > 64 << 20 {
         c.err(
             cc.max_event_bytes.pos,
@@ -372,6 +327,35 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             }
         }
     }
+    if c.diags.is_empty() {
+        // Only for an otherwise valid config: the plan behind this needs valid values.
+        let cycle = cfg.cycle_upper_bound();
+        if cycle > MAX_CYCLE {
+            let w = &cfg.workloads;
+            let pos = [
+                w.concurrency_sweep
+                    .as_ref()
+                    .and_then(|s| s.step.pos.or(s.levels.pos)),
+                w.multi_turn.as_ref().and_then(|m| m.duration.pos),
+                w.sequence_distribution.as_ref().and_then(|d| d.step.pos),
+                w.prefix_cache
+                    .as_ref()
+                    .and_then(|p| p.step.pos.or(p.hit_ratios.pos)),
+            ]
+            .into_iter()
+            .flatten()
+            .next();
+            c.err(
+                pos,
+                format!(
+                    "one cycle of this plan takes up to {} h, longer than the {} h accepted",
+                    cycle.as_secs() / 3600,
+                    MAX_CYCLE.as_secs() / 3600
+                ),
+                Some("an always-on canary needs its verdicts more often: shorten the steps or use fewer of them".into()),
+            );
+        }
+    }
     c.diags
 }
 
@@ -395,7 +379,17 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
                 Some("e.g. `[1, 2, 4, 8, 16, 32, 64]`".into()),
             );
         }
-        for &l in s.levels.iter() {
+        if s.levels.len() > MAX_LEVELS {
+            c.err(
+                s.levels.pos,
+                format!(
+                    "`concurrency_sweep.levels` has {} levels, at most {MAX_LEVELS} are accepted",
+                    s.levels.len()
+                ),
+                Some("a sweep of powers of two from 1 to 4096 has 13".into()),
+            );
+        }
+        for &l in s.levels.iter().take(MAX_LEVELS) {
             if l == 0 || l > MAX_CONCURRENCY {
                 c.err(
                     s.levels.pos,

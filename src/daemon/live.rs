@@ -133,7 +133,12 @@ pub(super) struct Live {
     gate: Arc<crate::schedule::gate::Gate>,
     /// The runner's budget, whose limits a reload replaces.
     budget: Mutex<Option<Arc<crate::schedule::budget::Budget>>>,
+    /// Configured targets that could not be started; retried by `retry_failed`.
+    failed: Mutex<Vec<crate::targets::TargetFailure>>,
 }
+
+/// How often targets that failed to start are tried again.
+const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What a reload reaches besides the setup and the targets.
 pub(super) struct LiveParts {
@@ -168,7 +173,7 @@ impl Live {
         let loaded_hash = setup
             .path
             .as_deref()
-            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|p| crate::files::read_bounded(p, crate::files::MAX_CONFIG_BYTES).ok())
             .map(|b| content_hash(&b));
         let live = Live {
             setup: Mutex::new(setup),
@@ -185,6 +190,7 @@ impl Live {
             loaded_hash: Mutex::new(loaded_hash),
             gate,
             budget: Mutex::new(budget),
+            failed: Mutex::new(Vec::new()),
         };
         (live, rx)
     }
@@ -192,6 +198,66 @@ impl Live {
     /// The budget a reload's limits go to (the runner's, made after the rest).
     pub(super) fn set_budget(&self, budget: Arc<crate::schedule::budget::Budget>) {
         *lock(&self.budget) = Some(budget);
+    }
+
+    /// The configured targets that could not be started at start-up.
+    pub(super) fn set_failed(&self, failed: Vec<crate::targets::TargetFailure>) {
+        *lock(&self.failed) = failed;
+    }
+
+    /// Each configured target that could not be started, and why (for `/api/v1/status`).
+    pub(super) fn failed(&self) -> Vec<(String, String)> {
+        lock(&self.failed)
+            .iter()
+            .map(|f| (f.name.clone(), f.error.clone()))
+            .collect()
+    }
+
+    /// Retries the targets that failed at start-up every [`RETRY_INTERVAL`] until `stop`; one
+    /// that starts joins the target set from the next step (in the config's order). A reload
+    /// replaces the set of failed targets with its own outcome.
+    pub(super) async fn retry_failed(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_INTERVAL) => {}
+                _ = stop.cancelled() => return,
+            }
+            if lock(&self.failed).is_empty() {
+                continue;
+            }
+            // No reload meanwhile: it decides the target set.
+            let _one = self.reloading.lock().await;
+            let setup = self.setup();
+            let failed = std::mem::take(&mut *lock(&self.failed));
+            let mut still = Vec::new();
+            for f in failed {
+                let Some(t) = setup.config.targets.get(f.config_index) else {
+                    continue;
+                };
+                if *t.name != f.name {
+                    continue;
+                }
+                match start_target(t, setup.base_dir(), &self.client).await {
+                    Ok((target, sim)) => {
+                        tracing::info!(target = %f.name, "target started after failing at start-up");
+                        let mut targets = lock(&self.targets);
+                        targets.push(LiveTarget::new(t, target, sim));
+                        targets.sort_by_key(|l| {
+                            setup.config.targets.iter().position(|c| *c.name == l.name)
+                        });
+                        self.statics.send_replace(target_set(&targets));
+                    }
+                    Err(e) => {
+                        tracing::warn!(target = %f.name, error = %e, "target still cannot start; retrying");
+                        still.push(crate::targets::TargetFailure {
+                            error: e.to_string(),
+                            ..f
+                        });
+                    }
+                }
+            }
+            lock(&self.failed).extend(still);
+        }
     }
 
     pub(super) fn setup(&self) -> Arc<Setup> {
@@ -206,7 +272,8 @@ impl Live {
         let result = match &current.path {
             None => Ok("the embedded demo config has nothing to reload".to_owned()),
             Some(path) => {
-                if let Ok(bytes) = std::fs::read(path) {
+                if let Ok(bytes) = crate::files::read_bounded(path, crate::files::MAX_CONFIG_BYTES)
+                {
                     *lock(&self.loaded_hash) = Some(content_hash(&bytes));
                 }
                 match Setup::load(path) {
@@ -306,6 +373,8 @@ impl Live {
             events.set_slos(&new.slos);
         }
         self.statics.send_replace(target_set(&next));
+        // The new config decides: nothing of the old one's failures is retried.
+        lock(&self.failed).clear();
         *lock(&self.targets) = next;
         super::apply_gate_config(&self.gate, &new);
         if let Some(budget) = lock(&self.budget).as_ref() {
@@ -346,7 +415,13 @@ impl Live {
                 _ = stop.cancelled() => return,
             }
             // A file being replaced may be missing for a moment: that is no change.
-            let Ok(bytes) = tokio::fs::read(&path).await else {
+            let read = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::files::read_bounded(&path, crate::files::MAX_CONFIG_BYTES)
+                })
+            };
+            let Ok(Ok(bytes)) = read.await else {
                 continue;
             };
             let hash = content_hash(&bytes);

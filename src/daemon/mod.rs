@@ -124,6 +124,13 @@ impl StatusSource for Status {
             .iter()
             .map(|t| json!({"name": t.name, "serving_mode": t.serving_mode.as_str(), "url": t.url, "model": t.model}))
             .collect();
+        // Configured targets that could not be started (retried every 30 s), and why.
+        v["failed_targets"] = self
+            .live
+            .failed()
+            .into_iter()
+            .map(|(name, error)| json!({"name": name, "error": error}))
+            .collect();
         v["slos"] = self.slo.status_json();
         v["probes"] = json!(*self.probes.read().unwrap_or_else(PoisonError::into_inner));
         v
@@ -207,10 +214,28 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
     spawn_signal_handlers(live_rx, shutdown.clone());
 
-    let mut deployment = Deployment::start(cfg, setup.base_dir()).await?;
+    // Every target on its own, one model lookup each: a target that fails (a `/v1/models` that
+    // never answers, a key it refuses) neither delays nor stops the others; it is reported and
+    // retried in the background (`Live::retry_failed`). A signal during the start ends it.
+    let started = tokio::select! {
+        started = Deployment::start_partial(cfg, setup.base_dir(), 1) => started?,
+        _ = shutdown.stop_sending().cancelled() => {
+            tracing::info!("stopped while starting the targets");
+            return Ok(());
+        }
+    };
+    let (mut deployment, failed) = started;
+    for f in &failed {
+        metrics.set_target_up(&f.name, false);
+    }
     // The preflight of every configured target, beside the first steps (docs/DESIGN.md §2).
     let probes = Arc::new(RwLock::new(Vec::new()));
-    for (t, sim) in cfg.targets.iter().zip(&deployment.sim_of) {
+    let started_configs: Vec<&crate::config::TargetConfig> = deployment
+        .config_index
+        .iter()
+        .map(|&i| &cfg.targets[i])
+        .collect();
+    for (t, sim) in started_configs.iter().copied().zip(&deployment.sim_of) {
         let url = match sim {
             Some(i) => deployment.sims[*i].base_url(),
             None => t.url.as_ref().map(|u| u.value.clone()).unwrap_or_default(),
@@ -228,9 +253,9 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         .into_iter()
         .map(Some)
         .collect();
-    let live_targets: Vec<LiveTarget> = cfg
-        .targets
+    let live_targets: Vec<LiveTarget> = started_configs
         .iter()
+        .copied()
         .zip(&deployment.targets)
         .zip(&deployment.sim_of)
         .map(|((c, t), s)| LiveTarget::new(c, Arc::clone(t), s.and_then(|i| sims[i].take())))
@@ -282,6 +307,8 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         },
     );
     let live = Arc::new(live);
+    live.set_failed(failed);
+    shutdown.spawn(Arc::clone(&live).retry_failed(shutdown.service()));
     let _ = live_tx.send(Arc::clone(&live));
     if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
         shutdown.spawn(take_over_on_leading(

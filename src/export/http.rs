@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Frame, SizeHint};
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
+use super::stall::StallGuard;
 
 /// The content type of `/metrics` (contract, docs/DESIGN.md §2).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -52,6 +53,13 @@ pub struct HttpLimits {
     /// A response the client stops reading for this long is abandoned and its connection closed,
     /// so a stalled scraper holds neither a connection nor the encoded exposition.
     pub write_stall_timeout: Duration,
+    /// A response not written completely within this is abandoned and its connection closed:
+    /// a client reading a byte now and then never trips the stall limit, but cannot hold a
+    /// response for longer than this.
+    pub response_timeout: Duration,
+    /// `/metrics` responses in flight at once (each holds its encoding until written); more are
+    /// answered 503 with `Retry-After`. Prometheus replicas scrape one at a time each.
+    pub max_metrics_responses: usize,
 }
 
 impl Default for HttpLimits {
@@ -61,6 +69,8 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             write_stall_timeout: Duration::from_secs(30),
+            response_timeout: Duration::from_secs(60),
+            max_metrics_responses: 8,
         }
     }
 }
@@ -153,6 +163,9 @@ const DEFAULT_PIN_SPAN: std::time::Duration = std::time::Duration::from_secs(24 
 pub struct ChunksBody {
     chunks: std::collections::VecDeque<Bytes>,
     remaining: u64,
+    /// A `/metrics` body's place among the responses in flight, given back when the body is
+    /// written or dropped.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl ChunksBody {
@@ -160,7 +173,16 @@ impl ChunksBody {
         let chunks: std::collections::VecDeque<Bytes> =
             chunks.into_iter().filter(|c| !c.is_empty()).collect();
         let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Self { chunks, remaining }
+        Self {
+            chunks,
+            remaining,
+            _permit: None,
+        }
+    }
+
+    fn holding(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self._permit = Some(permit);
+        self
     }
 }
 
@@ -219,6 +241,7 @@ pub struct AppState {
     lifecycle: Option<Lifecycle>,
     limits: HttpLimits,
     connections: Arc<tokio::sync::Semaphore>,
+    metrics_responses: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -243,12 +266,17 @@ impl AppState {
             connections: Arc::new(tokio::sync::Semaphore::new(
                 HttpLimits::default().max_connections,
             )),
+            metrics_responses: Arc::new(tokio::sync::Semaphore::new(
+                HttpLimits::default().max_metrics_responses,
+            )),
         }
     }
 
     /// Other bounds on clients than the defaults (tests shorten them).
     pub fn with_limits(mut self, limits: HttpLimits) -> Self {
         self.connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+        self.metrics_responses =
+            Arc::new(tokio::sync::Semaphore::new(limits.max_metrics_responses));
         self.limits = limits;
         self
     }
@@ -383,6 +411,8 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
         inner: stream,
         stall: None,
         limit: limits.write_stall_timeout,
+        response_limit: limits.response_timeout,
+        response_deadline: None,
     };
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     let mut connection = std::pin::pin!(connection);
@@ -396,89 +426,6 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
     if let Err(error) = result {
         // Clients hanging up mid-request are routine for probes; not worth more than debug.
         tracing::debug!(%error, "HTTP connection ended with an error");
-    }
-}
-
-/// A connection whose writes fail once the peer has not read for `limit`: hyper has no write
-/// timeout of its own, and a scraper that stops reading would otherwise hold its connection (and
-/// a response's buffers) until the drain.
-struct StallGuard {
-    inner: TcpStream,
-    /// Armed while a write waits for the peer.
-    stall: Option<Pin<Box<tokio::time::Sleep>>>,
-    limit: Duration,
-}
-
-impl StallGuard {
-    /// Passes `poll` through, failing it once writes have waited for too long.
-    fn guard<T>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        poll: std::task::Poll<io::Result<T>>,
-    ) -> std::task::Poll<io::Result<T>> {
-        if poll.is_ready() {
-            self.stall = None;
-            return poll;
-        }
-        let stall = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.limit)));
-        match stall.as_mut().poll(cx) {
-            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client stopped reading the response",
-            ))),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-}
-
-impl tokio::io::AsyncRead for StallGuard {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for StallGuard {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.guard(cx, poll)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.guard(cx, poll)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        let poll = Pin::new(&mut self.inner).poll_flush(cx);
-        self.guard(cx, poll)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -567,12 +514,22 @@ where
 }
 
 async fn metrics(state: &AppState) -> Response<ChunksBody> {
+    // Bounded: each response in flight holds its encoding until the client has read it.
+    let Ok(permit) = Arc::clone(&state.metrics_responses).try_acquire_owned() else {
+        let mut busy = text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many /metrics responses in flight; retry",
+        );
+        busy.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        return busy;
+    };
     let metrics = state.metrics.clone();
     // Encoding a full series set takes milliseconds of CPU; keep it off the async workers that
     // drive the traffic.
     match tokio::task::spawn_blocking(move || metrics.encode_chunks()).await {
         Ok(Ok(chunks)) => {
-            let mut response = Response::new(ChunksBody::new(chunks));
+            let mut response = Response::new(ChunksBody::new(chunks).holding(permit));
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),

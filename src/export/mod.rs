@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod otlp;
 mod record;
 mod registry;
+mod stall;
 
 pub use buckets::latency_buckets;
 pub use http::{

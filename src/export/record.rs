@@ -15,15 +15,12 @@ use crate::model::{
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading, SloState};
 
-/// `llm_canary_target_up`: whether a finished request reached the target. Any HTTP response
-/// counts (a 429 or 503 still comes from a live server); no connection, or a timeout with no
-/// response head, does not.
+/// `llm_canary_target_up`: whether a finished request found the target serving. Any HTTP answer
+/// counts (a 429 or 503 still comes from a live server) and so does a stream that ended, even
+/// badly; no connection does not, and neither does a timeout: a target that accepts requests and
+/// then stalls (after its headers, or mid-stream) is not serving.
 pub fn reached_target(rec: &RequestRecord) -> bool {
-    match rec.outcome {
-        Outcome::Connect => false,
-        Outcome::Timeout => rec.first_byte.is_some(),
-        _ => true,
-    }
+    !matches!(rec.outcome, Outcome::Connect | Outcome::Timeout)
 }
 
 impl Sink for Metrics {
@@ -45,8 +42,17 @@ impl Sink for Metrics {
             rec.ttft().map(secs).filter(|_| ok),
             rec.itl().map(secs).filter(|_| ok),
             Some(secs(rec.latency())),
-            rec.prompt_tokens().unwrap_or(0),
-            rec.cached_tokens().unwrap_or(0),
+            // A failed request's usage (a bad_response's above all) is not believed.
+            if ok {
+                rec.prompt_tokens().unwrap_or(0)
+            } else {
+                0
+            },
+            if ok {
+                rec.cached_tokens().unwrap_or(0)
+            } else {
+                0
+            },
             output,
         );
         if ok {

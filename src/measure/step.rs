@@ -106,12 +106,13 @@ pub struct Counts {
 
 impl Counts {
     pub fn add(&mut self, other: &Counts) {
-        self.requests += other.requests;
-        self.ok += other.ok;
-        self.errors += other.errors;
-        self.prompt_tokens += other.prompt_tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.output_tokens += other.output_tokens;
+        // Saturating: no server-reported count can wrap a total around to a small number.
+        self.requests = self.requests.saturating_add(other.requests);
+        self.ok = self.ok.saturating_add(other.ok);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
     }
 }
 
@@ -310,9 +311,9 @@ impl StepAccumulator {
             record_secs(&mut self.itl, i);
         }
         record_secs(&mut self.latency, s.latency);
-        self.counts.prompt_tokens += s.prompt_tokens;
-        self.counts.cached_tokens += s.cached_tokens;
-        self.counts.output_tokens += s.output_tokens;
+        self.counts.prompt_tokens = self.counts.prompt_tokens.saturating_add(s.prompt_tokens);
+        self.counts.cached_tokens = self.counts.cached_tokens.saturating_add(s.cached_tokens);
+        self.counts.output_tokens = self.counts.output_tokens.saturating_add(s.output_tokens);
         self.expected_cached_tokens += s.expected_cached_tokens;
         self.osl_mismatches += u64::from(s.osl_mismatch);
         if let Some(source) = s.cache_source {

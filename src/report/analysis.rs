@@ -139,6 +139,10 @@ impl Report {
             r.steps_finished,
             r.steps_planned
         );
+        if !r.failed_targets.is_empty() {
+            let names: Vec<&str> = r.failed_targets.iter().map(|f| f.name.as_str()).collect();
+            s.push_str(&format!("; not measured: {}", names.join(", ")));
+        }
         if r.interrupted {
             s.push_str(" (interrupted)");
         }

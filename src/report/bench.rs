@@ -117,7 +117,8 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
         opts.record_tokens,
     )?);
     let started_unix = unix_now();
-    let deployment = Deployment::start(cfg, setup.base_dir()).await?;
+    // Each target on its own: one that cannot be started is reported, the others measured.
+    let (deployment, failed) = Deployment::start_partial(cfg, setup.base_dir(), 3).await?;
     let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
     // The config's SLOs, evaluated over this run only (no baselines from the daemon's runs).
     let slo = Arc::new(SloEngine::new(
@@ -150,9 +151,10 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
     ]);
     let runner = Arc::new(deployment.runner(cfg, Arc::new(recorder), rand::random()));
     // The servers' own metrics: as configured, and the embedded simulators' endpoints.
-    let scrape: Vec<ScrapeTarget> = cfg
-        .targets
+    let scrape: Vec<ScrapeTarget> = deployment
+        .config_index
         .iter()
+        .map(|&i| &cfg.targets[i])
         .zip(&deployment.targets)
         .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
         .collect();
@@ -186,6 +188,13 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
             steps_planned: steps.len(),
             steps_finished: run.steps_finished,
             interrupted: run.interrupted,
+            failed_targets: failed
+                .iter()
+                .map(|f| super::FailedTarget {
+                    name: f.name.clone(),
+                    error: f.error.clone(),
+                })
+                .collect(),
         },
         slo: slo
             .evaluate_now()

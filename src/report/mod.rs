@@ -82,6 +82,17 @@ pub struct RunInfo {
     pub steps_finished: usize,
     /// Stopped by a signal before the plan ended.
     pub interrupted: bool,
+    /// Configured targets that could not be started (their model lookup, key or TLS failed),
+    /// and why: the others were measured without them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_targets: Vec<FailedTarget>,
+}
+
+/// A configured target the bench could not measure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedTarget {
+    pub name: String,
+    pub error: String,
 }
 
 /// One SLO's verdict at the end of the bench, from the SLO engine (`crate::slo`).

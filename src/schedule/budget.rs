@@ -372,7 +372,7 @@ impl Budget {
                 meter.reserved -= reserved;
                 if received > 0 {
                     meter.ledger.push_back((now, received));
-                    meter.spent += received;
+                    meter.spent = meter.spent.saturating_add(received);
                 }
             }
         });

@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use super::plan::StepKind;
 use crate::client::{ChatMessage, Prompt, Role, StreamRequest};
 use crate::config::Api;
-use crate::model::Phase;
 use crate::workload::sampler::{ArrivalProcess, ArrivalSchedule, derive_seed};
 
 use super::runner::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target};
@@ -70,7 +69,7 @@ impl Runner {
             else {
                 return;
             };
-            self.learn(&rec, built.body_tokens);
+            self.learn(&target.name, &rec, built.body_tokens);
             k += 1;
             back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
         }
@@ -122,12 +121,13 @@ impl Runner {
             };
             let this = Arc::clone(&self);
             let ctx = Arc::clone(&ctx);
+            let name = target.name.clone();
             tasks.spawn(async move {
                 if let Some(rec) = this
                     .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
                     .await
                 {
-                    this.learn(&rec, built.body_tokens);
+                    this.learn(&name, &rec, built.body_tokens);
                 }
                 drop(permit);
             });
@@ -215,7 +215,7 @@ impl Runner {
             }
             if complete
                 && let (Some(s), Some(e)) = (started, last_token)
-                && ctx.phase(s) == Phase::Steady
+                && s >= ctx.warmup_end
             {
                 self.recorder.record_conversation(
                     t,

@@ -25,7 +25,7 @@ use crate::model::{
 };
 pub use plan::{StepKind, StepPlan, plan_cycle};
 pub use recorder::{InFlight, Recorder};
-pub use runner::{Runner, Target};
+pub use runner::{CALIBRATION_TIMEOUT, Runner, Target};
 pub use scheduler::{RunSummary, Scheduler};
 pub use source::{Leadership, TargetSet, TargetSource};
 

@@ -23,10 +23,15 @@ use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
 use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
 use crate::workload::prompt::{
-    OverheadEstimate, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
+    OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
 use crate::workload::sampler::{LengthDistribution, LengthSampler, derive_seed, isl_bucket};
 use crate::workload::tokenizer::TokenModel;
+
+/// The longest one calibration probe (one output token) may take before the target counts as not
+/// calibrated: long enough for a busy server's queue, short enough that a dead target barely
+/// delays the first step.
+pub const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A closed-loop worker whose request failed waits this long before the next one, doubling per
 /// consecutive failure up to [`ERROR_BACKOFF_MAX`]; a success resets it (see `back_off`).
@@ -48,7 +53,7 @@ impl Target {
         TargetInfo {
             name: self.name.clone(),
             serving_mode: self.mode,
-            url: self.endpoint.url().to_string(),
+            url: crate::config::display_url(self.endpoint.url()),
             model: self.endpoint.model().to_owned(),
             api: self.endpoint.api(),
         }
@@ -60,7 +65,7 @@ pub struct Runner {
     pub targets: Vec<Arc<Target>>,
     pub client: StreamClient,
     pub tokens: Arc<TokenModel>,
-    pub overhead: Arc<crate::workload::prompt::OverheadLearner>,
+    pub overhead: Arc<OverheadLearner>,
     pub recorder: Arc<Recorder>,
     pub seed: u64,
     /// Differs per run so caches warmed by earlier runs cannot inflate hit ratios.
@@ -85,7 +90,8 @@ pub(super) struct StepCtx {
     pub(super) cycle: u64,
     pub(super) step_seed: u64,
     pub(super) builder: PromptBuilder,
-    pub(super) estimate: Option<OverheadEstimate>,
+    /// Each target's prompt-overhead estimate at the step's start, by target name.
+    pub(super) estimates: std::collections::HashMap<String, OverheadEstimate>,
     pub(super) warmup_end: Instant,
     pub(super) send_end: Instant,
     pub(super) drain_end: Instant,
@@ -96,11 +102,16 @@ pub(super) struct StepCtx {
 }
 
 impl StepCtx {
-    pub(super) fn phase(&self, intended: Instant) -> Phase {
-        if intended < self.warmup_end {
-            Phase::Warmup
-        } else {
+    /// The phase a finished request counts in: steady when it was intended after the warmup;
+    /// also when it failed after the warmup ended, whenever it was sent. A target that hangs
+    /// holds every worker's first request (sent in the warmup) until the drain cuts it: those
+    /// failures happened in the steady window, and counting them there is what makes the step
+    /// show the outage (error ratio 1, faulted) instead of no requests at all.
+    pub(super) fn phase(&self, intended: Instant, rec: &RequestRecord) -> Phase {
+        if intended >= self.warmup_end || (!rec.outcome.is_ok() && rec.end >= self.warmup_end) {
             Phase::Steady
+        } else {
+            Phase::Warmup
         }
     }
 
@@ -175,10 +186,17 @@ impl Runner {
         }
     }
 
-    /// Learns the servers' prompt overhead (the chat template) before the first step, from two
+    /// Learns the servers' prompt overhead (the chat template) before their first step, from two
     /// short probes of different lengths per target, so that even the first step's prompts are
-    /// exact and every target receives the same prompt for the same slot.
-    pub async fn calibrate(&self, hard_stop: &CancellationToken) {
+    /// exact. Targets in `skip` (already calibrated) are left out; the others go at once, each
+    /// probe bounded by [`CALIBRATION_TIMEOUT`], so a target that never answers delays the first
+    /// step by that at most, never by its request timeout, and the others are not held back. A
+    /// target that fails keeps learning from its steps' responses. Returns the names calibrated.
+    pub async fn calibrate(
+        &self,
+        hard_stop: &CancellationToken,
+        skip: &std::collections::HashSet<String>,
+    ) -> Vec<String> {
         let builder = match PromptBuilder::new(
             Arc::clone(&self.tokens),
             PromptConfig::with_salt(self.run_salt),
@@ -186,38 +204,61 @@ impl Runner {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot build calibration prompts");
-                return;
+                return Vec::new();
             }
         };
+        let mut probes = JoinSet::new();
         for (t, target) in self.targets.iter().enumerate() {
+            if skip.contains(&target.name) {
+                continue;
+            }
+            let mut prompts = Vec::new();
             for (i, tokens) in [64usize, 512].into_iter().enumerate() {
-                let Ok(p) = builder.user_message(tokens, 0xca1, i as u64) else {
-                    continue;
-                };
-                let req = StreamRequest {
-                    request_id: format!("{:08x}-calibrate-{i}-t{t}", self.run_salt as u32),
-                    prompt: as_prompt(target.endpoint.api(), p.text),
-                    osl: 1,
-                };
-                let rec = self
-                    .client
-                    .send_until(
-                        &target.endpoint,
-                        &req,
-                        Instant::now(),
-                        hard_stop.cancelled(),
-                    )
-                    .await;
-                if rec.outcome.is_ok() {
-                    self.learn(&rec, tokens);
-                } else {
-                    tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "calibration request failed");
+                if let Ok(p) = builder.user_message(tokens, 0xca1, i as u64) {
+                    prompts.push((i, tokens, p.text));
                 }
             }
+            let (target, client, overhead) = (
+                Arc::clone(target),
+                self.client.clone(),
+                Arc::clone(&self.overhead),
+            );
+            let (hard, salt) = (hard_stop.clone(), self.run_salt);
+            probes.spawn(async move {
+                for (i, tokens, text) in prompts {
+                    let req = StreamRequest {
+                        request_id: format!("{:08x}-calibrate-{i}-t{t}", salt as u32),
+                        prompt: as_prompt(target.endpoint.api(), text),
+                        osl: 1,
+                    };
+                    let cut = async {
+                        tokio::select! {
+                            _ = hard.cancelled() => {}
+                            _ = tokio::time::sleep(CALIBRATION_TIMEOUT) => {}
+                        }
+                    };
+                    let rec = client
+                        .send_until(&target.endpoint, &req, Instant::now(), cut)
+                        .await;
+                    if !rec.outcome.is_ok() {
+                        tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "calibration request failed; the target's prompts are corrected from its responses instead");
+                        break;
+                    }
+                    learn_from(&overhead, &target.name, &rec, tokens);
+                }
+                if let Some(e) = overhead.estimate(&target.name) {
+                    tracing::info!(target = %target.name, offset = e.offset, slope = e.slope, "prompt overhead learnt");
+                }
+                target.name.clone()
+            });
         }
-        if let Some(e) = self.overhead.estimate() {
-            tracing::info!(offset = e.offset, slope = e.slope, "prompt overhead learnt");
+        let mut done = Vec::new();
+        while let Some(joined) = probes.join_next().await {
+            if let Ok(name) = joined {
+                done.push(name);
+            }
         }
+        done
     }
 
     /// Runs `plan` against every target and returns the step results. `soft_stop` ends sending
@@ -308,7 +349,13 @@ impl Runner {
             } => (*block_size as usize, *pool_size as usize),
             _ => (crate::workload::prompt::DEFAULT_BLOCK_SIZE, 1),
         };
-        let estimate = self.overhead.estimate();
+        let estimates: std::collections::HashMap<String, OverheadEstimate> = targets
+            .iter()
+            .filter_map(|&t| {
+                let name = &self.targets[t].name;
+                Some((name.clone(), self.overhead.estimate(name)?))
+            })
+            .collect();
         let builder = match PromptBuilder::new(
             Arc::clone(&self.tokens),
             PromptConfig {
@@ -325,11 +372,18 @@ impl Runner {
         };
         // Warm the shared prefixes so the steady window measures hits, not first fills.
         if let StepKind::Prefix { ratio, isl, .. } = &plan.kind {
-            let body = body_tokens(estimate, *isl as usize);
-            let shared =
-                builder.prefix_len(body, builder.shared_prefix_tokens(*isl as usize, *ratio));
-            if shared > 0 {
-                self.warm_prefixes(&builder, shared, targets, cycle, plan, hard_stop)
+            let shared: Vec<(usize, usize)> = targets
+                .iter()
+                .map(|&t| {
+                    let estimate = estimates.get(&self.targets[t].name).copied();
+                    let body = body_tokens(estimate, *isl as usize);
+                    let shared = builder.shared_prefix_tokens(*isl as usize, *ratio);
+                    (t, builder.prefix_len(body, shared))
+                })
+                .filter(|(_, shared)| *shared > 0)
+                .collect();
+            if !shared.is_empty() {
+                self.warm_prefixes(&builder, &shared, cycle, plan, hard_stop)
                     .await;
             }
         }
@@ -340,7 +394,7 @@ impl Runner {
             cycle,
             step_seed,
             builder,
-            estimate,
+            estimates,
             warmup_end: t0 + plan.warmup,
             send_end,
             drain_end: send_end + self.drain_grace,
@@ -476,27 +530,27 @@ impl Runner {
 
     /// Sends each shared prefix of the pool once per target (not measured), so the step measures
     /// cache hits rather than the first fill.
+    /// `shared`: each target's index and its shared prefix length. Each prompt is bounded by
+    /// [`CALIBRATION_TIMEOUT`], so a target that stopped answering delays the step by that at most.
     async fn warm_prefixes(
         &self,
         builder: &PromptBuilder,
-        shared: usize,
-        targets: &[usize],
+        shared: &[(usize, usize)],
         cycle: u64,
         plan: &StepPlan,
         hard_stop: &CancellationToken,
     ) {
-        let prompts = match builder.warmup_prompts(shared) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot build the prefix warmup prompts");
-                return;
-            }
-        };
         let mut tasks = JoinSet::new();
-        for &t in targets {
+        for &(t, shared) in shared {
+            let prompts = match builder.warmup_prompts(shared) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot build the prefix warmup prompts");
+                    return;
+                }
+            };
             let target = Arc::clone(&self.targets[t]);
             let client = self.client.clone();
-            let prompts = prompts.clone();
             let hard = hard_stop.clone();
             let id_base = format!("{:08x}-{cycle}-warm{}", self.run_salt as u32, plan.index);
             tasks.spawn(async move {
@@ -506,9 +560,16 @@ impl Runner {
                         prompt: as_prompt(target.endpoint.api(), p.text),
                         osl: 1,
                     };
-                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), hard.cancelled()).await;
+                    let cut = async {
+                        tokio::select! {
+                            _ = hard.cancelled() => {}
+                            _ = tokio::time::sleep(CALIBRATION_TIMEOUT) => {}
+                        }
+                    };
+                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), cut).await;
                     if !rec.outcome.is_ok() {
                         tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "prefix warmup request failed");
+                        break;
                     }
                 }
             });
@@ -540,7 +601,7 @@ impl Runner {
             }
             StepKind::MultiTurn { .. } => return None,
         };
-        let body = body_tokens(ctx.estimate, isl as usize);
+        let body = body_tokens(ctx.estimates.get(&target.name).copied(), isl as usize);
         match ctx.builder.build(&PromptRequest {
             tokens: body,
             shared_prefix_tokens: shared,
@@ -642,12 +703,12 @@ impl Runner {
             .client
             .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
             .await;
-        grant.settle(rec.output_tokens());
+        grant.settle(rec.billable_tokens());
         self.recorder.record(
             &RecordContext {
                 target_index: t,
                 labels,
-                phase: ctx.phase(intended),
+                phase: ctx.phase(intended, &rec),
                 osl: req.osl,
                 shared_prefix_tokens,
                 request: &req,
@@ -672,13 +733,23 @@ impl Runner {
         }
     }
 
-    /// Teaches the overhead learner from a successful response's reported prompt length.
-    pub(super) fn learn(&self, rec: &RequestRecord, body_tokens: usize) {
-        if rec.outcome.is_ok()
-            && let Some(p) = rec.prompt_tokens()
-        {
-            self.overhead.observe(body_tokens, p);
-        }
+    /// Teaches `target`'s overhead estimate from a successful response's reported prompt length.
+    pub(super) fn learn(&self, target: &str, rec: &RequestRecord, body_tokens: usize) {
+        learn_from(&self.overhead, target, rec, body_tokens);
+    }
+}
+
+fn learn_from(overhead: &OverheadLearner, target: &str, rec: &RequestRecord, body_tokens: usize) {
+    if rec.outcome.is_ok()
+        && let Some(p) = rec.prompt_tokens()
+        && !overhead.observe(target, body_tokens, p)
+    {
+        tracing::debug!(
+            target,
+            requested = body_tokens,
+            reported = p,
+            "implausible usage.prompt_tokens not learnt from"
+        );
     }
 }
 

@@ -64,7 +64,9 @@ struct Active {
     scrape: Vec<ScrapeTarget>,
     scraper: Option<Arc<ServerScraper>>,
     scraper_stop: CancellationToken,
-    calibrated: bool,
+    /// Targets whose calibration ran (answered or not): a target is calibrated once, when it
+    /// first takes part in a step, so targets a reload or discovery adds are calibrated too.
+    calibrated: std::collections::HashSet<String>,
 }
 
 /// The loop and what it needs between steps.
@@ -206,10 +208,8 @@ impl Scheduler {
             };
         }
         let runner = Arc::new(self.runner.with_targets(self.active.targets.clone()));
-        if !self.active.calibrated {
-            runner.calibrate(stop.cut()).await;
-            self.active.calibrated = true;
-        }
+        let done = runner.calibrate(stop.cut(), &self.active.calibrated).await;
+        self.active.calibrated.extend(done);
         let recorder = &self.runner.recorder;
         recorder.step_started(info);
         tracing::info!(cycle = info.cycle, step = %info.name, warmup = ?plan.warmup, steady = ?plan.steady, "step starting");

@@ -37,6 +37,10 @@ use crate::model::{ServerSnapshot, ServerStep};
 pub const MAX_SCRAPE_BYTES: usize = 8 << 20;
 /// Longest one scrape of one endpoint may take, connect included.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the scrapes at a step's start and end wait for a target: every step waits for them,
+/// so one slow `/metrics` would otherwise delay every target's steps by twice the scrape
+/// timeout. A target later than this has no server values for that step.
+pub const BOUNDARY_SCRAPE_WAIT: Duration = Duration::from_secs(1);
 
 /// Errors of the server-metrics scrape.
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +323,8 @@ struct UsageWindow {
 #[derive(Debug, Default)]
 struct TargetState {
     last: Option<ServerTotals>,
+    /// When the round that gave `last` started.
+    last_at: Option<Instant>,
     window: UsageWindow,
 }
 
@@ -393,8 +399,9 @@ pub struct ServerScraper {
     http: reqwest::Client,
     metrics: Arc<dyn ServerMetricsSink>,
     targets: Vec<ScrapeTarget>,
-    /// Held for a whole scrape round, so two rounds (the periodic one and a step boundary's) never
-    /// interleave and every interval is computed between consecutive scrapes.
+    /// Taken only to fold a round's results in (never across a fetch); each target keeps when
+    /// its last folded round started, so rounds that overlap (the periodic one and a step
+    /// boundary's) still compute every interval between consecutive scrapes.
     state: Mutex<HashMap<String, TargetState>>,
 }
 
@@ -445,16 +452,38 @@ impl ServerScraper {
     /// One scrape round over every target: publishes the `llm_canary_server_*` series and feeds
     /// the step in progress. Returns the totals of the targets that answered.
     pub async fn scrape_all(&self) -> HashMap<String, ServerTotals> {
-        let mut state = self.state.lock().await;
-        let rounds = self
-            .targets
-            .iter()
-            .map(|t| async move { (t.name.clone(), self.scrape_target(t).await) });
+        self.scrape_within(SCRAPE_TIMEOUT).await
+    }
+
+    /// One round over every target at once, each given at most `wait` (a target later than that
+    /// counts a scrape error and is left out of the round). The targets' fetches run outside the
+    /// state lock, so a slow `/metrics` delays nobody else's; a round's results are folded in
+    /// under it, and a result older than one already folded for its target is not.
+    async fn scrape_within(&self, wait: Duration) -> HashMap<String, ServerTotals> {
+        let rounds = self.targets.iter().map(|t| async move {
+            let started = Instant::now();
+            let totals = match tokio::time::timeout(wait, self.scrape_target(t)).await {
+                Ok(totals) => totals,
+                Err(_) => {
+                    self.metrics.record_server_scrape_error(&t.name);
+                    tracing::debug!(target = %t.name, ?wait, "server metrics scrape too slow");
+                    None
+                }
+            };
+            (t.name.clone(), started, totals)
+        });
         let results = futures_util::future::join_all(rounds).await;
+        let mut state = self.state.lock().await;
         let mut out = HashMap::new();
-        for (name, totals) in results {
+        for (name, started, totals) in results {
             let Some(totals) = totals else { continue };
             let s = state.entry(name.clone()).or_default();
+            if s.last_at.is_some_and(|at| at > started) {
+                // A later round got here first: its values are the newer.
+                out.insert(name, totals);
+                continue;
+            }
+            s.last_at = Some(started);
             let iv = interval(s.last.as_ref(), &totals);
             self.metrics.set_server(
                 &name,
@@ -502,7 +531,7 @@ impl ServerScraper {
 
     /// Starts a step: a fresh scrape whose totals the step's deltas start from.
     pub async fn begin_step(&self) -> StepMark {
-        let totals = self.scrape_all().await;
+        let totals = self.scrape_within(BOUNDARY_SCRAPE_WAIT).await;
         let mut state = self.state.lock().await;
         for (name, s) in state.iter_mut() {
             // The usage window restarts with the start scrape's sample.
@@ -528,7 +557,7 @@ impl ServerScraper {
     /// Ends the step begun with `mark`: a fresh scrape, and each target's [`ServerStep`]. A target
     /// missing at either end gets no counter deltas, only what its window saw.
     pub async fn end_step(&self, mark: StepMark) -> HashMap<String, ServerStep> {
-        let end = self.scrape_all().await;
+        let end = self.scrape_within(BOUNDARY_SCRAPE_WAIT).await;
         let secs = mark.at.elapsed().as_secs_f64();
         let mut state = self.state.lock().await;
         let mut out = HashMap::new();

@@ -13,6 +13,7 @@ mod faults;
 pub mod kv;
 mod metrics;
 pub mod profile;
+mod request;
 mod server;
 mod sse;
 pub mod text;
@@ -242,7 +243,8 @@ fn load_table(path: &std::path::Path) -> Result<TimingTable, SimError> {
         path: path.display().to_string(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let text = crate::files::read_text(path, crate::files::MAX_CONFIG_BYTES)
+        .map_err(|e| err(e.to_string()))?;
     let table: TimingTable = if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).map_err(|e| err(e.to_string()))?
     } else {

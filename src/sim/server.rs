@@ -15,7 +15,6 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -27,6 +26,7 @@ use super::cluster::{Cluster, GenerateRequest, RequestStream};
 use super::engine::{Completion, StreamEvent};
 use super::faults::FaultPlan;
 use super::metrics::{FrontendMetrics, RequestOutcome};
+use super::request::{CompletionBody, log_request, prompt_tokens, unknown_field};
 use super::sse::{ChunkFormat, SimBody, SseBody, SseState};
 use super::text::{self, PromptTokenizer};
 use super::{SendLog, metrics};
@@ -105,8 +105,16 @@ pub async fn serve(
     // The open connections' stop: a server that goes away closes its keep-alive connections
     // too, or pooled clients would never notice.
     let mut connections = cancel.child_token();
+    let mut was_black_hole = false;
     loop {
         let refuse = faults.borrow_and_update().refuse_connections;
+        let black_hole = refuse == Some(RefuseMode::BlackHole);
+        if black_hole && !was_black_hole {
+            // Open keep-alive connections close too, so every later request meets the hole.
+            connections.cancel();
+            connections = cancel.child_token();
+        }
+        was_black_hole = black_hole;
         if refuse == Some(RefuseMode::StopAccepting) {
             // Closing the socket makes connects fail with "connection refused"; open
             // connections finish their response and close.
@@ -137,6 +145,15 @@ pub async fn serve(
                 Ok((stream, _)) => {
                     if refuse == Some(RefuseMode::CloseImmediately) {
                         drop(stream);
+                        continue;
+                    }
+                    if refuse == Some(RefuseMode::BlackHole) {
+                        // Held open, unread, until the simulator stops.
+                        let hold = connections.clone();
+                        tracker.spawn(async move {
+                            let _held = stream;
+                            hold.cancelled().await;
+                        });
                         continue;
                     }
                     // Per-token chunks must leave at once, not wait for Nagle.
@@ -260,179 +277,11 @@ pub(super) enum Endpoint {
 }
 
 impl Endpoint {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat_completions",
             Endpoint::Completions => "completions",
         }
-    }
-}
-
-/// The request fields the simulator reads; others are accepted and ignored, as real servers do.
-#[derive(Debug, Deserialize)]
-struct CompletionBody {
-    #[serde(default)]
-    messages: Option<Vec<Message>>,
-    #[serde(default)]
-    prompt: Option<Value>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    min_tokens: Option<u32>,
-    #[serde(default)]
-    ignore_eos: bool,
-    #[serde(default)]
-    nvext: Option<NvExt>,
-    #[serde(default)]
-    user: Option<String>,
-}
-
-/// The request fields the OpenAI API defines for chat and completions; with
-/// `reject_unknown_fields` any other is refused the way OpenAI's API refuses it.
-const OPENAI_FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "prompt",
-    "stream",
-    "stream_options",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "n",
-    "stop",
-    "seed",
-    "user",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "logprobs",
-    "top_logprobs",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "metadata",
-    "store",
-    "service_tier",
-    "reasoning_effort",
-    "suffix",
-    "echo",
-    "best_of",
-];
-
-/// The first field of `bytes` (a JSON object) that the OpenAI API does not define.
-fn unknown_field(bytes: &[u8]) -> Option<String> {
-    let map: serde_json::Map<String, Value> = serde_json::from_slice(bytes).ok()?;
-    map.keys()
-        .find(|k| !OPENAI_FIELDS.contains(&k.as_str()))
-        .cloned()
-}
-
-/// One line of the request log: what the serving side sees of a request besides its prompt.
-fn log_request(
-    state: &ServerState,
-    endpoint: Endpoint,
-    headers: &hyper::HeaderMap,
-    user: Option<&str>,
-) {
-    let Some(log) = &state.request_log else {
-        return;
-    };
-    let headers: serde_json::Map<String, Value> = headers
-        .iter()
-        .map(|(name, value)| {
-            let value = if name == hyper::header::AUTHORIZATION {
-                "<redacted>".to_owned()
-            } else {
-                String::from_utf8_lossy(value.as_bytes()).into_owned()
-            };
-            (name.as_str().to_owned(), Value::String(value))
-        })
-        .collect();
-    let line = json!({
-        "received_unix": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
-        "endpoint": endpoint.as_str(),
-        "headers": headers,
-        "user": user,
-    });
-    let mut log = log
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Err(e) = std::io::Write::write_all(&mut *log, format!("{line}\n").as_bytes()) {
-        tracing::warn!(error = %e, "simulator request log not written");
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    role: String,
-    #[serde(default)]
-    content: Value,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct NvExt {
-    #[serde(default)]
-    extra_fields: Vec<String>,
-    #[serde(default)]
-    ignore_eos: Option<bool>,
-}
-
-fn content_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        // Multi-part content: concatenate the text parts.
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    }
-}
-
-fn prompt_tokens(
-    state: &ServerState,
-    body: &CompletionBody,
-    endpoint: Endpoint,
-) -> Result<Vec<u32>, String> {
-    match endpoint {
-        Endpoint::Chat => {
-            let messages = body.messages.as_ref().ok_or("`messages` is required")?;
-            if messages.is_empty() {
-                return Err("`messages` must not be empty".into());
-            }
-            let flat = text::chat_template(
-                messages
-                    .iter()
-                    .map(|m| (m.role.as_str(), content_text(&m.content))),
-            );
-            Ok(state.tokenizer.encode(&flat))
-        }
-        Endpoint::Completions => match body.prompt.as_ref().ok_or("`prompt` is required")? {
-            Value::String(s) => Ok(state.tokenizer.encode(s)),
-            Value::Array(items) if items.iter().all(Value::is_u64) => Ok(items
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|t| t as u32)
-                .collect()),
-            Value::Array(items) if items.len() == 1 && items[0].is_string() => Ok(state
-                .tokenizer
-                .encode(items[0].as_str().unwrap_or_default())),
-            _ => {
-                Err("`prompt` must be a string, a one-string array or an array of token ids".into())
-            }
-        },
     }
 }
 
@@ -471,7 +320,10 @@ pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -
             "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
             "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
             "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
-            "ttft_ms": ms(t.first_token.saturating_duration_since(t.received)),
+            // As Dynamo counts it: the first token at the worker that prefilled, i.e. wait +
+            // prefill. In disaggregated serving the client's first token comes later, after
+            // the handoff to the decode worker.
+            "ttft_ms": ms(t.prefill_done.saturating_duration_since(t.received)),
             "total_time_ms": ms(t.finished.saturating_duration_since(t.received)),
             "kv_hit_rate": if c.prompt_tokens == 0 { 0.0 } else { f64::from(c.cached_tokens) / f64::from(c.prompt_tokens) },
             "kv_transfer_estimated_latency_ms": ms(t.kv_transfer),

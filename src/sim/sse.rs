@@ -139,6 +139,13 @@ impl SseBody {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        // A stall before the first token: the headers went, then nothing.
+        if self.tracker.tokens == 0
+            && let Some((0, duration)) = self.plan.stall
+        {
+            self.plan.stall = None;
+            self.stall = Some(Box::pin(tokio::time::sleep(duration)));
+        }
         if let Some(sleep) = self.stall.as_mut() {
             ready!(sleep.as_mut().poll(cx));
             self.stall = None;

@@ -334,9 +334,26 @@ impl PromptBuilder {
 /// approximation the slope also absorbs its average per-token error. The slope is fitted only once
 /// the requested lengths vary (by more than a token); until then it is 1. Shared between workers
 /// through `&self`.
+///
+/// One fit per target: servers differ in their templates, and one target's reports must never
+/// change another's prompts. A report outside what a prompt of that length can become
+/// ([`plausible_report`]) is not learnt from, and the offset is bounded
+/// ([`MAX_TEMPLATE_TOKENS`]), so a server that lies about its prompt tokens cannot shrink or
+/// swell even its own prompts beyond that.
 #[derive(Debug, Default)]
 pub struct OverheadLearner {
-    fit: Mutex<Fit>,
+    fits: Mutex<std::collections::HashMap<String, Fit>>,
+}
+
+/// The most tokens a chat template adds (system prompts included); offsets beyond are clamped.
+pub const MAX_TEMPLATE_TOKENS: f64 = 4096.0;
+
+/// Whether a server's `reported` prompt tokens can describe a prompt built with `requested`
+/// tokens: at least half of them (a tokenizer counting half as many is the worst approximation
+/// seen) and at most twice as many plus a template.
+pub fn plausible_report(requested: usize, reported: u64) -> bool {
+    let (x, y) = (requested as f64, reported as f64);
+    y >= x / 2.0 && y <= 2.0 * x + MAX_TEMPLATE_TOKENS
 }
 
 /// The learned relation.
@@ -371,10 +388,26 @@ impl OverheadLearner {
         Self::default()
     }
 
-    /// Records one response: the prompt was built with `requested_tokens` and the server reported
-    /// `reported_prompt_tokens` in `usage.prompt_tokens`.
-    pub fn observe(&self, requested_tokens: usize, reported_prompt_tokens: u64) {
-        let mut fit = self.fit.lock().unwrap_or_else(|poison| poison.into_inner());
+    /// Records one response of `target`: the prompt was built with `requested_tokens` and the
+    /// server reported `reported_prompt_tokens` in `usage.prompt_tokens`. False (and nothing
+    /// learnt) for a report no prompt of that length can give.
+    pub fn observe(
+        &self,
+        target: &str,
+        requested_tokens: usize,
+        reported_prompt_tokens: u64,
+    ) -> bool {
+        if !plausible_report(requested_tokens, reported_prompt_tokens) {
+            return false;
+        }
+        let mut fits = self
+            .fits
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let fit = match fits.get_mut(target) {
+            Some(fit) => fit,
+            None => fits.entry(target.to_owned()).or_default(),
+        };
         let (x, y) = (requested_tokens as f64, reported_prompt_tokens as f64);
         fit.n += 1;
         let n = fit.n as f64;
@@ -383,11 +416,16 @@ impl OverheadLearner {
         fit.mean_y += (y - fit.mean_y) / n;
         fit.m2_x += dx * (x - fit.mean_x);
         fit.c_xy += dx * (y - fit.mean_y);
+        true
     }
 
-    /// The current estimate, `None` before the first observation.
-    pub fn estimate(&self) -> Option<OverheadEstimate> {
-        let fit = *self.fit.lock().unwrap_or_else(|poison| poison.into_inner());
+    /// `target`'s current estimate, `None` before its first observation.
+    pub fn estimate(&self, target: &str) -> Option<OverheadEstimate> {
+        let fit = *self
+            .fits
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(target)?;
         if fit.n == 0 {
             return None;
         }
@@ -396,16 +434,17 @@ impl OverheadLearner {
             .filter(|slope| PLAUSIBLE_SLOPE.contains(slope));
         let slope = fitted_slope.unwrap_or(1.0);
         Some(OverheadEstimate {
-            offset: fit.mean_y - slope * fit.mean_x,
+            offset: (fit.mean_y - slope * fit.mean_x)
+                .clamp(-MAX_TEMPLATE_TOKENS, MAX_TEMPLATE_TOKENS),
             slope,
             observations: fit.n,
         })
     }
 
-    /// The prompt length to build so that the server sees `isl` tokens, from the current
-    /// estimate (see [`body_tokens`]).
-    pub fn body_tokens(&self, isl: usize) -> usize {
-        body_tokens(self.estimate(), isl)
+    /// The prompt length to build so that `target` sees `isl` tokens, from its current estimate
+    /// (see [`body_tokens`]).
+    pub fn body_tokens(&self, target: &str, isl: usize) -> usize {
+        body_tokens(self.estimate(target), isl)
     }
 }
 
@@ -691,21 +730,25 @@ mod tests {
     fn learner_subtracts_a_constant_template_overhead() {
         let learner = OverheadLearner::new();
         assert_eq!(
-            learner.body_tokens(1024),
+            learner.body_tokens("t", 1024),
             1024,
             "no correction before a response"
         );
         // The server wraps the text in a template of 11 tokens.
-        learner.observe(1024, 1035);
-        assert_eq!(learner.body_tokens(1024), 1013);
-        learner.observe(1013, 1024);
-        assert_eq!(learner.body_tokens(1024), 1013);
-        assert_eq!(learner.body_tokens(4096), 4085);
-        let estimate = learner.estimate().expect("observed");
+        learner.observe("t", 1024, 1035);
+        assert_eq!(learner.body_tokens("t", 1024), 1013);
+        learner.observe("t", 1013, 1024);
+        assert_eq!(learner.body_tokens("t", 1024), 1013);
+        assert_eq!(learner.body_tokens("t", 4096), 4085);
+        let estimate = learner.estimate("t").expect("observed");
         assert_eq!((estimate.slope, estimate.observations), (1.0, 2));
         assert!((estimate.offset - 11.0).abs() < 1e-9);
-        assert_eq!(learner.body_tokens(5), 1, "never asks for an empty prompt");
-        assert_eq!(learner.body_tokens(0), 0);
+        assert_eq!(
+            learner.body_tokens("t", 5),
+            1,
+            "never asks for an empty prompt"
+        );
+        assert_eq!(learner.body_tokens("t", 0), 0);
         // A snapshot of the estimate gives the same answer without the learner.
         assert_eq!(body_tokens(Some(estimate), 1024), 1013);
         assert_eq!(body_tokens(None, 1024), 1024);
@@ -718,12 +761,16 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..50 {
             let requested = rng.random_range(128..=4096);
-            learner.observe(requested, (9.0 + 1.25 * requested as f64).round() as u64);
+            learner.observe(
+                "t",
+                requested,
+                (9.0 + 1.25 * requested as f64).round() as u64,
+            );
         }
-        let estimate = learner.estimate().expect("observed");
+        let estimate = learner.estimate("t").expect("observed");
         assert!((estimate.slope - 1.25).abs() < 0.001, "{estimate:?}");
         for isl in [128usize, 1024, 4096] {
-            let body = learner.body_tokens(isl);
+            let body = learner.body_tokens("t", isl);
             let seen = 9.0 + 1.25 * body as f64;
             assert!(
                 (seen - isl as f64).abs() <= 1.0,
@@ -734,11 +781,28 @@ mod tests {
 
     #[test]
     fn learner_ignores_implausible_slopes() {
-        let learner = OverheadLearner::new();
         // A server capping prompts at 100 tokens says nothing about the template.
-        for requested in [200, 400, 800, 1600] {
-            learner.observe(requested, 100);
+        let capped = OverheadLearner::new();
+        for requested in [400, 800, 1600] {
+            assert!(!capped.observe("t", requested, 100));
         }
-        assert_eq!(learner.estimate().expect("observed").slope, 1.0);
+        assert_eq!(capped.estimate("t"), None);
+    }
+
+    #[test]
+    fn one_targets_reports_never_change_anothers_prompts() {
+        let learner = OverheadLearner::new();
+        assert!(learner.observe("healthy", 64, 75));
+        // A liar reporting 10^12 tokens, and one reporting 0: neither is learnt from.
+        assert!(!learner.observe("liar", 64, 1_000_000_000_000));
+        assert!(!learner.observe("zero", 64, 0));
+        assert_eq!(learner.body_tokens("healthy", 64), 53);
+        assert_eq!(learner.body_tokens("liar", 64), 64);
+        assert_eq!(learner.body_tokens("zero", 64), 64);
+        // A target whose reports are plausible per request yet add up to a huge template: the
+        // offset is bounded.
+        let odd = OverheadLearner::new();
+        assert!(odd.observe("t", 4000, 12_000));
+        assert_eq!(odd.estimate("t").unwrap().offset, MAX_TEMPLATE_TOKENS);
     }
 }

@@ -139,10 +139,16 @@ impl TokenModel {
     /// Loads a tokenizer from a path (see [`TokenModel::load`]).
     pub fn from_path(path: &Path) -> Result<Self, TokenizerError> {
         let file = resolve_tokenizer_file(path)?;
-        let text = std::fs::read_to_string(&file).map_err(|source| TokenizerError::Read {
-            path: file.clone(),
-            source,
-        })?;
+        let text =
+            crate::files::read_text(&file, crate::files::MAX_TOKENIZER_BYTES).map_err(|e| {
+                TokenizerError::Read {
+                    path: file.clone(),
+                    source: match e {
+                        crate::files::FileError::Io(source) => source,
+                        other => std::io::Error::other(other.to_string()),
+                    },
+                }
+            })?;
         let tokenizer =
             Tokenizer::from_bytes(text.as_bytes()).map_err(|source| TokenizerError::Parse {
                 path: file.clone(),

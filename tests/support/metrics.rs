@@ -101,9 +101,6 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_inter_token_latency_seconds", "histogram"),
     ("llm_canary_request_duration_seconds", "histogram"),
     ("llm_canary_chunk_gap_seconds", "histogram"),
-    ("llm_canary_server_ttft_seconds", "histogram"),
-    ("llm_canary_server_queue_seconds", "histogram"),
-    ("llm_canary_server_prefill_seconds", "histogram"),
     ("llm_canary_schedule_lag_seconds", "histogram"),
     ("llm_canary_requests", "counter"),
     ("llm_canary_prompt_tokens", "counter"),
@@ -140,6 +137,10 @@ pub const FAMILIES: &[(&str, &str)] = &[
 /// KVBM tiers have none, and the simulator no KVBM hit rates), the SLO families (with the first
 /// evaluated SLO) and the budget's use (after the first step). Typed as here when present.
 pub const LATE_FAMILIES: &[(&str, &str)] = &[
+    // The server's own timing, from servers that send Dynamo's `nvext.timing`.
+    ("llm_canary_server_ttft_seconds", "histogram"),
+    ("llm_canary_server_queue_seconds", "histogram"),
+    ("llm_canary_server_prefill_seconds", "histogram"),
     ("llm_canary_osl_mismatch", "counter"),
     ("llm_canary_client_token_count_mismatch", "counter"),
     ("llm_canary_server_kv_offload_blocks", "counter"),

@@ -10,6 +10,8 @@ pub enum RawReply {
     /// `head`, then `chunk` over and over until the client goes away (a server that streams
     /// forever, or one endless line).
     Endless { head: Vec<u8>, chunk: Vec<u8> },
+    /// These bytes, then the connection stays open, silent, until the client closes it.
+    Hold(Vec<u8>),
 }
 
 /// An HTTP/1.1 server on loopback that answers every request with `reply(request head)` and
@@ -69,6 +71,13 @@ pub async fn raw_server(
                             return;
                         }
                         while stream.write_all(&chunk).await.is_ok() {}
+                    }
+                    RawReply::Hold(b) => {
+                        if stream.write_all(&b).await.is_err() {
+                            return;
+                        }
+                        // Read (and drop) until the client goes away.
+                        while matches!(stream.read(&mut tmp).await, Ok(n) if n > 0) {}
                     }
                 }
                 let _ = stream.shutdown().await;

@@ -1,0 +1,226 @@
+//! The HTTP side of the client: how every HTTP client of the crate is built (TLS provider, no
+//! proxies, redirects only within one origin), how a failed exchange is classified and told
+//! (the outcome of a request without a response head, error texts without credentials, the
+//! setting that stops a server rejecting a field), and reading what follows a decided outcome.
+
+use tokio::time::Instant;
+
+use super::record::Outcome;
+use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN};
+
+/// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
+/// scraping): installs the TLS crypto provider reqwest needs, ignores environment proxies,
+/// through which latency would measure the proxy rather than the target, and follows a redirect
+/// only to the same scheme, host and port (at most [`MAX_REDIRECTS`]): a target's `/v1/models`
+/// or `/metrics` must not send the canary, with its API key, to another host.
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    install_crypto_provider();
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(same_origin_redirects())
+}
+
+/// The most bytes after the end of a stream worth reading to keep its connection.
+pub(super) const MAX_TAIL_BYTES: u64 = 64 << 10;
+
+/// Redirects a client built by [`http_client_builder`] follows.
+pub const MAX_REDIRECTS: usize = 3;
+
+pub(super) fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same = attempt.previous().first().is_some_and(|first| {
+            first.scheme() == attempt.url().scheme()
+                && first.host_str() == attempt.url().host_str()
+                && first.port_or_known_default() == attempt.url().port_or_known_default()
+        });
+        if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error("too many redirects")
+        } else if same {
+            attempt.follow()
+        } else {
+            let to = crate::config::display_url(attempt.url());
+            attempt.error(format!("redirect to another host refused: {to}"))
+        }
+    })
+}
+
+/// The blocking counterpart of [`http_client_builder`], for the OTLP exporter, whose periodic
+/// reader sends from a thread without a Tokio reactor.
+pub fn blocking_http_client_builder() -> reqwest::blocking::ClientBuilder {
+    install_crypto_provider();
+    reqwest::blocking::Client::builder().no_proxy()
+}
+
+pub(super) fn install_crypto_provider() {
+    // reqwest is built without a bundled TLS crypto provider and refuses to build a client
+    // until one is installed; ring is the one this crate links. Losing the race to another
+    // installer is fine: a provider is then installed.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// An HTTP error with its causes, as one line, with any credentials in its URL replaced by `***`
+/// (reqwest's message repeats the URL).
+pub fn error_text(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    match err.url() {
+        Some(url) => text.replace(url.as_str(), &crate::config::display_url(url)),
+        None => text,
+    }
+}
+
+/// The most body bytes one request may receive (see [`ClientConfig::max_response_bytes`]).
+pub(super) fn response_limit(config: &ClientConfig, osl: u32) -> usize {
+    let per_request = (osl as usize)
+        .saturating_mul(RESPONSE_BYTES_PER_TOKEN)
+        .saturating_add(1 << 20);
+    config
+        .max_response_bytes
+        .min(per_request)
+        .max(config.max_event_bytes)
+}
+
+/// The outcome of a request that got no response head.
+pub(super) fn classify_send_error(err: &reqwest::Error) -> Outcome {
+    if err.is_connect() {
+        Outcome::Connect
+    } else if err.is_timeout() {
+        Outcome::Timeout
+    } else if err.is_builder() || unparseable_head(err) {
+        // The request could not be formed (an id that is not a header value): nothing valid
+        // reached the server. Or the server's response head was not HTTP (a header too large,
+        // a malformed status line): the server answered, wrongly.
+        Outcome::BadResponse
+    } else {
+        // Connected, but the connection ended before a complete response head: the server cut
+        // the exchange short.
+        Outcome::StreamTruncated
+    }
+}
+
+/// Whether hyper failed to parse the response head (too large, malformed).
+pub(super) fn unparseable_head(err: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(h) = cause.downcast_ref::<hyper::Error>()
+            && h.is_parse()
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// Phrases with which servers reject request fields they do not know: `transformers serve`
+/// ("Unexpected fields in the request"), OpenAI ("Unrecognized request argument supplied"),
+/// pydantic models that forbid extras ("Extra inputs are not permitted"), and similar.
+pub(super) const UNKNOWN_FIELD_PHRASES: &[&str] = &[
+    "unexpected field",
+    "unrecognized request argument",
+    "unrecognized field",
+    "unknown field",
+    "unknown parameter",
+    "unsupported parameter",
+    "extra inputs are not permitted",
+    "extra fields not permitted",
+];
+
+/// For a 400/422 answer that rejects fields this client adds to the body (the length recipe,
+/// `nvext`, the `user` marker when `user` was sent), the setting that stops sending them; `None`
+/// for any other error.
+pub(super) fn rejected_fields_hint(
+    status: u16,
+    body: &str,
+    endpoint: &Endpoint,
+    user: bool,
+) -> Option<String> {
+    if !matches!(status, 400 | 422) {
+        return None;
+    }
+    let lower = body.to_ascii_lowercase();
+    if !UNKNOWN_FIELD_PHRASES.iter().any(|p| lower.contains(p)) {
+        return None;
+    }
+    let names = |field: &str| {
+        lower.match_indices(field).any(|(at, _)| {
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            !word(lower[..at].chars().next_back())
+                && !word(lower[at + field.len()..].chars().next())
+        })
+    };
+    let lc = endpoint.length_control;
+    let length_fields = [
+        ("max_tokens", lc.max_tokens),
+        ("max_completion_tokens", lc.max_completion_tokens),
+        ("min_tokens", lc.min_tokens),
+        ("ignore_eos", lc.ignore_eos),
+    ];
+    let rejected: Vec<&str> = length_fields
+        .iter()
+        .filter(|(field, sent)| *sent && names(field))
+        .map(|(field, _)| *field)
+        .collect();
+    let mut fixes = Vec::new();
+    if !rejected.is_empty() {
+        let keep = |field: &str, sent: bool| sent && !rejected.contains(&field);
+        fixes.push(format!(
+            "the server rejects the length field(s) {}: set the target's `length_control` to the \
+             fields it accepts, e.g. `length_control: {{ max_tokens: {}, max_completion_tokens: {}, \
+             min_tokens: {}, ignore_eos: {} }}` (or pick the target's `dialect`: dynamo, vllm, \
+             sglang, openai or transformers); without `min_tokens`/`ignore_eos` the output length is not forced \
+             and `llm_canary_osl_mismatch_total` counts the requests that end early",
+            rejected.join(", "),
+            keep("max_tokens", lc.max_tokens),
+            keep("max_completion_tokens", lc.max_completion_tokens),
+            keep("min_tokens", lc.min_tokens),
+            keep("ignore_eos", lc.ignore_eos),
+        ));
+    }
+    if endpoint.nvext && names("nvext") {
+        fixes.push(
+            "the server rejects `nvext`, which only Dynamo understands: set the target's \
+             `dialect` to vllm, sglang, openai or transformers"
+                .to_owned(),
+        );
+    }
+    if user && names("user") {
+        fixes.push(
+            "the server rejects the OpenAI `user` field, the canary's traffic marker: set \
+             `client.user: \"\"` (the `client.marker_header` still marks the requests)"
+                .to_owned(),
+        );
+    }
+    (!fixes.is_empty()).then(|| fixes.join("; "))
+}
+
+/// Up to `limit` bytes of an error body, read until `deadline`.
+pub(super) async fn read_error_body(
+    response: &mut reqwest::Response,
+    deadline: Instant,
+    limit: usize,
+) -> String {
+    let mut collected = Vec::new();
+    while collected.len() < limit {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => {
+                let room = limit - collected.len();
+                collected.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&collected).into_owned()
+}
+
+/// Reads and discards the rest of a body until it ends or `deadline` passes.
+pub(super) async fn drain(response: &mut reqwest::Response, deadline: Instant) {
+    while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
+}

@@ -1,0 +1,132 @@
+//! The checks one config value at a time: each problem becomes a [`Diagnostic`] at the value's
+//! line and column with a hint, collected so `check` reports every problem at once.
+
+use std::path::Path;
+
+use super::at::{At, Dur};
+use super::error::Diagnostic;
+use super::validate::MAX_RPS;
+use super::workloads::Rate;
+
+pub(super) struct Check {
+    pub(super) diags: Vec<Diagnostic>,
+}
+
+impl Check {
+    pub(super) fn err(
+        &mut self,
+        pos: Option<(u64, u64)>,
+        msg: impl Into<String>,
+        hint: Option<String>,
+    ) {
+        let mut d = Diagnostic::new(pos, msg);
+        d.hint = hint;
+        self.diags.push(d);
+    }
+
+    /// A file the config names (relative to the config's folder): a regular file, readable,
+    /// within `max` bytes. Checked here so `check` finds it, and `run` never binds its port with
+    /// a key or certificate it cannot read.
+    pub(super) fn file(&mut self, path: &At<String>, base_dir: &Path, key: &str, max: u64) {
+        if let Err(e) = crate::files::read_bounded(&base_dir.join(path.as_str()), max) {
+            self.err(
+                path.pos,
+                format!("`{key}` `{}`: {e}", **path),
+                Some("give a readable file, relative to the config file or absolute".into()),
+            );
+        }
+    }
+
+    pub(super) fn range_u32(&mut self, v: &At<u32>, key: &str, lo: u32, hi: u32) {
+        if **v < lo || **v > hi {
+            self.err(
+                v.pos,
+                format!("`{key}` is {}, must be between {lo} and {hi}", **v),
+                None,
+            );
+        }
+    }
+
+    pub(super) fn positive_dur(&mut self, v: &At<Dur>, key: &str) {
+        if v.is_zero() {
+            self.err(
+                v.pos,
+                format!("`{key}` must be longer than 0"),
+                Some("write a duration such as `120s` or `5m`".into()),
+            );
+        }
+    }
+
+    pub(super) fn finite_in(&mut self, v: &At<f64>, key: &str, lo: f64, hi: f64, lo_open: bool) {
+        let x = **v;
+        let below = if lo_open { x <= lo } else { x < lo };
+        if !x.is_finite() || below || x > hi {
+            let lo_bracket = if lo_open { "(" } else { "[" };
+            self.err(
+                v.pos,
+                format!("`{key}` is {x}, must be in {lo_bracket}{lo}, {hi}]"),
+                None,
+            );
+        }
+    }
+
+    pub(super) fn url(&mut self, v: &At<String>, key: &str) {
+        match url::Url::parse(v) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(u) => self.err(
+                v.pos,
+                format!("`{key}` `{}` is not an http(s) URL with a host", **v),
+                Some(format!(
+                    "scheme `{}` is not supported; write e.g. `http://host:8000`",
+                    u.scheme()
+                )),
+            ),
+            Err(e) => self.err(
+                v.pos,
+                format!("`{key}` `{}` is not a URL: {e}", **v),
+                Some("write e.g. `http://dynamo-agg-frontend:8000`".into()),
+            ),
+        }
+    }
+
+    pub(super) fn label_safe_name(&mut self, v: &At<String>, what: &str) {
+        let ok = !v.is_empty()
+            && v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            self.err(
+                v.pos,
+                format!("{what} `{}` is not a valid name", **v),
+                Some("use 1-63 characters from a-z, A-Z, 0-9, `-`, `_`, `.`".into()),
+            );
+        }
+    }
+
+    pub(super) fn rate(&mut self, rate: &Option<Rate>, workload: &str) {
+        if let Some(r) = rate {
+            self.finite_in(&r.rps, &format!("{workload}.rate.rps"), 0.0, MAX_RPS, true);
+            self.range_u32(
+                &r.max_inflight,
+                &format!("{workload}.rate.max_inflight"),
+                1,
+                100_000,
+            );
+        }
+    }
+
+    pub(super) fn step_and_warmup(&mut self, step: &At<Dur>, warmup: &At<Dur>, workload: &str) {
+        self.positive_dur(step, &format!("{workload}.step"));
+        if **warmup >= **step && !step.is_zero() {
+            self.err(
+                // A defaulted warmup has no position: point at the step that is too short.
+                warmup.pos.or(step.pos),
+                format!(
+                    "`{workload}.warmup` ({}) must be shorter than the step ({})",
+                    **warmup, **step
+                ),
+                Some("nothing would be measured; shorten the warmup or lengthen the step".into()),
+            );
+        }
+    }
+}
