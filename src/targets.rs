@@ -144,6 +144,7 @@ impl Deployment {
             max_lag_p99: cfg.schedule.max_lag_p99.0,
             pairing: cfg.schedule.pairing,
             budget: Arc::new(crate::schedule::budget::Budget::of(cfg)),
+            goodput: cfg.goodput.limits(),
         }
     }
 
@@ -300,6 +301,7 @@ pub async fn resolve_at(
         mode: t.serving_mode,
         endpoint,
         cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
+        goodput: t.goodput.as_ref().map(|g| g.limits()),
     })
 }
 

@@ -214,8 +214,19 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
                 assert!(num(r, sweep, c) > 0.0, "sweep c={level} {mode} {c}");
             }
             assert!(num(r, sweep, "requests") >= 5.0, "{r:?}");
+            // Goodput: never more than what was served, in requests and in tokens.
+            let good = num(r, sweep, "good throughput");
+            assert!(good <= num(r, sweep, "throughput") + 0.5, "{r:?}");
+            assert!(num(r, sweep, "goodput") >= 0.0, "{r:?}");
         }
     }
+    // The simulated deployments answer well within the default goodput limits at the lowest
+    // level: every request there is good.
+    let low = row_for(sweep, &[("concurrency", 1.into()), ("mode", "aggregated".into())]);
+    assert!(
+        (num(low, sweep, "good throughput") - num(low, sweep, "throughput")).abs() <= 1.0,
+        "{low:?}"
+    );
 
     let mt = table(&s, "multi_turn");
     for mode in MODES {
@@ -296,6 +307,8 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
         assert_eq!(num(r, cost, "GPU cost"), per_hour);
         let tps = num(r, cost, "peak throughput");
         let usd = num(r, cost, "per 1M output tokens");
+        // Good tokens are a subset: they cost at least as much each.
+        assert!(num(r, cost, "per 1M good tokens") >= usd - 0.01, "{r:?}");
         // Both printed numbers are rounded (tok/s to 1, $ to a cent).
         assert!(
             (usd - per_hour / 3600.0 / tps * 1e6).abs() < 0.006 + usd / tps,

@@ -121,6 +121,7 @@ fn fill(metrics: &Metrics) {
             request_duration: Some(q),
             output_tokens_per_second: 1200.0,
             requests_per_second: 3.0,
+            goodput: 2.5,
             error_ratio: 1.0 / 3.0,
             cache_hit_ratio: Some(0.25),
             cost_per_million_tokens_usd: Some(15.2),
@@ -199,7 +200,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 53);
+    assert_eq!(families.len(), 54);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());

@@ -31,6 +31,9 @@ pub struct Config {
     /// A ceiling on the canary's load on all targets together (each target has its own too).
     #[serde(default, skip_serializing_if = "Budget::is_empty")]
     pub budget: Budget,
+    /// What makes a request good, for goodput (a target may have its own).
+    #[serde(default)]
+    pub goodput: Goodput,
     #[serde(default)]
     pub workloads: Workloads,
     #[serde(default)]
@@ -46,6 +49,45 @@ pub struct Config {
 
 fn one() -> At<f64> {
     At::dflt(1.0)
+}
+
+/// A request is *good* when it succeeded and its TTFT and ITL are within these (AIPerf's and
+/// vLLM bench's goodput: every objective must hold). The defaults are the benchmark plan's own
+/// absolute objectives (`examples/seed-plan.yaml`: TTFT p99 ≤ 2 s, ITL p99 ≤ 100 ms at
+/// concurrency 32), applied per request.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Goodput {
+    #[serde(default = "goodput_ttft")]
+    pub ttft: At<Dur>,
+    #[serde(default = "goodput_itl")]
+    pub itl: At<Dur>,
+}
+
+fn goodput_ttft() -> At<Dur> {
+    At::dflt(Dur::secs(2))
+}
+fn goodput_itl() -> At<Dur> {
+    At::dflt(Dur::millis(100))
+}
+
+impl Default for Goodput {
+    fn default() -> Self {
+        Goodput {
+            ttft: goodput_ttft(),
+            itl: goodput_itl(),
+        }
+    }
+}
+
+impl Goodput {
+    /// The limits in seconds, as the step accumulators judge requests.
+    pub fn limits(&self) -> crate::measure::step::GoodputLimits {
+        crate::measure::step::GoodputLimits {
+            ttft: self.ttft.0.as_secs_f64(),
+            itl: self.itl.0.as_secs_f64(),
+        }
+    }
 }
 fn default_seed() -> u64 {
     0x11c4_2a2e
@@ -89,6 +131,9 @@ pub struct TargetConfig {
     /// A ceiling on the canary's load on this target.
     #[serde(default, skip_serializing_if = "Budget::is_empty")]
     pub budget: Budget,
+    /// This target's goodput definition, instead of the top-level `goodput`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<Goodput>,
 }
 
 /// A ceiling on the canary's own load (docs/DESIGN.md §5), any subset of the three. The scheduler

@@ -208,6 +208,14 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     let cc = &cfg.client;
     c.positive_dur(&cc.connect_timeout, "client.connect_timeout");
     c.positive_dur(&cc.request_timeout, "client.request_timeout");
+    c.positive_dur(&cfg.goodput.ttft, "goodput.ttft");
+    c.positive_dur(&cfg.goodput.itl, "goodput.itl");
+    for t in &cfg.targets {
+        if let Some(g) = &t.goodput {
+            c.positive_dur(&g.ttft, "goodput.ttft");
+            c.positive_dur(&g.itl, "goodput.itl");
+        }
+    }
     c.positive_dur(&cc.first_token_timeout, "client.first_token_timeout");
     c.positive_dur(&cc.stall_timeout, "client.stall_timeout");
     if cc.request_timeout.0.as_secs_f64() > 3600.0 {

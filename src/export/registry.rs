@@ -121,6 +121,11 @@ impl Metrics {
             self.step_requests_per_second.clone(),
         );
         r.register(
+            "llm_canary_step_goodput_requests_per_second",
+            "Good requests per second over the step's steady window: succeeded with TTFT and ITL within the target's goodput limits",
+            self.step_goodput.clone(),
+        );
+        r.register(
             "llm_canary_step_error_ratio",
             "Failed requests / all requests over the step's steady window",
             self.step_error_ratio.clone(),

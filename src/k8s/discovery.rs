@@ -108,6 +108,7 @@ impl DiscoveredTarget {
             simulated: None,
             tls: None,
             budget: Default::default(),
+            goodput: None,
         }
     }
 }

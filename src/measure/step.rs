@@ -240,6 +240,21 @@ pub struct TtftBreakdown {
     pub kv_transfer: Option<f64>,
 }
 
+/// What a good request stays within (seconds): goodput counts requests that succeeded with
+/// TTFT ≤ `ttft` and ITL ≤ `itl` (a request with one output token has no ITL to judge).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GoodputLimits {
+    pub ttft: f64,
+    pub itl: f64,
+}
+
+impl GoodputLimits {
+    /// Whether a successful request with this TTFT and ITL is good.
+    pub fn good(&self, ttft: Option<f64>, itl: Option<f64>) -> bool {
+        ttft.is_some_and(|t| t <= self.ttft) && itl.is_none_or(|i| i <= self.itl)
+    }
+}
+
 /// One request's measurements as the accumulator needs them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sample<'a> {
@@ -257,6 +272,8 @@ pub struct Sample<'a> {
     pub cache_source: Option<CacheSource>,
     /// The TTFT with the server's own timing, where the server sent it.
     pub server: Option<ServerSplit>,
+    /// Succeeded within the target's goodput limits.
+    pub good: bool,
     pub osl_mismatch: bool,
 }
 
@@ -274,6 +291,8 @@ pub struct StepAccumulator {
     osl_mismatches: u64,
     cache_sources: BTreeMap<CacheSource, u64>,
     server: SplitSums,
+    good_requests: u64,
+    good_output_tokens: u64,
 }
 
 impl Default for StepAccumulator {
@@ -290,6 +309,8 @@ impl Default for StepAccumulator {
             osl_mismatches: 0,
             cache_sources: BTreeMap::new(),
             server: SplitSums::default(),
+            good_requests: 0,
+            good_output_tokens: 0,
         }
     }
 }
@@ -322,6 +343,10 @@ impl StepAccumulator {
         if let Some(split) = &s.server {
             self.server.add(split);
         }
+        if s.good {
+            self.good_requests += 1;
+            self.good_output_tokens = self.good_output_tokens.saturating_add(s.output_tokens);
+        }
     }
 
     /// A whole multi-turn conversation finished in `secs`.
@@ -350,6 +375,8 @@ impl StepAccumulator {
             *self.cache_sources.entry(*k).or_default() += v;
         }
         self.server.merge(&other.server);
+        self.good_requests += other.good_requests;
+        self.good_output_tokens = self.good_output_tokens.saturating_add(other.good_output_tokens);
     }
 
     pub fn requests(&self) -> u64 {
@@ -367,6 +394,7 @@ impl StepAccumulator {
         let c = &self.counts;
         let ok = c.ok;
         let output_tps = c.output_tokens as f64 / secs;
+        let good_tps = self.good_output_tokens as f64 / secs;
         let lag = Spread::of(&self.lag);
         let degraded = lag.is_some_and(|l| l.p99 > max_lag_p99.as_secs_f64());
         let error_ratio = if c.requests == 0 {
@@ -397,6 +425,12 @@ impl StepAccumulator {
             cost_per_million_tokens_usd: cost_per_hour_usd
                 .filter(|_| output_tps > 0.0)
                 .map(|c| c / 3600.0 / output_tps * 1e6),
+            good_requests: self.good_requests,
+            goodput: self.good_requests as f64 / secs,
+            good_output_tokens_per_second: good_tps,
+            cost_per_million_good_tokens_usd: cost_per_hour_usd
+                .filter(|_| good_tps > 0.0)
+                .map(|c| c / 3600.0 / good_tps * 1e6),
             osl_mismatches: self.osl_mismatches,
             cache_sources: self.cache_sources.clone(),
             ttft_breakdown: self.server.means(),
@@ -431,6 +465,14 @@ pub struct StepMeasurements {
     /// Shared-prefix tokens sent / prompt tokens: the hit ratio a perfect cache would give.
     pub expected_cache_hit_ratio: Option<f64>,
     pub cost_per_million_tokens_usd: Option<f64>,
+    /// Successful requests within the target's goodput limits ([`GoodputLimits`]).
+    pub good_requests: u64,
+    /// Good requests per second of the steady window.
+    pub goodput: f64,
+    /// Output tokens of good requests per second.
+    pub good_output_tokens_per_second: f64,
+    /// The cost per 1M output tokens of good requests only.
+    pub cost_per_million_good_tokens_usd: Option<f64>,
     pub osl_mismatches: u64,
     /// Successful requests by where their cached tokens came from (`usage`, `kv_hit_rate`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -506,6 +548,29 @@ mod tests {
         // $36/h = 1 cent/s at 1000 tokens/s → $10 per million tokens.
         assert!((m.cost_per_million_tokens_usd.unwrap() - 10.0).abs() < 1e-9);
         assert!(!m.degraded && !m.faulted);
+    }
+
+    #[test]
+    fn goodput_counts_requests_within_every_limit() {
+        let limits = GoodputLimits { ttft: 0.5, itl: 0.05 };
+        assert!(limits.good(Some(0.5), Some(0.05)));
+        assert!(limits.good(Some(0.1), None), "one token: no ITL to judge");
+        assert!(!limits.good(Some(0.6), Some(0.01)));
+        assert!(!limits.good(Some(0.1), Some(0.06)));
+        assert!(!limits.good(None, None), "no first token");
+        let mut acc = StepAccumulator::default();
+        for (ttft, good) in [(0.1, true), (0.2, true), (0.9, false), (0.3, true)] {
+            let mut s = ok(ttft, 1.0, 100);
+            s.good = good && limits.good(s.ttft, s.itl);
+            acc.record(&s);
+        }
+        let m = acc.finish(Duration::from_secs(10), Some(36.0), Duration::from_millis(50));
+        assert_eq!(m.good_requests, 3);
+        assert!((m.goodput - 0.3).abs() < 1e-12);
+        assert!((m.good_output_tokens_per_second - 30.0).abs() < 1e-12);
+        // $36/h over 30 good tokens/s: $333.33 per 1M good tokens (against $250 for all 40).
+        assert!((m.cost_per_million_good_tokens_usd.unwrap() - 1e6 / 3000.0).abs() < 1e-6);
+        assert!((m.cost_per_million_tokens_usd.unwrap() - 250.0).abs() < 1e-9);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct RecordContext<'a> {
     pub shared_prefix_tokens: u64,
     /// What was sent.
     pub request: &'a StreamRequest,
+    /// What a good request of this target stays within (goodput).
+    pub goodput: crate::measure::step::GoodputLimits,
 }
 
 /// A target as the consumers know it: what its series and attributes are named after.

@@ -44,6 +44,7 @@ impl StepResult {
             request_duration: m.latency.map(Quantiles::of),
             output_tokens_per_second: m.output_tokens_per_second,
             requests_per_second: m.requests_per_second,
+            goodput: m.goodput,
             error_ratio: m.error_ratio,
             cache_hit_ratio: m.cache_hit_ratio,
             cost_per_million_tokens_usd: m.cost_per_million_tokens_usd,
@@ -99,6 +100,8 @@ pub struct StepSummary {
     pub request_duration: Option<Quantiles>,
     pub output_tokens_per_second: f64,
     pub requests_per_second: f64,
+    /// Good requests per second (within the target's goodput limits).
+    pub goodput: f64,
     pub error_ratio: f64,
     pub cache_hit_ratio: Option<f64>,
     pub cost_per_million_tokens_usd: Option<f64>,

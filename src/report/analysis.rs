@@ -336,6 +336,8 @@ impl<'a> Index<'a> {
                 Column::num("ITL p99", "ms", 2),
                 Column::num("latency p50", "ms", 0),
                 Column::num("throughput", "tok/s", 0),
+                Column::num("goodput", "req/s", 2),
+                Column::num("good throughput", "tok/s", 0),
             ],
         );
         for (n, level) in self.levels() {
@@ -354,10 +356,23 @@ impl<'a> Index<'a> {
                     Cell::num(ms(m.itl, |s| s.p99)),
                     Cell::num(ms(m.latency, |s| s.p50)),
                     Cell::num(Some(m.output_tokens_per_second)),
+                    Cell::num(Some(m.goodput)),
+                    Cell::num(Some(m.good_output_tokens_per_second)),
                 ]);
             }
         }
+        t.notes.push(self.goodput_note());
         t
+    }
+
+    /// What "good" meant in this run, for the tables with goodput.
+    fn goodput_note(&self) -> String {
+        let g = &self.data.run.goodput;
+        format!(
+            "goodput: requests that succeeded with TTFT ≤ {} ms and ITL ≤ {} ms (`goodput:` in the config; a target may set its own), per second of the steady window; good throughput: their output tokens per second",
+            g.ttft * 1e3,
+            g.itl * 1e3
+        )
     }
 
     pub(super) fn multi_turn_table(&self) -> Table {
@@ -538,6 +553,7 @@ impl<'a> Index<'a> {
                 Column::num("peak throughput", "tok/s", 0),
                 Column::count("at concurrency"),
                 Column::num("per 1M output tokens", "$", 2),
+                Column::num("per 1M good tokens", "$", 2),
             ],
         );
         for side in &self.targets {
@@ -549,9 +565,10 @@ impl<'a> Index<'a> {
                 Cell::num(peak.map(|(_, m)| m.output_tokens_per_second)),
                 Cell::num(peak.map(|(n, _)| f64::from(n))),
                 Cell::num(peak.and_then(|(_, m)| m.cost_per_million_tokens_usd)),
+                Cell::num(peak.and_then(|(_, m)| m.cost_per_million_good_tokens_usd)),
             ]);
         }
-        t.notes.push("throughput is the concurrency-sweep step with the most output tokens per second; $ per 1M = $/h ÷ 3600 ÷ tok/s × 10⁶; GPU cost from `cost_per_hour_usd`".into());
+        t.notes.push("throughput is the concurrency-sweep step with the most output tokens per second; $ per 1M = $/h ÷ 3600 ÷ tok/s × 10⁶; GPU cost from `cost_per_hour_usd`; per 1M good tokens counts only the output of good requests (see the concurrency sweep's goodput)".into());
         t
     }
 }

@@ -188,6 +188,7 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
             steps_planned: steps.len(),
             steps_finished: run.steps_finished,
             interrupted: run.interrupted,
+            goodput: cfg.goodput.limits(),
             failed_targets: failed
                 .iter()
                 .map(|f| super::FailedTarget {

@@ -126,6 +126,7 @@ impl Recorder {
             expected_cached_tokens: ctx.shared_prefix_tokens,
             cache_source: rec.cache_source().filter(|_| ok),
             server: rec.server_split(),
+            good: ok && ctx.goodput.good(rec.ttft().map(secs), rec.itl().map(secs)),
             osl_mismatch: rec.osl_mismatch(ctx.osl),
         };
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);

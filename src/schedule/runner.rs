@@ -20,7 +20,7 @@ use crate::client::{
     ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
 };
 use crate::config::{Api, Pairing, ServingMode};
-use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
+use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, GoodputLimits, StepAccumulator};
 use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
@@ -45,6 +45,8 @@ pub struct Target {
     pub mode: ServingMode,
     pub endpoint: Endpoint,
     pub cost_per_hour_usd: Option<f64>,
+    /// The target's own goodput definition; `None`: the run's.
+    pub goodput: Option<GoodputLimits>,
 }
 
 impl Target {
@@ -75,6 +77,8 @@ pub struct Runner {
     pub pairing: Pairing,
     /// Every send takes a grant of the traffic budget.
     pub budget: Arc<super::budget::Budget>,
+    /// The goodput definition of targets without their own.
+    pub goodput: GoodputLimits,
 }
 
 fn unix_now() -> f64 {
@@ -183,6 +187,7 @@ impl Runner {
             max_lag_p99: self.max_lag_p99,
             pairing: self.pairing,
             budget: Arc::clone(&self.budget),
+            goodput: self.goodput,
         }
     }
 
@@ -712,6 +717,7 @@ impl Runner {
                 osl: req.osl,
                 shared_prefix_tokens,
                 request: &req,
+                goodput: target.goodput.unwrap_or(self.goodput),
             },
             &rec,
         );

@@ -111,6 +111,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_step_request_duration_seconds", "gauge"),
     ("llm_canary_step_output_tokens_per_second", "gauge"),
     ("llm_canary_step_requests_per_second", "gauge"),
+    ("llm_canary_step_goodput_requests_per_second", "gauge"),
     ("llm_canary_step_error_ratio", "gauge"),
     ("llm_canary_step_cache_hit_ratio", "gauge"),
     ("llm_canary_step_cost_per_million_tokens_usd", "gauge"),
