@@ -243,7 +243,10 @@ impl ClientSide {
             osl: req.osl,
             shared_prefix_tokens: 0,
             request: req,
-            goodput: llm_canary::measure::step::GoodputLimits { ttft: 2.0, itl: 0.1 },
+            goodput: llm_canary::measure::step::GoodputLimits {
+                ttft: 2.0,
+                itl: 0.1,
+            },
         };
         self.recorder.record(&ctx, &rec);
         rec

@@ -140,7 +140,10 @@ fn record_request(c: &mut Criterion) {
         osl: 256,
         shared_prefix_tokens: 0,
         request: &request,
-        goodput: llm_canary::measure::step::GoodputLimits { ttft: 2.0, itl: 0.1 },
+        goodput: llm_canary::measure::step::GoodputLimits {
+            ttft: 2.0,
+            itl: 0.1,
+        },
     };
     c.bench_function("record_request/osl256", |b| {
         b.iter(|| recorder.record(&ctx, black_box(&rec)))

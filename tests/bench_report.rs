@@ -222,7 +222,10 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
     }
     // The simulated deployments answer well within the default goodput limits at the lowest
     // level: every request there is good.
-    let low = row_for(sweep, &[("concurrency", 1.into()), ("mode", "aggregated".into())]);
+    let low = row_for(
+        sweep,
+        &[("concurrency", 1.into()), ("mode", "aggregated".into())],
+    );
     assert!(
         (num(low, sweep, "good throughput") - num(low, sweep, "throughput")).abs() <= 1.0,
         "{low:?}"
@@ -846,7 +849,7 @@ fn ctrl_c_stops_cleanly_and_reports_the_finished_steps() {
         .lines()
         .skip_while(|l| *l != "Concurrency sweep")
         .skip(3)
-        .take_while(|l| !l.is_empty())
+        .take_while(|l| !l.is_empty() && !l.starts_with("note:"))
         .collect();
     assert_eq!(sweep.len(), 2, "{stdout}");
     assert!(
@@ -931,10 +934,15 @@ fn a_target_that_cannot_start_is_reported_and_the_others_measured() {
     );
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["run"]["failed_targets"][0]["name"], "hung", "{summary}");
+    assert_eq!(
+        summary["run"]["failed_targets"][0]["name"], "hung",
+        "{summary}"
+    );
     let steps = summary["steps"].as_array().unwrap();
     assert!(
-        steps.iter().any(|s| s["target"] == "sim" && s["ok_requests"].as_u64() > Some(0)),
+        steps
+            .iter()
+            .any(|s| s["target"] == "sim" && s["ok_requests"].as_u64() > Some(0)),
         "{summary}"
     );
 }

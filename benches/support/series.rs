@@ -69,6 +69,7 @@ pub fn fill(metrics: &Metrics) -> usize {
                     request_duration: Some(q),
                     output_tokens_per_second: 1000.0,
                     requests_per_second: 2.0,
+                    goodput: 1.8,
                     error_ratio: 0.01,
                     cache_hit_ratio: Some(0.3),
                     cost_per_million_tokens_usd: Some(18.0),

@@ -376,7 +376,9 @@ impl StepAccumulator {
         }
         self.server.merge(&other.server);
         self.good_requests += other.good_requests;
-        self.good_output_tokens = self.good_output_tokens.saturating_add(other.good_output_tokens);
+        self.good_output_tokens = self
+            .good_output_tokens
+            .saturating_add(other.good_output_tokens);
     }
 
     pub fn requests(&self) -> u64 {
@@ -552,7 +554,10 @@ mod tests {
 
     #[test]
     fn goodput_counts_requests_within_every_limit() {
-        let limits = GoodputLimits { ttft: 0.5, itl: 0.05 };
+        let limits = GoodputLimits {
+            ttft: 0.5,
+            itl: 0.05,
+        };
         assert!(limits.good(Some(0.5), Some(0.05)));
         assert!(limits.good(Some(0.1), None), "one token: no ITL to judge");
         assert!(!limits.good(Some(0.6), Some(0.01)));
@@ -564,7 +569,11 @@ mod tests {
             s.good = good && limits.good(s.ttft, s.itl);
             acc.record(&s);
         }
-        let m = acc.finish(Duration::from_secs(10), Some(36.0), Duration::from_millis(50));
+        let m = acc.finish(
+            Duration::from_secs(10),
+            Some(36.0),
+            Duration::from_millis(50),
+        );
         assert_eq!(m.good_requests, 3);
         assert!((m.goodput - 0.3).abs() < 1e-12);
         assert!((m.good_output_tokens_per_second - 30.0).abs() < 1e-12);
