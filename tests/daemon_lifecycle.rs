@@ -570,3 +570,72 @@ async fn a_sigterm_during_the_model_lookup_is_heard() {
         .await;
     assert!(exit.success(), "{exit:?}\n{}", daemon.log_text());
 }
+
+/// Issue 19, item 3: the probe stream runs next to the steps, at its own rate, outside their
+/// concurrency, reported under `workload="probe"` for every target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_stream_runs_at_its_rate_beside_the_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(
+        &path,
+        r#"
+targets:
+  - { name: agg, serving_mode: aggregated, simulated: { profile: fast } }
+  - { name: disagg, serving_mode: disaggregated, simulated: { profile: fast } }
+probe_stream: { interval: 1s }
+workloads:
+  # One long step at a high concurrency: the probe must not wait for it, nor count in it.
+  concurrency_sweep: { levels: [16], isl: 64, osl: 8, step: 300s, warmup: 1s }
+"#,
+    )
+    .unwrap();
+    let (daemon, addr) = start_daemon(Some(&path), dir.path());
+    let client = http();
+    let probes = |text: &str, target: &str| {
+        sum(
+            text,
+            "llm_canary_requests_total",
+            &[("target", target), ("workload", "probe"), ("outcome", "ok")],
+        )
+    };
+    let first = eventually(
+        "probes of both targets",
+        Duration::from_secs(60),
+        || async {
+            let text = scrape(&client, addr).await;
+            (probes(&text, "agg") >= 2.0 && probes(&text, "disagg") >= 2.0).then_some(text)
+        },
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let text = scrape(&client, addr).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    for target in ["agg", "disagg"] {
+        let sent = probes(&text, target) - probes(&first, target);
+        // One a second: at least half of that on a busy machine, never a burst.
+        assert!(
+            sent >= elapsed / 2.0 && sent <= elapsed + 2.0,
+            "{target}: {sent} probes in {elapsed:.1} s"
+        );
+        // The step's load ran beside it, under its own workload.
+        assert!(
+            sum(
+                &text,
+                "llm_canary_requests_total",
+                &[("target", target), ("workload", "concurrency_sweep")]
+            ) > sent,
+            "{target}: the step's requests"
+        );
+    }
+    // Its TTFT is its own series: the clean signal, apart from the loaded step's.
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("llm_canary_time_to_first_token_seconds_count{")
+                && l.contains("workload=\"probe\"")
+        ),
+        "no probe TTFT histogram"
+    );
+    drop(daemon);
+}

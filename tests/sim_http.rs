@@ -564,18 +564,17 @@ async fn fixed_profile_records_each_tokens_send_instant() {
         .expect("send times recorded");
     assert_eq!(sends.len(), 10);
     // Server-side: token i leaves at 100 ms + 10 ms·i after the request on an absolute schedule;
-    // a loaded machine may run a send late, never early.
+    // a loaded machine may run a send late (a busy 2-core machine was seen 84 ms late: that is
+    // the test's CPU, not the simulator), never early. How late on a quiet machine is a
+    // benchmark's figure (`cargo bench --bench client`), not this test's.
     for (i, at) in sends.iter().enumerate() {
         let due = Duration::from_millis(100 + 10 * i as u64);
         let late = (*at - sent).checked_sub(due).expect("never early");
-        assert!(
-            late < Duration::from_millis(50),
-            "token {i} late by {late:?}"
-        );
+        assert!(late < Duration::from_secs(1), "token {i} late by {late:?}");
     }
     // Every token arrives after it was sent, and soon after on loopback.
     for (s, a) in sends.iter().zip(&arrivals) {
-        assert!(a >= s && *a - *s < Duration::from_millis(50));
+        assert!(a >= s && *a - *s < Duration::from_secs(1));
     }
     sim.shutdown().await;
 }

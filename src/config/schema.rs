@@ -34,6 +34,9 @@ pub struct Config {
     /// What makes a request good, for goodput (a target may have its own).
     #[serde(default)]
     pub goodput: Goodput,
+    /// One short request per target every `interval`, next to the load (`workload="probe"`).
+    #[serde(default)]
+    pub probe_stream: ProbeStreamConfig,
     #[serde(default)]
     pub workloads: Workloads,
     #[serde(default)]
@@ -76,6 +79,49 @@ impl Default for Goodput {
         Goodput {
             ttft: goodput_ttft(),
             itl: goodput_itl(),
+        }
+    }
+}
+
+/// The probe stream (docs/DESIGN.md §5): the daemon sends one short request per target every
+/// `interval`, all the time (between steps too), outside any step's concurrency, reported under
+/// `workload="probe"`. Not scaled by `time_scale`; `bench` does not send it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeStreamConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "probe_interval")]
+    pub interval: At<Dur>,
+    /// Prompt tokens of a probe.
+    #[serde(default = "probe_isl")]
+    pub isl: At<u32>,
+    /// Output tokens of a probe: one is enough for TTFT and availability.
+    #[serde(default = "probe_osl")]
+    pub osl: At<u32>,
+    /// Keep probing in quiet hours (`schedule.active`); an operator's pause always stops it.
+    #[serde(default)]
+    pub in_quiet_hours: bool,
+}
+
+fn probe_interval() -> At<Dur> {
+    At::dflt(Dur::secs(20))
+}
+fn probe_isl() -> At<u32> {
+    At::dflt(64)
+}
+fn probe_osl() -> At<u32> {
+    At::dflt(1)
+}
+
+impl Default for ProbeStreamConfig {
+    fn default() -> Self {
+        ProbeStreamConfig {
+            enabled: true,
+            interval: probe_interval(),
+            isl: probe_isl(),
+            osl: probe_osl(),
+            in_quiet_hours: false,
         }
     }
 }

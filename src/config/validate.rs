@@ -208,6 +208,19 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     let cc = &cfg.client;
     c.positive_dur(&cc.connect_timeout, "client.connect_timeout");
     c.positive_dur(&cc.request_timeout, "client.request_timeout");
+    let ps = &cfg.probe_stream;
+    if ps.interval.0 < std::time::Duration::from_secs(1) {
+        c.err(
+            ps.interval.pos,
+            format!(
+                "`probe_stream.interval` is {}, at least 1s is accepted",
+                *ps.interval
+            ),
+            Some("a few probes a minute is the point: e.g. `20s`".into()),
+        );
+    }
+    c.range_u32(&ps.isl, "probe_stream.isl", 1, MAX_ISL);
+    c.range_u32(&ps.osl, "probe_stream.osl", 1, 64);
     c.positive_dur(&cfg.goodput.ttft, "goodput.ttft");
     c.positive_dur(&cfg.goodput.itl, "goodput.itl");
     for t in &cfg.targets {

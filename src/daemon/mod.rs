@@ -408,13 +408,28 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
             shutdown.service(),
         ));
     }
+    let (published, probed) = tokio::sync::watch::channel(Vec::new());
+    if cfg.probe_stream.enabled {
+        let stream = crate::schedule::ProbeStream {
+            client: runner.client.clone(),
+            budget: Arc::clone(&runner.budget),
+            recorder: Arc::clone(&runner.recorder),
+            tokens: Arc::clone(&runner.tokens),
+            gate: Arc::clone(&gate),
+            config: cfg.probe_stream.clone(),
+            goodput: runner.goodput,
+            run_salt: rand::random(),
+        };
+        shutdown.spawn(stream.run(probed, shutdown.stop_sending().clone()));
+    }
     let mut scheduler = Scheduler::new(
         runner,
         TargetSource::new(sets, leadership),
         Some(server_metrics),
         cfg.export.server_metrics_interval.0,
     )
-    .with_gate(Arc::clone(&gate));
+    .with_gate(Arc::clone(&gate))
+    .with_target_watch(published);
     readiness.set_ready();
     let plan_live = Arc::clone(&live);
     let pause_live = Arc::clone(&live);

@@ -8,6 +8,7 @@ pub mod cost;
 mod drivers;
 pub mod gate;
 pub mod plan;
+pub mod probe_stream;
 pub mod recorder;
 pub mod runner;
 pub mod scheduler;
@@ -24,6 +25,7 @@ use crate::model::{
     BudgetAction, BudgetReport, BudgetUsage, PauseState, RecordContext, Sink, StepInfo, StepResult,
 };
 pub use plan::{StepKind, StepPlan, plan_cycle};
+pub use probe_stream::{PROBE_WORKLOAD, ProbeStream};
 pub use recorder::{InFlight, Recorder};
 pub use runner::{CALIBRATION_TIMEOUT, Runner, Target};
 pub use scheduler::{RunSummary, Scheduler};

@@ -104,6 +104,14 @@ impl Recorder {
         }
     }
 
+    /// Records a request sent outside every step (the probe stream): every sink sees it, no
+    /// step result counts it.
+    pub fn record_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        for s in &self.sinks {
+            s.request(ctx, rec);
+        }
+    }
+
     /// Records one finished request.
     pub fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         for s in &self.sinks {

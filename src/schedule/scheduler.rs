@@ -83,6 +83,8 @@ pub struct Scheduler {
     gate: Arc<Gate>,
     /// The pause state last told to the sinks.
     pause: Option<PauseState>,
+    /// Where the current targets are published (the probe stream follows them).
+    published: Option<tokio::sync::watch::Sender<Vec<Arc<Target>>>>,
 }
 
 impl Scheduler {
@@ -100,7 +102,17 @@ impl Scheduler {
             active: Active::default(),
             gate: Arc::new(Gate::new(Arc::new(SystemClock))),
             pause: None,
+            published: None,
         }
+    }
+
+    /// Publishes the current targets to `tx` whenever they change (the probe stream's list).
+    pub fn with_target_watch(
+        mut self,
+        tx: tokio::sync::watch::Sender<Vec<Arc<Target>>>,
+    ) -> Scheduler {
+        self.published = Some(tx);
+        self
     }
 
     /// Sends only while `gate` is open (without one the loop always may).
@@ -402,6 +414,9 @@ impl Scheduler {
             }
             _ => None,
         };
+        if let Some(tx) = &self.published {
+            tx.send_replace(targets.clone());
+        }
         self.active.targets = targets;
         self.active.scrape = scrape;
     }
