@@ -80,6 +80,13 @@ fn shipped_examples_are_valid() {
         assert_eq!(cfg.targets.len(), 2, "{name}");
         assert_eq!(cfg.cycle().len(), 4, "{name} runs all four workloads");
     }
+    let open_loop = Config::load(&root.join("examples/open-loop.yaml"))
+        .unwrap_or_else(|e| panic!("examples/open-loop.yaml:\n{e}"));
+    let sweep = open_loop.workloads.concurrency_sweep.as_ref().unwrap();
+    assert!(
+        sweep.rate.is_some(),
+        "the open-loop example runs on arrivals"
+    );
     let demo = Config::demo();
     let modes: Vec<_> = demo.targets.iter().map(|t| t.serving_mode).collect();
     assert!(modes.contains(&llm_canary::config::ServingMode::Aggregated));

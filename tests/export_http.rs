@@ -128,6 +128,7 @@ fn fill(metrics: &Metrics) {
             end_timestamp_seconds: 1.75e9,
             degraded: false,
             faulted: false,
+            saturated: None,
         },
     );
     metrics.set_slo(

@@ -126,3 +126,78 @@ async fn requests_in_flight_when_the_drain_ends_count_as_timeout() {
         assert_eq!(s.4, drain_end - s.1);
     }
 }
+
+/// A simulated H200 that runs at most 4 sequences at once: about 0.6 s per request of 64 → 100
+/// tokens, so about 6.7 requests per second.
+const SMALL: &str = r#"
+targets:
+  - { name: small, serving_mode: aggregated, model: sim, simulated: { profile: default, max_running: 4 } }
+"#;
+
+/// Runs one open-loop step of `rps` constant arrivals (at most `max_inflight` in flight) against
+/// [`SMALL`] and returns the step's total.
+async fn open_loop_step(rps: f64, max_inflight: u32) -> llm_canary::model::StepResult {
+    let cfg = Config::parse(SMALL, "saturation.yaml", Path::new(".")).unwrap();
+    let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let recorder = Arc::new(Recorder::new(vec![Arc::new(Metrics::new(&[]))]));
+    let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
+    let never = CancellationToken::new();
+    let plan = StepPlan {
+        workload: "concurrency_sweep",
+        index: 0,
+        kind: StepKind::Sweep {
+            concurrency: 4,
+            isl: 64,
+            osl: 100,
+        },
+        warmup: Duration::from_secs(2),
+        steady: Duration::from_secs(12),
+        rate: Some(llm_canary::schedule::plan::RatePlan {
+            poisson: false,
+            rps,
+            max_inflight,
+        }),
+    };
+    let mut results = runner.run_step(&plan, 0, &never, &never).await;
+    deployment.stop().await;
+    assert_eq!(results.len(), 1, "one label set, one result");
+    results.remove(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_past_the_servers_capacity_is_saturated_and_one_within_it_is_not() {
+    // Within capacity: 2 requests per second, each done in ~0.6 s.
+    let within = open_loop_step(2.0, 1024).await;
+    let m = &within.measurements;
+    let a = m.arrivals.expect("an open-loop step counts its arrivals");
+    // 2 per second over the 12 s window (the schedule's float instants may put the boundary
+    // arrival on either side).
+    assert!((23..=25).contains(&a.intended), "{a:?}");
+    assert_eq!((a.sent, a.unanswered), (a.intended, 0), "{a:?}");
+    assert!(!m.saturated, "{a:?}");
+    assert_eq!(within.summary().saturated, Some(false));
+
+    // 20 per second, three times what the server runs: its queue grows through the window, so
+    // the wait for the first token does, and the latest arrivals are cut before their first.
+    let past = open_loop_step(20.0, 1024).await;
+    let m = &past.measurements;
+    let a = m.arrivals.unwrap();
+    assert!((239..=241).contains(&a.intended), "{a:?}");
+    assert_eq!(a.sent, a.intended, "the client sent every arrival: {a:?}");
+    assert!(m.saturated, "{a:?}");
+    assert!(
+        a.queue_growth_seconds.is_some_and(|g| g > 1.0) || a.unanswered > 2,
+        "{a:?}"
+    );
+    assert_eq!(past.summary().saturated, Some(true));
+
+    // The same load capped at 4 in flight queues in the client instead: arrivals left unsent.
+    let capped = open_loop_step(20.0, 4).await;
+    let m = &capped.measurements;
+    let a = m.arrivals.unwrap();
+    assert!(a.sent < a.intended / 2, "{a:?}");
+    assert!(
+        m.saturated && !m.degraded,
+        "slot waits are queue time, not the canary's lag"
+    );
+}

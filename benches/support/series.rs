@@ -76,6 +76,7 @@ pub fn fill(metrics: &Metrics) -> usize {
                     end_timestamp_seconds: 1.75e9,
                     degraded: false,
                     faulted: false,
+                    saturated: None,
                 },
             );
         }

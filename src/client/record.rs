@@ -187,6 +187,10 @@ pub struct RequestRecord {
     pub intended: Instant,
     /// When the client actually started sending.
     pub sent: Instant,
+    /// When an open-loop arrival got one of the step's in-flight slots (`rate.max_inflight`);
+    /// `None` in closed-loop and multi-turn steps, which have no slots to wait for. The wait from
+    /// `intended` to here is the server's (it had every slot busy), not the canary's.
+    pub slot_at: Option<Instant>,
     /// When the response head arrived (the first byte of the response is no later than this).
     pub first_byte: Option<Instant>,
     /// When the first body bytes arrived.
@@ -222,6 +226,7 @@ impl RequestRecord {
             request_id: request_id.into(),
             intended,
             sent,
+            slot_at: None,
             first_byte: None,
             first_body_byte: None,
             done: None,
@@ -380,7 +385,7 @@ impl RequestRecord {
             .as_secs_f64();
         Some(ServerSplit {
             client_ttft: self.ttft()?.as_secs_f64(),
-            client_queue: self.schedule_lag().as_secs_f64(),
+            client_queue: self.client_queue().as_secs_f64(),
             server_ttft,
             server_queue: secs(timing.prefill_wait_time_ms),
             server_prefill: secs(timing.prefill_time_ms),
@@ -488,9 +493,18 @@ impl RequestRecord {
         (!self.outcome.is_ok()).then(|| self.end.saturating_duration_since(self.intended))
     }
 
-    /// Scheduling lag: actual send − intended send (zero if sent early).
-    pub fn schedule_lag(&self) -> Duration {
+    /// Client-side queue time: actual send − intended send (zero if sent early). In an
+    /// open-loop step this includes the wait for a free in-flight slot, which grows when the
+    /// server falls behind the arrivals (a saturated step).
+    pub fn client_queue(&self) -> Duration {
         self.sent.saturating_duration_since(self.intended)
+    }
+
+    /// Scheduling lag, the canary's own delay: actual send − the later of the intended send and
+    /// the instant a slot was free. A lag the server's busy slots explain is queue time, not lag.
+    pub fn schedule_lag(&self) -> Duration {
+        let ready = self.slot_at.map_or(self.intended, |s| s.max(self.intended));
+        self.sent.saturating_duration_since(ready)
     }
 
     /// Client-side token count minus `usage.completion_tokens`, when the server sent usage.
@@ -565,6 +579,19 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_wait_is_queue_time_not_the_canarys_lag() {
+        let t0 = Instant::now();
+        // Intended at t0, a slot free at +30 ms, sent at +31 ms.
+        let mut rec = RequestRecord::new("r", t0, t0 + 31 * MS);
+        rec.slot_at = Some(t0 + 30 * MS);
+        assert_eq!(rec.client_queue(), 31 * MS);
+        assert_eq!(rec.schedule_lag(), MS);
+        // A slot that was free before the intended instant leaves the whole delay to the canary.
+        rec.slot_at = Some(t0);
+        assert_eq!(rec.schedule_lag(), 31 * MS);
+    }
+
+    #[test]
     fn metrics_follow_design_section_4() {
         let t0 = Instant::now();
         let mut rec = record(t0, &[(50, 1), (60, 1), (70, 1), (100, 1)]);
@@ -573,6 +600,7 @@ mod tests {
         assert_eq!(rec.ttft(), Some(50 * MS));
         assert_eq!(rec.ttst(), Some(60 * MS));
         assert_eq!(rec.schedule_lag(), 2 * MS);
+        assert_eq!(rec.client_queue(), 2 * MS);
         // Latency ends at the last content chunk, not [DONE] or the end of the stream.
         assert_eq!(rec.latency(), 100 * MS);
         assert_eq!(rec.error_latency(), None);

@@ -88,6 +88,15 @@ pub fn latency_buckets(extra_thresholds: &[f64]) -> Vec<f64> {
     merge_bounds(grid, extra_thresholds)
 }
 
+/// The client-queue grid: decades from 1 ms (no queue) to 10 minutes (a whole step behind), at
+/// every resolution: it tells a step that kept up from one that fell behind, and by how far.
+const QUEUE_GRID: [f64; 7] = [0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0];
+
+/// The client-queue bucket bounds ([`QUEUE_GRID`]).
+pub fn client_queue_buckets() -> Vec<f64> {
+    QUEUE_GRID.to_vec()
+}
+
 /// The schedule-lag bucket bounds: at high resolution 1-2-5 steps from 10 µs to 10 s, else
 /// [`LAG_GRID`]. Lag is the canary's own health, so a coarse grid over a wide range is enough.
 pub fn schedule_lag_buckets(resolution: Resolution) -> Vec<f64> {

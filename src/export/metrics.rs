@@ -34,7 +34,9 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::buckets::{Latency, Resolution, family_buckets, schedule_lag_buckets};
+use super::buckets::{
+    Latency, Resolution, client_queue_buckets, family_buckets, schedule_lag_buckets,
+};
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
 use super::labels::*;
 use crate::model::{RequestLabels, StepLabels, StepSummary};
@@ -123,6 +125,7 @@ pub struct Metrics {
     pub(super) step_end_timestamp: Family<StepLabels, GaugeF64>,
     pub(super) step_degraded: Family<StepLabels, Gauge>,
     pub(super) step_faulted: Family<StepLabels, Gauge>,
+    pub(super) step_saturated: Family<StepLabels, Gauge>,
 
     pub(super) server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
     pub(super) server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
@@ -142,6 +145,7 @@ pub struct Metrics {
 
     pub(super) target_up: Family<TargetLabels, Gauge>,
     pub(super) schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) client_queue: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
     pub(super) inflight: Family<TargetLabels, Gauge>,
     pub(super) config_last_reload_successful: Gauge,
     pub(super) config_last_reload_success_timestamp: GaugeF64,
@@ -172,6 +176,7 @@ impl Metrics {
         let latency_bounds = bounds(Latency::Ttft);
         let itl_bounds = bounds(Latency::Itl);
         let lag = SharedBuckets(schedule_lag_buckets(resolution).into());
+        let queue = SharedBuckets(client_queue_buckets().into());
         let metrics = Self {
             registry: Registry::default(),
             resolution,
@@ -215,6 +220,7 @@ impl Metrics {
             step_end_timestamp: Family::default(),
             step_degraded: Family::default(),
             step_faulted: Family::default(),
+            step_saturated: Family::default(),
             latency_bounds,
             server_prefix_cache_hit_ratio: Family::default(),
             server_kv_cache_usage_ratio: Family::default(),
@@ -232,6 +238,7 @@ impl Metrics {
             slo_data_age: Family::default(),
             target_up: Family::default(),
             schedule_lag: Family::new_with_constructor(lag),
+            client_queue: Family::new_with_constructor(queue),
             inflight: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
@@ -374,21 +381,37 @@ impl Metrics {
             .inc();
     }
 
-    /// Observes the scheduling lag (actual − intended send, seconds) of one request.
+    /// Observes the scheduling lag (the canary's own delay in sending, seconds) of one request.
     pub fn observe_schedule_lag(&self, target: &str, workload: &str, lag_seconds: f64) {
+        self.observe_per_workload(&self.schedule_lag, target, workload, lag_seconds);
+    }
+
+    /// Observes the client-side queue time (intended → actual send, seconds) of one open-loop
+    /// request: closed-loop and multi-turn requests have no arrival schedule to queue behind.
+    pub fn observe_client_queue(&self, target: &str, workload: &str, queue_seconds: f64) {
+        self.observe_per_workload(&self.client_queue, target, workload, queue_seconds);
+    }
+
+    fn observe_per_workload(
+        &self,
+        family: &Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
+        target: &str,
+        workload: &str,
+        seconds: f64,
+    ) {
         let labels = TargetWorkloadLabels {
             target: target.to_owned(),
             workload: workload.to_owned(),
         };
-        if let Some(h) = self.schedule_lag.get(&labels) {
-            h.observe(lag_seconds);
+        if let Some(h) = family.get(&labels) {
+            h.observe(seconds);
             return;
         }
-        let histogram = self.schedule_lag.get_or_create_owned(&labels);
+        let histogram = family.get_or_create_owned(&labels);
         self.track(target, |s| {
             s.lags.insert(labels);
         });
-        histogram.observe(lag_seconds);
+        histogram.observe(seconds);
     }
 
     /// Moves `llm_canary_requests_in_flight{target}` by `delta` (1 at a send, -1 at its end).
@@ -495,6 +518,15 @@ impl Metrics {
                 .set(i64::from(summary.degraded));
             self.request_series(&self.step_faulted, labels)
                 .set(i64::from(summary.faulted));
+            match summary.saturated {
+                Some(s) => {
+                    self.request_series(&self.step_saturated, labels)
+                        .set(i64::from(s));
+                }
+                None => {
+                    self.step_saturated.remove(labels);
+                }
+            }
         }
     }
 
@@ -543,6 +575,7 @@ impl Metrics {
             }
             self.step_degraded.remove(labels);
             self.step_faulted.remove(labels);
+            self.step_saturated.remove(labels);
             for (quantile, _) in STEP_QUANTILES {
                 let quantile_labels = StepQuantileLabels {
                     step: labels.clone(),
@@ -572,6 +605,7 @@ impl Metrics {
         }
         for labels in &series.lags {
             self.schedule_lag.remove(labels);
+            self.client_queue.remove(labels);
         }
         let labels = TargetLabels {
             target: target.to_owned(),
@@ -867,6 +901,7 @@ mod tests {
             end_timestamp_seconds: 1.7e9,
             degraded: true,
             faulted: false,
+            saturated: None,
         };
         metrics.set_step(&step, &summary);
         let text = metrics.encode().expect("encode");
@@ -882,6 +917,8 @@ mod tests {
         assert_eq!(sample(&text, "llm_canary_step_itl_seconds", &c8), None);
         assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(1.0));
         assert_eq!(sample(&text, "llm_canary_step_faulted", &c8), Some(0.0));
+        // A closed-loop step has no arrival schedule to fall behind: no saturation series.
+        assert_eq!(sample(&text, "llm_canary_step_saturated", &c8), None);
         assert_eq!(
             sample(&text, "llm_canary_step_cost_per_million_tokens_usd", &c8),
             Some(20.2)
@@ -890,6 +927,7 @@ mod tests {
         summary.cost_per_million_tokens_usd = None;
         summary.degraded = false;
         summary.faulted = true;
+        summary.saturated = Some(true);
         metrics.set_step(&step, &summary);
         let text = metrics.encode().expect("encode");
         assert_eq!(sample(&text, "llm_canary_step_ttft_seconds", &c8), None);
@@ -899,6 +937,7 @@ mod tests {
         );
         assert_eq!(sample(&text, "llm_canary_step_degraded", &c8), Some(0.0));
         assert_eq!(sample(&text, "llm_canary_step_faulted", &c8), Some(1.0));
+        assert_eq!(sample(&text, "llm_canary_step_saturated", &c8), Some(1.0));
     }
 
     #[test]
@@ -922,6 +961,7 @@ mod tests {
             end_timestamp_seconds: 1.7e9,
             degraded: false,
             faulted: false,
+            saturated: None,
         };
         let series = |text: &str, prefix: &str| {
             text.lines()
@@ -1067,6 +1107,7 @@ mod tests {
                     end_timestamp_seconds: 1.0,
                     degraded: false,
                     faulted: false,
+                    saturated: Some(false),
                 },
             );
             metrics.add_inflight(&labels.target, 1);

@@ -71,6 +71,9 @@ impl Sink for Metrics {
             );
         }
         self.observe_schedule_lag(&labels.target, &labels.workload, secs(rec.schedule_lag()));
+        if rec.slot_at.is_some() {
+            self.observe_client_queue(&labels.target, &labels.workload, secs(rec.client_queue()));
+        }
         if rec.osl_mismatch(ctx.osl) {
             self.record_osl_mismatch(labels);
         }

@@ -156,6 +156,11 @@ impl Metrics {
             "1 when more of the step's requests failed than its latencies can stand for; such steps are excluded from SLO latencies",
             self.step_faulted.clone(),
         );
+        r.register(
+            "llm_canary_step_saturated",
+            "Open-loop steps: 1 when the server fell behind the arrivals (arrivals left unsent, or a queue growing through the window); closed-loop steps have no series",
+            self.step_saturated.clone(),
+        );
 
         r.register(
             "llm_canary_server_prefix_cache_hit_ratio",
@@ -240,9 +245,15 @@ impl Metrics {
         );
         r.register_with_unit(
             "llm_canary_schedule_lag",
-            "Actual minus intended send time: the canary's own scheduling delay",
+            "The canary's own delay in sending: actual send minus the later of the intended send and, in open-loop steps, the instant an in-flight slot was free",
             s(),
             self.schedule_lag.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_client_queue",
+            "Open-loop requests: actual minus intended send time, the wait for a free in-flight slot included; it grows when the server falls behind the arrivals",
+            s(),
+            self.client_queue.clone(),
         );
         r.register(
             "llm_canary_inflight_requests",

@@ -436,8 +436,10 @@ impl StepAccumulator {
             osl_mismatches: self.osl_mismatches,
             cache_sources: self.cache_sources.clone(),
             ttft_breakdown: self.server.means(),
+            arrivals: None,
             degraded,
             faulted: error_ratio > FAULTED_ERROR_RATIO,
+            saturated: false,
         }
     }
 }
@@ -482,10 +484,16 @@ pub struct StepMeasurements {
     /// The mean TTFT taken apart with the server's own timing, where the server sent it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_breakdown: Option<TtftBreakdown>,
+    /// Open-loop steps: the steady window's arrivals, intended and sent, and the queue's growth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrivals: Option<super::arrivals::ArrivalSummary>,
     /// Schedule lag p99 above the limit: the canary, not the server, was measured.
     pub degraded: bool,
     /// More than [`FAULTED_ERROR_RATIO`] of the requests failed: the step measured a fault.
     pub faulted: bool,
+    /// An open-loop step whose server fell behind its arrivals ([`super::arrivals`]): the
+    /// latencies describe a queue that was growing, at a load the server cannot carry.
+    pub saturated: bool,
 }
 
 impl StepMeasurements {

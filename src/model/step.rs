@@ -51,6 +51,7 @@ impl StepResult {
             end_timestamp_seconds: self.ended_unix,
             degraded: m.degraded,
             faulted: m.faulted,
+            saturated: m.arrivals.map(|_| m.saturated),
         }
     }
 }
@@ -112,6 +113,9 @@ pub struct StepSummary {
     /// Too many requests failed for the step's latencies to describe the server
     /// (`measure::step::FAULTED_ERROR_RATIO`).
     pub faulted: bool,
+    /// An open-loop step's server fell behind its arrivals (`measure::arrivals`); `None` for
+    /// closed-loop and multi-turn steps, which set their own pace (the series is left out).
+    pub saturated: Option<bool>,
 }
 
 /// What one scrape of a target's own `/metrics` yielded; `None` leaves a series untouched.

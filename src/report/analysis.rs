@@ -87,6 +87,10 @@ impl Report {
             ix.questions_table(&prefix_fits),
             ix.recommendations_table(),
         ];
+        if let Some(arrivals) = ix.arrivals_table() {
+            // Beside the tables of the steps it describes, before the cost and the answers.
+            tables.insert(5, arrivals);
+        }
         tables.push(super::questions::slo_table(&data.slo));
         Report {
             run: data.run.clone(),

@@ -19,7 +19,7 @@ fn ms(v: f64) -> f64 {
 impl<'a> Index<'a> {
     /// One result per (step, target): the step's per-target total where its requests carried
     /// several label sets, else its only result; in the order the steps ran.
-    fn step_totals(&self) -> Vec<&'a StepResult> {
+    pub(super) fn step_totals(&self) -> Vec<&'a StepResult> {
         let mut out: Vec<&'a StepResult> = Vec::new();
         for r in &self.data.steps {
             match out

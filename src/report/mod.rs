@@ -5,6 +5,7 @@
 //! HTML report.
 
 pub mod analysis;
+mod arrivals;
 pub mod bench;
 mod breakdown;
 mod html;

@@ -98,6 +98,11 @@ struct Line<'a> {
     ttft_ms: Option<f64>,
     itl_ms: Option<f64>,
     latency_ms: f64,
+    /// Client-side queue time: intended → actual send. In an open-loop step it includes the
+    /// wait for a free in-flight slot (`slot_wait_ms`); the rest is the canary's own lag.
+    client_queue_ms: f64,
+    /// Open-loop steps: intended send → a slot free (`null` in closed-loop and multi-turn steps).
+    slot_wait_ms: Option<f64>,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -262,6 +267,10 @@ impl BenchSink {
             ttft_ms: rec.ttft().map(ms),
             itl_ms: rec.itl().map(ms),
             latency_ms: ms(rec.latency()),
+            client_queue_ms: ms(rec.client_queue()),
+            slot_wait_ms: rec
+                .slot_at
+                .map(|s| ms(s.saturating_duration_since(rec.intended))),
             requested_osl: ctx.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),

@@ -1,8 +1,9 @@
 //! The three ways a step sends to a target: closed-loop workers (each sends when its previous
 //! request ends, backing off after a failure), open-loop arrivals on a schedule of intended
-//! send instants, and multi-turn conversations that resend their whole history every turn.
+//! send instants (counting, for the saturation verdict, what was intended, sent and answered),
+//! and multi-turn conversations that resend their whole history every turn.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -10,9 +11,12 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::plan::StepKind;
-use crate::client::{ChatMessage, Prompt, Role, StreamRequest};
+use crate::client::{ChatMessage, Outcome, Prompt, Role, StreamRequest};
 use crate::config::Api;
-use crate::workload::sampler::{ArrivalProcess, ArrivalSchedule, derive_seed};
+use crate::measure::arrivals::Arrivals;
+use crate::workload::sampler::{
+    ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed,
+};
 
 use super::runner::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target};
 
@@ -33,6 +37,49 @@ async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
 }
 
 impl Runner {
+    /// A distribution step's ISL and OSL samplers for `worker` (`None` for other steps).
+    fn samplers(&self, ctx: &StepCtx, worker: u64) -> Option<(LengthSampler, LengthSampler)> {
+        let StepKind::Distribution {
+            distribution,
+            isl,
+            osl,
+            zipf_exponent,
+            lognormal_isl_median,
+            lognormal_osl_median,
+            lognormal_sigma,
+            ..
+        } = &ctx.plan.kind
+        else {
+            return None;
+        };
+        let shape = |median: Option<f64>| match distribution {
+            crate::config::DistributionKind::Uniform => LengthDistribution::Uniform,
+            crate::config::DistributionKind::Zipf => LengthDistribution::Zipf {
+                exponent: *zipf_exponent,
+            },
+            crate::config::DistributionKind::Lognormal => LengthDistribution::LogNormal {
+                median,
+                sigma: *lognormal_sigma,
+            },
+        };
+        let seed = derive_seed(ctx.step_seed, &[worker]);
+        let i = LengthSampler::new(
+            shape(*lognormal_isl_median),
+            isl.0 as usize,
+            isl.1 as usize,
+            derive_seed(seed, &[1]),
+        )
+        .ok()?;
+        let o = LengthSampler::new(
+            shape(*lognormal_osl_median),
+            osl.0 as usize,
+            osl.1 as usize,
+            derive_seed(seed, &[2]),
+        )
+        .ok()?;
+        Some((i, o))
+    }
+
     pub(super) async fn closed_worker(
         self: Arc<Self>,
         ctx: Arc<StepCtx>,
@@ -62,6 +109,7 @@ impl Runner {
                     t,
                     req,
                     Instant::now(),
+                    None,
                     &labels,
                     built.shared_prefix_tokens,
                 )
@@ -97,7 +145,10 @@ impl Runner {
         let base = ctx.base_labels(&target);
         let mut samplers = self.samplers(&ctx, 0);
         let mut tasks = JoinSet::new();
-        for (k, intended) in schedule.enumerate() {
+        let window = ctx.send_end.saturating_duration_since(ctx.warmup_end);
+        let arrivals = Arc::new(Mutex::new(Arrivals::new(window.as_secs_f64())));
+        let mut schedule = schedule.enumerate();
+        while let Some((k, intended)) = schedule.next() {
             if intended >= ctx.send_end {
                 break;
             }
@@ -109,10 +160,31 @@ impl Runner {
             let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
                 break;
             };
-            // Waiting for a slot does not move the intended instant: the wait is latency.
-            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                break;
+            let at = window_offset(&ctx, intended);
+            count(&arrivals, |a| a.intended(at));
+            // Waiting for a slot does not move the intended instant: the wait is latency, and the
+            // client-side queue time that shows a server falling behind (saturation).
+            let permit = tokio::select! {
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                _ = tokio::time::sleep_until(ctx.send_end) => {
+                    // Sending ended with every slot still busy: this arrival and the window's
+                    // remaining ones were never sent, and count as such.
+                    for (_, later) in schedule.by_ref() {
+                        if later >= ctx.send_end {
+                            break;
+                        }
+                        let at = window_offset(&ctx, later);
+                        count(&arrivals, |a| a.intended(at));
+                    }
+                    break;
+                }
+                _ = ctx.soft_stop.cancelled() => break,
             };
+            let slot_at = Instant::now();
+            count(&arrivals, |a| a.sent(at));
             let labels = self.labels_for(&ctx, &base, &built);
             let req = StreamRequest {
                 request_id: ctx.request_id(self.run_salt, t, 0, k as u64),
@@ -122,17 +194,41 @@ impl Runner {
             let this = Arc::clone(&self);
             let ctx = Arc::clone(&ctx);
             let name = target.name.clone();
+            let arrivals = Arc::clone(&arrivals);
             tasks.spawn(async move {
                 if let Some(rec) = this
-                    .send_and_record(&ctx, t, req, intended, &labels, built.shared_prefix_tokens)
+                    .send_and_record(
+                        &ctx,
+                        t,
+                        req,
+                        intended,
+                        Some(slot_at),
+                        &labels,
+                        built.shared_prefix_tokens,
+                    )
                     .await
                 {
+                    match rec.ttft() {
+                        Some(ttft) => count(&arrivals, |a| a.first_token(at, ttft.as_secs_f64())),
+                        None if rec.outcome == Outcome::Timeout => {
+                            count(&arrivals, |a| a.unanswered(at));
+                        }
+                        None => {}
+                    }
                     this.learn(&name, &rec, built.body_tokens);
                 }
                 drop(permit);
             });
         }
         while tasks.join_next().await.is_some() {}
+        let arrivals = arrivals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        ctx.arrivals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(t, arrivals);
     }
 
     pub(super) async fn conversation_worker(
@@ -192,7 +288,7 @@ impl Runner {
                 started.get_or_insert(intended);
                 let labels = base.clone().with_turn(turn);
                 let Some(rec) = self
-                    .send_and_record(&ctx, t, req, intended, &labels, 0)
+                    .send_and_record(&ctx, t, req, intended, None, &labels, 0)
                     .await
                 else {
                     complete = false;
@@ -225,6 +321,20 @@ impl Runner {
             }
         }
     }
+}
+
+/// Seconds from the start of the step's steady window to `at` (negative in the warmup).
+fn window_offset(ctx: &StepCtx, at: Instant) -> f64 {
+    if at >= ctx.warmup_end {
+        at.duration_since(ctx.warmup_end).as_secs_f64()
+    } else {
+        -ctx.warmup_end.duration_since(at).as_secs_f64()
+    }
+}
+
+/// Counts into a step's arrivals, shared by the arrival loop and its requests.
+fn count(arrivals: &Mutex<Arrivals>, f: impl FnOnce(&mut Arrivals)) {
+    f(&mut arrivals.lock().unwrap_or_else(PoisonError::into_inner));
 }
 
 fn flatten(history: &[ChatMessage]) -> String {

@@ -6,8 +6,8 @@
 //! target, so all targets receive byte-identical prompt sequences. Each target keeps its own
 //! closed loop, so a slow target never throttles a fast one.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::task::JoinSet;
@@ -20,12 +20,13 @@ use crate::client::{
     ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
 };
 use crate::config::{Api, Pairing, ServingMode};
+use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, GoodputLimits, StepAccumulator};
 use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
-use crate::workload::sampler::{LengthDistribution, LengthSampler, derive_seed, isl_bucket};
+use crate::workload::sampler::{LengthSampler, derive_seed, isl_bucket};
 use crate::workload::tokenizer::TokenModel;
 
 /// The longest one calibration probe (one output token) may take before the target counts as not
@@ -103,6 +104,9 @@ pub(super) struct StepCtx {
     pub(super) soft_stop: CancellationToken,
     /// Cut in-flight requests now: they count as `timeout`.
     pub(super) hard_stop: CancellationToken,
+    /// Open-loop steps: each target's arrivals over the steady window, by target index, left
+    /// here by its arrival loop when it ends.
+    pub(super) arrivals: Mutex<HashMap<usize, Arrivals>>,
 }
 
 impl StepCtx {
@@ -405,6 +409,7 @@ impl Runner {
             drain_end: send_end + self.drain_grace,
             soft_stop: soft_stop.child_token(),
             hard_stop: hard_stop.child_token(),
+            arrivals: Mutex::new(HashMap::new()),
         });
         let started_unix = unix_now();
         let mut tasks = JoinSet::new();
@@ -463,7 +468,16 @@ impl Runner {
         // The steady window is what was scheduled, or less when shutdown cut it short.
         let steady_end = Instant::now().min(send_end);
         let steady = steady_end.saturating_duration_since(ctx.warmup_end);
-        self.results(plan, cycle, targets, steady, started_unix, ended_unix)
+        let arrivals =
+            std::mem::take(&mut *ctx.arrivals.lock().unwrap_or_else(PoisonError::into_inner));
+        self.results(
+            plan,
+            cycle,
+            targets,
+            steady,
+            &arrivals,
+            (started_unix, ended_unix),
+        )
     }
 
     fn results(
@@ -472,8 +486,8 @@ impl Runner {
         cycle: u64,
         targets: &[usize],
         steady: Duration,
-        started_unix: f64,
-        ended_unix: f64,
+        arrivals: &HashMap<usize, Arrivals>,
+        (started_unix, ended_unix): (f64, f64),
     ) -> Vec<StepResult> {
         let accs = self.recorder.take_step();
         let mut out = Vec::new();
@@ -505,6 +519,12 @@ impl Runner {
                     m.faulted |= plan.rate.is_none()
                         && m.errors >= workers
                         && m.error_ratio > FAULTED_ERROR_RATIO_WITH_BACKOFF;
+                    // Saturation is the target's, over all of its arrivals: every label set of
+                    // the step carries it.
+                    if let Some(a) = arrivals.get(&t) {
+                        m.arrivals = Some(a.summary());
+                        m.saturated = a.saturated();
+                    }
                     m
                 },
                 request_labels: labels,
@@ -631,60 +651,17 @@ impl Runner {
         }
     }
 
-    pub(super) fn samplers(
-        &self,
-        ctx: &StepCtx,
-        worker: u64,
-    ) -> Option<(LengthSampler, LengthSampler)> {
-        let StepKind::Distribution {
-            distribution,
-            isl,
-            osl,
-            zipf_exponent,
-            lognormal_isl_median,
-            lognormal_osl_median,
-            lognormal_sigma,
-            ..
-        } = &ctx.plan.kind
-        else {
-            return None;
-        };
-        let shape = |median: Option<f64>| match distribution {
-            crate::config::DistributionKind::Uniform => LengthDistribution::Uniform,
-            crate::config::DistributionKind::Zipf => LengthDistribution::Zipf {
-                exponent: *zipf_exponent,
-            },
-            crate::config::DistributionKind::Lognormal => LengthDistribution::LogNormal {
-                median,
-                sigma: *lognormal_sigma,
-            },
-        };
-        let seed = derive_seed(ctx.step_seed, &[worker]);
-        let i = LengthSampler::new(
-            shape(*lognormal_isl_median),
-            isl.0 as usize,
-            isl.1 as usize,
-            derive_seed(seed, &[1]),
-        )
-        .ok()?;
-        let o = LengthSampler::new(
-            shape(*lognormal_osl_median),
-            osl.0 as usize,
-            osl.1 as usize,
-            derive_seed(seed, &[2]),
-        )
-        .ok()?;
-        Some((i, o))
-    }
-
     /// Sends `req` once the traffic budget grants it, and records it; `None` when the budget's
-    /// hour is spent or the step stopped while the send waited for the budget's pace.
+    /// hour is spent or the step stopped while the send waited for the budget's pace. `slot_at`:
+    /// when an open-loop arrival got its in-flight slot.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn send_and_record(
         &self,
         ctx: &StepCtx,
         t: usize,
         req: StreamRequest,
         intended: Instant,
+        slot_at: Option<Instant>,
         labels: &RequestLabels,
         shared_prefix_tokens: u64,
     ) -> Option<RequestRecord> {
@@ -704,10 +681,11 @@ impl Runner {
             intended
         };
         let _inflight = self.recorder.in_flight(&target.name);
-        let rec = self
+        let mut rec = self
             .client
             .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
             .await;
+        rec.slot_at = slot_at;
         grant.settle(rec.billable_tokens());
         self.recorder.record(
             &RecordContext {

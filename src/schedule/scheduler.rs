@@ -486,6 +486,7 @@ fn log_results(results: &[StepResult]) {
             cache_hit_ratio = %m.cache_hit_ratio.map(|c| format!("{c:.3}")).unwrap_or_else(|| "-".into()),
             degraded = m.degraded,
             faulted = m.faulted,
+            saturated = m.saturated,
             "step done"
         );
     }
