@@ -187,6 +187,12 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     for w in setup.warning_lines() {
         tracing::warn!("{w}");
     }
+    // Installed before the port is bound and announced, so a signal at any moment after
+    // "listening on" (and during the possibly slow start) is a drain, not a kill.
+    let shutdown = Shutdown::new();
+    let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
+    spawn_signal_handlers(live_rx, shutdown.clone());
+
     let cfg = &setup.config;
     let addr = listen.unwrap_or_else(|| cfg.export.listen.parse().expect("validated"));
     let listener = TcpListener::bind(addr)
@@ -208,11 +214,6 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     // When traffic may go: the config's windows and pause, and the operators' switches.
     let gate = Arc::new(Gate::new(Arc::new(SystemClock)));
     apply_gate_config(&gate, &setup);
-
-    let shutdown = Shutdown::new();
-    // Installed before the (possibly slow) start so a signal during it is a drain, not a kill.
-    let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
-    spawn_signal_handlers(live_rx, shutdown.clone());
 
     // Every target on its own, one model lookup each: a target that fails (a `/v1/models` that
     // never answers, a key it refuses) neither delays nor stops the others; it is reported and
