@@ -205,7 +205,7 @@ async fn scrape_checks(report: &mut ProbeReport, t: &TargetConfig) {
     if t.server_metrics.is_empty() {
         return;
     }
-    let http = match crate::scrape::scrape_client() {
+    let http = match crate::scrape::scrape_client(crate::client::DEFAULT_POOL_IDLE_TIMEOUT) {
         Ok(h) => h,
         Err(e) => return report.check("server_metrics", Outcome::Warn, e.to_string()),
     };

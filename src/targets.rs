@@ -169,6 +169,7 @@ pub fn stream_client(cfg: &Config) -> Result<StreamClient, TargetError> {
             .min(cfg.client.request_timeout.0),
         stall_timeout: cfg.client.stall_timeout.0.min(cfg.client.request_timeout.0),
         max_event_bytes: *cfg.client.max_event_bytes as usize,
+        pool_idle_timeout: cfg.client.pool_idle_timeout.0,
         marker: crate::client::Marker {
             // Validated with the config.
             header: cfg.client.marker().ok().flatten(),

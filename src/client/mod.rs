@@ -41,6 +41,7 @@ use stream::{Flow, StreamDecoder, sanitize};
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
 /// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
 pub const RESPONSE_BYTES_PER_TOKEN: usize = 4096;
+pub use crate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 
 /// Errors in setting the client up. Requests themselves never fail with an error: see
 /// [`StreamClient::send`].
@@ -155,7 +156,7 @@ impl Default for ClientConfig {
             max_response_bytes: 64 << 20,
             max_error_bytes: 2048,
             tail_grace: Duration::from_millis(250),
-            pool_idle_timeout: Duration::from_secs(90),
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             marker: Marker::default(),
         }
     }

@@ -331,6 +331,11 @@ pub struct ClientConfig {
     /// `timeout`, with when it stalled.
     #[serde(default = "stall_timeout")]
     pub stall_timeout: At<Dur>,
+    /// How long an idle kept-alive connection stays open for reuse. Keep it below the idle
+    /// timeout of any proxy or load balancer in front of the target (e.g. 60 s on a cloud load
+    /// balancer), so the canary never reuses a connection the other side is closing.
+    #[serde(default = "pool_idle_timeout")]
+    pub pool_idle_timeout: At<Dur>,
     /// Largest SSE line or event accepted from a server, in bytes.
     #[serde(default = "max_event_bytes")]
     pub max_event_bytes: At<u64>,
@@ -346,6 +351,8 @@ pub struct ClientConfig {
 /// The default traffic marker (docs/DESIGN.md §4).
 pub const DEFAULT_MARKER_HEADER: &str = "X-Canary: llm-canary";
 pub const DEFAULT_MARKER_USER: &str = "llm-canary";
+/// How long an idle kept-alive connection is kept unless `client.pool_idle_timeout` says.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
 
 fn connect_timeout() -> At<Dur> {
     At::dflt(Dur::secs(5))
@@ -358,6 +365,9 @@ fn first_token_timeout() -> At<Dur> {
 }
 fn stall_timeout() -> At<Dur> {
     At::dflt(Dur::secs(30))
+}
+fn pool_idle_timeout() -> At<Dur> {
+    At::dflt(Dur(DEFAULT_POOL_IDLE_TIMEOUT))
 }
 fn max_event_bytes() -> At<u64> {
     At::dflt(1 << 20)
@@ -415,6 +425,7 @@ impl Default for ClientConfig {
             request_timeout: request_timeout(),
             first_token_timeout: first_token_timeout(),
             stall_timeout: stall_timeout(),
+            pool_idle_timeout: pool_idle_timeout(),
             max_event_bytes: max_event_bytes(),
             marker_header: marker_header(),
             user: marker_user(),

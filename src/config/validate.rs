@@ -231,6 +231,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     }
     c.positive_dur(&cc.first_token_timeout, "client.first_token_timeout");
     c.positive_dur(&cc.stall_timeout, "client.stall_timeout");
+    c.positive_dur(&cc.pool_idle_timeout, "client.pool_idle_timeout");
     if cc.request_timeout.0.as_secs_f64() > 3600.0 {
         c.err(
             cc.request_timeout.pos,

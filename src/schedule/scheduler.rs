@@ -399,7 +399,8 @@ impl Scheduler {
         self.active.scraper_stop = CancellationToken::new();
         self.active.scraper = match &self.server_metrics {
             Some(sink) if !scrape.is_empty() => {
-                match ServerScraper::new(scrape.clone(), Arc::clone(sink)) {
+                let idle = self.runner.client.config().pool_idle_timeout;
+                match ServerScraper::new(scrape.clone(), Arc::clone(sink), idle) {
                     Ok(s) => {
                         let s = Arc::new(s);
                         let every = scrape_interval(self.scrape_interval, steps);

@@ -345,9 +345,12 @@ pub trait ServerMetricsSink: Send + Sync {
     fn record_server_scrape_error(&self, target: &str);
 }
 
-/// The HTTP client of scrapes: [`SCRAPE_TIMEOUT`] on connect and on the whole request.
-pub fn scrape_client() -> Result<reqwest::Client, ScrapeError> {
+/// The HTTP client of scrapes: [`SCRAPE_TIMEOUT`] on connect and on the whole request; an idle
+/// connection kept for `pool_idle_timeout` (`client.pool_idle_timeout`: a scrape often goes to
+/// the same frontend, behind the same proxy, as the requests).
+pub fn scrape_client(pool_idle_timeout: Duration) -> Result<reqwest::Client, ScrapeError> {
     crate::client::http_client_builder()
+        .pool_idle_timeout(pool_idle_timeout)
         .timeout(SCRAPE_TIMEOUT)
         .connect_timeout(SCRAPE_TIMEOUT)
         .build()
@@ -409,8 +412,9 @@ impl ServerScraper {
     pub fn new(
         targets: Vec<ScrapeTarget>,
         metrics: Arc<dyn ServerMetricsSink>,
+        pool_idle_timeout: Duration,
     ) -> Result<Self, ScrapeError> {
-        let http = scrape_client()?;
+        let http = scrape_client(pool_idle_timeout)?;
         Ok(ServerScraper {
             http,
             metrics,
@@ -737,6 +741,7 @@ dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_component=
                 urls: vec![dead],
             }],
             metrics.clone(),
+            crate::client::DEFAULT_POOL_IDLE_TIMEOUT,
         )
         .unwrap();
         let mark = scraper.begin_step().await;

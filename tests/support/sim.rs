@@ -42,6 +42,7 @@ pub fn scraper(targets: &[(&str, String)]) -> (Arc<Metrics>, ServerScraper) {
             })
             .collect(),
         metrics.clone(),
+        llm_canary::client::DEFAULT_POOL_IDLE_TIMEOUT,
     )
     .unwrap();
     (metrics, scraper)
