@@ -550,6 +550,40 @@ impl Severity {
     }
 }
 
+/// Which steps an `expr` SLO reads, by whether the step was **saturated** (an open-loop step
+/// whose server fell behind the arrivals, docs/METRICS.md "Saturation"): every step, those that
+/// were not (the server's latency within its capacity), or only those that were (how it
+/// behaves past it). Closed-loop steps are never saturated.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SaturatedSteps {
+    #[default]
+    Include,
+    Exclude,
+    Only,
+}
+
+impl SaturatedSteps {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaturatedSteps::Include => "include",
+            SaturatedSteps::Exclude => "exclude",
+            SaturatedSteps::Only => "only",
+        }
+    }
+
+    /// Whether a step that was (or was not) saturated is read.
+    pub fn accepts(self, saturated: bool) -> bool {
+        match self {
+            SaturatedSteps::Include => true,
+            SaturatedSteps::Exclude => !saturated,
+            SaturatedSteps::Only => saturated,
+        }
+    }
+}
+
 /// What every generated alert carries, so Alertmanager can route it.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -586,6 +620,9 @@ pub struct SloConfig {
     pub for_: At<Dur>,
     #[serde(default)]
     pub severity: Severity,
+    /// Which steps an `expr` SLO reads by saturation (burn-rate SLOs count every request).
+    #[serde(default)]
+    pub saturated_steps: At<SaturatedSteps>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runbook_url: Option<String>,
     /// Labels on this SLO's alerts (over `alerting.labels`).

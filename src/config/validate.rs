@@ -711,6 +711,14 @@ fn validate_slos(c: &mut Check, cfg: &Config) {
                 if let Some(p) = &s.period {
                     c.positive_dur(p, "period");
                 }
+                if *s.saturated_steps != SaturatedSteps::Include {
+                    c.err(
+                        s.saturated_steps.pos,
+                        "a burn-rate SLO counts every request against its budget: \
+                         `saturated_steps` applies to `expr` SLOs",
+                        Some("remove it, or write the SLO as an `expr`".into()),
+                    );
+                }
             }
             _ => c.err(
                 s.name.pos,

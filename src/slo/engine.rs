@@ -382,7 +382,8 @@ impl SloEngine {
     }
 
     /// A step ended: its label sets' samples go into the windows unless the step was degraded
-    /// (its schedule lag says it measured the canary, not the server). A faulted step (more than
+    /// (its schedule lag says it measured the canary, not the server), flagged when it was
+    /// saturated (each SLO's `saturated_steps` reads them or not). A faulted step (more than
     /// `FAULTED_ERROR_RATIO` of its requests failed) keeps its counts (error ratio, throughput,
     /// goodput and burn rates see the fault) but gives no samples to the latency distributions:
     /// quantiles of a fault's few survivors are not a fair sample, so a fault shows as errors
@@ -422,6 +423,7 @@ impl SloEngine {
                         .cost_per_million_tokens_usd
                         .map(|c| c * m.output_tokens as f64 / 1e6),
                     good: BTreeMap::new(),
+                    saturated: m.saturated,
                 };
                 inner
                     .cycle_store
@@ -497,7 +499,7 @@ impl SloEngine {
                 let data_age_seconds = d
                     .selectors()
                     .iter()
-                    .map(|sel| inner.store.newest(&sel.matchers))
+                    .map(|sel| inner.store.newest(&sel.matchers, d.saturated_steps))
                     .collect::<Option<Vec<Instant>>>()
                     .and_then(|newest| newest.into_iter().min())
                     .map(|at| now.saturating_duration_since(at).as_secs_f64());
@@ -607,6 +609,7 @@ impl SloEngine {
                         "pending": st.and_then(|s| s.pending.map(|(p, held)| json!({"state": p.as_str(), "held_seconds": held, "for_seconds": d.for_.as_secs_f64()}))),
                         "window_seconds": d.window.as_secs_f64(),
                         "min_samples": d.min_samples,
+                        "saturated_steps": d.saturated_steps.as_str(),
                         "for_seconds": d.for_.as_secs_f64(),
                         "severity": format!("{:?}", d.severity).to_lowercase(),
                     })
@@ -709,7 +712,7 @@ pub fn sample_of(rec: &RequestRecord) -> RequestSample {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ServingMode, Severity};
+    use crate::config::{SaturatedSteps, ServingMode, Severity};
     use crate::export::metrics::Metrics;
     use crate::measure::step::StepAccumulator;
     use crate::slo::parse_condition;
@@ -729,6 +732,7 @@ mod tests {
             min_samples: 50,
             for_: Duration::from_secs(for_secs),
             severity: Severity::Warning,
+            saturated_steps: SaturatedSteps::Include,
             runbook_url: None,
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
@@ -782,6 +786,19 @@ mod tests {
     }
 
     fn step(engine: &SloEngine, rng: &mut StdRng, n: u64, agg: f64, disagg: f64, degraded: bool) {
+        saturated_step(engine, rng, n, agg, disagg, degraded, false);
+    }
+
+    /// [`step`], of a step that was saturated or not.
+    fn saturated_step(
+        engine: &SloEngine,
+        rng: &mut StdRng,
+        n: u64,
+        agg: f64,
+        disagg: f64,
+        degraded: bool,
+        saturated: bool,
+    ) {
         for (mode, centre) in [
             (ServingMode::Aggregated, agg),
             (ServingMode::Disaggregated, disagg),
@@ -799,10 +816,14 @@ mod tests {
                 );
             }
         }
-        engine.step_finished(&[
+        let mut results = [
             result(ServingMode::Aggregated, 0, n, degraded),
             result(ServingMode::Disaggregated, 0, n, degraded),
-        ]);
+        ];
+        for r in &mut results {
+            r.measurements.saturated = saturated;
+        }
+        engine.step_finished(&results);
     }
 
     struct Recorded(Mutex<Vec<(String, SloState, SloState)>>);
@@ -925,6 +946,65 @@ mod tests {
         assert_eq!(state(&engine), SloState::Pass);
     }
 
+    /// Issue 19, item 4: an SLO reads every step, only the unsaturated ones, or only the
+    /// saturated ones; each choice holds its own latest step once its window has emptied.
+    #[tokio::test(start_paused = true)]
+    async fn saturated_steps_are_read_left_out_or_read_alone_as_each_slo_says() {
+        let engines: Vec<(SaturatedSteps, SloEngine)> = [
+            SaturatedSteps::Include,
+            SaturatedSteps::Exclude,
+            SaturatedSteps::Only,
+        ]
+        .into_iter()
+        .map(|steps| {
+            let d = SloDef {
+                saturated_steps: steps,
+                ..def(GAIN, 0)
+            };
+            (steps, in_memory_engine(vec![d]))
+        })
+        .collect();
+        let states = |expect: [SloState; 3]| {
+            for ((steps, engine), want) in engines.iter().zip(expect) {
+                assert_eq!(state(engine), want, "saturated_steps: {}", steps.as_str());
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(19);
+        // Within capacity disaggregation wins.
+        for (_, engine) in &engines {
+            saturated_step(engine, &mut rng, 200, 1.0, 0.3, false, false);
+        }
+        use SloState::{Fail, InsufficientData, Pass};
+        states([Pass, Pass, InsufficientData]);
+        // Past the window, a saturated step where it loses: read by `include` and `only`; the
+        // unsaturated step stays held for `exclude`.
+        advance(Duration::from_secs(200)).await;
+        for (_, engine) in &engines {
+            saturated_step(engine, &mut rng, 200, 1.0, 3.0, false, true);
+        }
+        states([Fail, Pass, Fail]);
+        // And held across a restart of the engine, by its saved state.
+        for (steps, engine) in &engines {
+            let saved = EngineState::parse(&engine.saved_state().to_bytes()).unwrap();
+            let restored = in_memory_engine(vec![SloDef {
+                saturated_steps: *steps,
+                ..def(GAIN, 0)
+            }]);
+            restored.restore(&saved);
+            let want = if *steps == SaturatedSteps::Exclude {
+                Pass
+            } else {
+                Fail
+            };
+            assert_eq!(
+                state(&restored),
+                want,
+                "restored, saturated_steps: {}",
+                steps.as_str()
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn burn_rate_slo_compares_the_bad_ratio_with_the_budget() {
         let burn = SloDef {
@@ -940,6 +1020,7 @@ mod tests {
             min_samples: 50,
             for_: Duration::ZERO,
             severity: Severity::Critical,
+            saturated_steps: SaturatedSteps::Include,
             runbook_url: None,
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),

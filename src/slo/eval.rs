@@ -1,21 +1,20 @@
-//! Evaluation of SLO expressions over the measurements: the store of per-series sliding HDR
-//! windows and step totals, and interval arithmetic that carries every value's 95 % confidence
-//! interval through functions, arithmetic and fits conservatively.
+//! Evaluation of SLO expressions over the measurements ([`super::store`]): interval arithmetic
+//! that carries every value's 95 % confidence interval through functions, arithmetic and fits
+//! conservatively.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::state::{Held, HeldSeries, HeldStep};
+use crate::config::SaturatedSteps;
 pub use crate::measure::stats::{Interval, wilson};
 use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
-use crate::measure::step::Counts;
-use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
-use crate::model::RequestLabels;
 
 use super::ast::*;
 use super::baseline::BaselineStore;
+pub use super::store::{
+    RequestSample, StepRecord, Store, Totals, Want, label_value, labels_match, objectives_key,
+};
 use super::{LabelDomain, fit_groups, pin_label};
 
 /// Why a value could not be computed: too few samples, no data, or no baseline yet.
@@ -30,443 +29,6 @@ fn insufficient<T>(reason: impl Into<String>) -> Result<T, Insufficient> {
     })
 }
 
-/// One request's measurements, kept until its step ends (a degraded step's are dropped).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct RequestSample {
-    pub ok: bool,
-    pub ttft: Option<f64>,
-    pub itl: Option<f64>,
-    pub latency: Option<f64>,
-    pub server_ttft: Option<f64>,
-    pub prefill_time: Option<f64>,
-    pub prefill_wait: Option<f64>,
-    pub kv_transfer: Option<f64>,
-}
-
-impl RequestSample {
-    /// The request's value of a distribution measure (successful requests only).
-    pub fn get(&self, m: Measure) -> Option<f64> {
-        if !self.ok {
-            return None;
-        }
-        match m {
-            Measure::Ttft => self.ttft,
-            Measure::Itl => self.itl,
-            Measure::Latency => self.latency,
-            Measure::ServerTtft => self.server_ttft,
-            Measure::PrefillTime => self.prefill_time,
-            Measure::PrefillWait => self.prefill_wait,
-            Measure::KvTransfer => self.kv_transfer,
-            _ => None,
-        }
-    }
-
-    /// AIPerf's goodput: a request is good when it succeeded and every objective holds.
-    pub fn is_good(&self, objectives: &[Objective]) -> bool {
-        self.ok
-            && objectives
-                .iter()
-                .all(|o| self.get(o.measure).is_some_and(|v| v <= o.seconds))
-    }
-}
-
-/// The key of a set of goodput objectives (also a burn-rate SLI): its canonical text.
-pub fn objectives_key(objectives: &[Objective]) -> String {
-    objectives
-        .iter()
-        .map(|o| format!("{}<={}", o.measure.name(), format_duration(o.seconds)))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// What one step measured for one target and label set, as the scalar measures read it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepRecord {
-    pub labels: RequestLabels,
-    /// `cycle|step|target`: label sets of one step instance share its steady time.
-    pub instance: String,
-    pub at: Instant,
-    pub counts: Counts,
-    pub steady_seconds: f64,
-    /// Cost of the step's output in USD, where the target has a price.
-    pub cost_usd: Option<f64>,
-    /// Good requests per objective set ([`objectives_key`]).
-    pub good: BTreeMap<String, u64>,
-}
-
-/// The value of a label by name.
-pub fn label_value<'a>(labels: &'a RequestLabels, name: &str) -> &'a str {
-    labels.get(name)
-}
-
-/// Whether a series' labels satisfy every matcher.
-pub fn labels_match(labels: &RequestLabels, matchers: &[Matcher]) -> bool {
-    matchers
-        .iter()
-        .all(|m| super::matcher_accepts(m, label_value(labels, &m.label)))
-}
-
-/// A distribution an SLO reads: which measure, over which series, over which window.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Want {
-    pub measure: Measure,
-    pub matchers: Vec<Matcher>,
-    pub window: Duration,
-}
-
-type WindowKey = (RequestLabels, Measure, Duration);
-
-/// Slots per window: as `measure::window`'s default, the slot count trades memory for how
-/// smoothly samples leave the window.
-const SLOTS: usize = 6;
-
-/// One series' distribution of one measure: its sliding window, and the samples of its latest
-/// step, held for as long as the series exists.
-#[derive(Debug)]
-struct Series {
-    window: SlidingWindow,
-    latest: WindowSnapshot,
-}
-
-/// The measurements the SLOs read: per-series sliding windows of the distributions some SLO
-/// wants (memory is spent only on those), and the recent step totals.
-///
-/// **Held steps.** A step of the cycle runs once per cycle, and a window shorter than the cycle
-/// (or a pause) would leave it empty between runs, so verdicts would flap with the cycle's
-/// position. So every lookup reads, per series, the steps that ended inside the window, or, when
-/// none did, the series' latest step however old: data only ever leaves an SLO by being
-/// replaced with newer data (or with its target). [`Store::newest`] says how old the data is.
-#[derive(Debug)]
-pub struct Store {
-    wants: Vec<Want>,
-    objective_sets: Vec<Vec<Objective>>,
-    windows: HashMap<WindowKey, Series>,
-    steps: VecDeque<StepRecord>,
-    /// The latest step of every series, kept after it leaves `steps`.
-    latest: HashMap<RequestLabels, StepRecord>,
-    /// Step totals older than this are dropped.
-    keep: Duration,
-    /// `Some(w)`: one window per series that never rotates (a cycle's accumulation for
-    /// baselines); every lookup uses it whatever window is asked for.
-    fixed: Option<Duration>,
-}
-
-/// A window long enough that nothing in it expires within a cycle.
-const CYCLE_SPAN: Duration = Duration::from_secs(400 * 86_400);
-
-impl Store {
-    /// A store of sliding windows for `wants`, counting good requests for `objective_sets`.
-    pub fn sliding(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>) -> Store {
-        let keep = wants
-            .iter()
-            .map(|w| w.window)
-            .max()
-            .unwrap_or(Duration::from_secs(3600));
-        Store {
-            wants,
-            objective_sets,
-            windows: HashMap::new(),
-            steps: VecDeque::new(),
-            latest: HashMap::new(),
-            keep,
-            fixed: None,
-        }
-    }
-
-    /// A store that accumulates everything until it is cleared (one cycle).
-    pub fn accumulating(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>) -> Store {
-        let wants = wants
-            .into_iter()
-            .map(|w| Want {
-                window: CYCLE_SPAN,
-                ..w
-            })
-            .collect();
-        Store {
-            wants,
-            objective_sets,
-            windows: HashMap::new(),
-            steps: VecDeque::new(),
-            latest: HashMap::new(),
-            keep: CYCLE_SPAN,
-            fixed: Some(CYCLE_SPAN),
-        }
-    }
-
-    /// Forgets every sample (a new cycle starts).
-    pub fn clear(&mut self) {
-        self.windows.clear();
-        self.steps.clear();
-        self.latest.clear();
-    }
-
-    /// Forgets every series of `target` (it left the target set): its data no longer holds.
-    pub fn forget_target(&mut self, target: &str) {
-        self.windows
-            .retain(|(labels, _, _), _| labels.target != target);
-        self.steps.retain(|r| r.labels.target != target);
-        self.latest.retain(|labels, _| labels.target != target);
-    }
-
-    /// When the newest step of a series matching `matchers` ended, if any matches.
-    pub fn newest(&self, matchers: &[Matcher]) -> Option<Instant> {
-        self.latest
-            .values()
-            .filter(|r| labels_match(&r.labels, matchers))
-            .map(|r| r.at)
-            .max()
-    }
-
-    fn key_window(&self, w: Duration) -> Duration {
-        self.fixed.unwrap_or(w)
-    }
-
-    /// Adds a finished, non-degraded step of one series: its requests' samples into the wanted
-    /// windows, and its totals (with good-request counts) into the step list.
-    /// With `distributions` false (a faulted step) the samples only count towards goodput and
-    /// burn-rate SLIs, not towards the latency windows.
-    pub fn commit(
-        &mut self,
-        mut record: StepRecord,
-        samples: &[RequestSample],
-        now: Instant,
-        distributions: bool,
-    ) {
-        let mut targets: HashSet<(Measure, Duration)> = HashSet::new();
-        for w in self.wants.iter().filter(|_| distributions) {
-            if labels_match(&record.labels, &w.matchers) {
-                targets.insert((w.measure, w.window));
-            }
-        }
-        for (measure, window) in targets {
-            let key = (record.labels.clone(), measure, window);
-            let slots = if self.fixed.is_some() { 1 } else { SLOTS };
-            let series = match self.windows.entry(key) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let config = WindowConfig {
-                        window,
-                        slots,
-                        scale: ValueScale::SECONDS,
-                    };
-                    match SlidingWindow::new(config, now) {
-                        Ok(w) => e.insert(Series {
-                            window: w,
-                            latest: WindowSnapshot::empty(ValueScale::SECONDS),
-                        }),
-                        // Only a zero window fails, which validation rejects.
-                        Err(_) => continue,
-                    }
-                }
-            };
-            series.latest = WindowSnapshot::empty(ValueScale::SECONDS);
-            for s in samples {
-                if let Some(v) = s.get(measure) {
-                    series.window.record(v, now);
-                    series.latest.record(v);
-                }
-            }
-        }
-        for set in &self.objective_sets {
-            let good = samples.iter().filter(|s| s.is_good(set)).count() as u64;
-            record.good.insert(objectives_key(set), good);
-        }
-        record.at = now;
-        self.latest.insert(record.labels.clone(), record.clone());
-        self.steps.push_back(record);
-        while let Some(front) = self.steps.front() {
-            if now.saturating_duration_since(front.at) > self.keep {
-                self.steps.pop_front();
-            } else {
-                break;
-            }
-        }
-    }
-
-    /// The merged samples of `measure` over every series matching `matchers`, in `window`.
-    pub fn distribution(
-        &self,
-        measure: Measure,
-        matchers: &[Matcher],
-        window: Duration,
-        now: Instant,
-    ) -> WindowSnapshot {
-        let window = self.key_window(window);
-        let mut merged = WindowSnapshot::empty(ValueScale::SECONDS);
-        for ((labels, m, w), series) in &self.windows {
-            if *m == measure && *w == window && labels_match(labels, matchers) {
-                // A step's samples are recorded at its end, so they leave the window together:
-                // an empty window means the latest step has left it, and it is held.
-                let inside = series.window.snapshot(now);
-                let read = if inside.is_empty() {
-                    &series.latest
-                } else {
-                    &inside
-                };
-                // Same scale by construction.
-                let _ = merged.merge(read);
-            }
-        }
-        merged
-    }
-
-    /// Totals of the steps of matching series that ended within `window`, and of the latest step
-    /// of each matching series that has none there (held).
-    pub fn totals(&self, matchers: &[Matcher], window: Duration, now: Instant) -> Totals {
-        let mut t = Totals::default();
-        let mut instances: HashMap<&str, f64> = HashMap::new();
-        let mut seen: HashSet<&RequestLabels> = HashSet::new();
-        let inside = self
-            .steps
-            .iter()
-            .filter(|r| self.fixed.is_some() || now.saturating_duration_since(r.at) <= window);
-        let inside: Vec<&StepRecord> = inside
-            .filter(|r| labels_match(&r.labels, matchers))
-            .collect();
-        seen.extend(inside.iter().map(|r| &r.labels));
-        let held = self
-            .latest
-            .values()
-            .filter(|r| !seen.contains(&r.labels) && labels_match(&r.labels, matchers));
-        for r in inside.into_iter().chain(held) {
-            t.counts.add(&r.counts);
-            if let Some(c) = r.cost_usd {
-                t.cost_usd += c;
-                t.priced_tokens += r.counts.output_tokens;
-            }
-            for (k, g) in &r.good {
-                *t.good.entry(k.clone()).or_default() += g;
-            }
-            let secs = instances.entry(r.instance.as_str()).or_default();
-            *secs = secs.max(r.steady_seconds);
-        }
-        t.steady_seconds = instances.values().sum();
-        t
-    }
-
-    /// The latest step of every series, to save (`slo::state`); instants as Unix times.
-    pub fn held(&self, now: Instant, now_unix: f64) -> Held {
-        let unix = |at: Instant| now_unix - now.saturating_duration_since(at).as_secs_f64();
-        let map = |l: &RequestLabels| -> BTreeMap<String, String> {
-            l.pairs()
-                .into_iter()
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect()
-        };
-        let mut series: Vec<HeldSeries> = self
-            .windows
-            .iter()
-            .filter(|(_, s)| !s.latest.is_empty())
-            .filter_map(|((labels, measure, window), s)| {
-                let at = self.latest.get(labels)?.at;
-                Some(HeldSeries {
-                    labels: map(labels),
-                    measure: measure.name().to_owned(),
-                    window_seconds: window.as_secs_f64(),
-                    at_unix: unix(at),
-                    values: s.latest.to_units(),
-                })
-            })
-            .collect();
-        series.sort_by(|a, b| (&a.labels, &a.measure).cmp(&(&b.labels, &b.measure)));
-        let mut steps: Vec<HeldStep> = self
-            .latest
-            .values()
-            .map(|r| HeldStep {
-                labels: map(&r.labels),
-                instance: r.instance.clone(),
-                at_unix: unix(r.at),
-                requests: r.counts.requests,
-                ok: r.counts.ok,
-                errors: r.counts.errors,
-                prompt_tokens: r.counts.prompt_tokens,
-                cached_tokens: r.counts.cached_tokens,
-                output_tokens: r.counts.output_tokens,
-                steady_seconds: r.steady_seconds,
-                cost_usd: r.cost_usd,
-                good: r.good.clone(),
-            })
-            .collect();
-        steps.sort_by(|a, b| a.labels.cmp(&b.labels));
-        Held { series, steps }
-    }
-
-    /// Restores saved latest steps as held data: each one the SLOs still want, with its age kept.
-    pub fn restore_held(&mut self, held: &Held, now: Instant, now_unix: f64) {
-        let instant = |at_unix: f64| {
-            let age = Duration::from_secs_f64((now_unix - at_unix).max(0.0));
-            now.checked_sub(age).unwrap_or(now)
-        };
-        let labels = |m: &BTreeMap<String, String>| {
-            RequestLabels::from_pairs(m.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        };
-        for h in &held.steps {
-            let record = StepRecord {
-                labels: labels(&h.labels),
-                instance: h.instance.clone(),
-                at: instant(h.at_unix),
-                counts: Counts {
-                    requests: h.requests,
-                    ok: h.ok,
-                    errors: h.errors,
-                    prompt_tokens: h.prompt_tokens,
-                    cached_tokens: h.cached_tokens,
-                    output_tokens: h.output_tokens,
-                },
-                steady_seconds: h.steady_seconds,
-                cost_usd: h.cost_usd,
-                good: h.good.clone(),
-            };
-            self.latest.insert(record.labels.clone(), record);
-        }
-        for h in &held.series {
-            let Some(measure) = Measure::by_name(&h.measure) else {
-                continue;
-            };
-            let window = self.key_window(Duration::from_secs_f64(h.window_seconds));
-            let l = labels(&h.labels);
-            let wanted = self.wants.iter().any(|w| {
-                w.measure == measure && w.window == window && labels_match(&l, &w.matchers)
-            });
-            if !wanted {
-                continue;
-            }
-            let slots = if self.fixed.is_some() { 1 } else { SLOTS };
-            let config = WindowConfig {
-                window,
-                slots,
-                scale: ValueScale::SECONDS,
-            };
-            let Ok(sliding) = SlidingWindow::new(config, now) else {
-                continue;
-            };
-            self.windows.insert(
-                (l, measure, window),
-                Series {
-                    window: sliding,
-                    latest: WindowSnapshot::from_units(ValueScale::SECONDS, &h.values),
-                },
-            );
-        }
-    }
-
-    /// Number of windows held (memory is about 94 KiB per slot of each).
-    pub fn window_count(&self) -> usize {
-        self.windows.len()
-    }
-}
-
-/// Sums over matching steps.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Totals {
-    pub counts: Counts,
-    pub cost_usd: f64,
-    pub priced_tokens: u64,
-    pub steady_seconds: f64,
-    pub good: BTreeMap<String, u64>,
-}
-
 /// Everything an evaluation reads.
 pub struct Ctx<'a> {
     pub store: &'a Store,
@@ -474,6 +36,8 @@ pub struct Ctx<'a> {
     pub domain: &'a LabelDomain,
     pub slo: &'a str,
     pub window: Duration,
+    /// Which steps the SLO reads by saturation.
+    pub steps: SaturatedSteps,
     pub min_samples: u64,
     pub now: Instant,
     pub now_unix: f64,
@@ -495,6 +59,7 @@ impl<'a> Ctx<'a> {
             domain,
             slo: &def.name,
             window: def.window,
+            steps: def.saturated_steps,
             min_samples: def.min_samples,
             now,
             now_unix,
@@ -605,7 +170,9 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
         Value::Agg(agg, sel) => aggregate(ctx, *agg, sel),
         Value::Scalar(sel) => scalar(ctx, sel),
         Value::Goodput(sel, objectives) => {
-            let t = ctx.store.totals(&sel.matchers, ctx.window, ctx.now);
+            let t = ctx
+                .store
+                .totals(&sel.matchers, ctx.window, ctx.steps, ctx.now);
             if t.counts.requests < ctx.min_samples || t.steady_seconds <= 0.0 {
                 return insufficient(format!(
                     "{v}: {} requests, {} needed",
@@ -668,7 +235,7 @@ pub fn baseline_key(slo: &str, inner: &Value) -> String {
 fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insufficient> {
     let snap = ctx
         .store
-        .distribution(sel.measure, &sel.matchers, ctx.window, ctx.now);
+        .distribution(sel.measure, &sel.matchers, ctx.window, ctx.steps, ctx.now);
     let n = snap.count();
     let window_secs = ctx.window.as_secs_f64();
     match agg {
@@ -715,7 +282,9 @@ fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insuff
 }
 
 fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
-    let t = ctx.store.totals(&sel.matchers, ctx.window, ctx.now);
+    let t = ctx
+        .store
+        .totals(&sel.matchers, ctx.window, ctx.steps, ctx.now);
     let (n, what) = match sel.measure {
         Measure::ErrorRatio => (t.counts.requests, "requests"),
         _ => (t.counts.ok, "successful requests"),

@@ -13,12 +13,13 @@ mod promql;
 mod reading;
 pub mod rules;
 pub mod state;
+pub mod store;
 pub mod verdict;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::{At, Config, Diagnostic, Severity, SloConfig};
+use crate::config::{At, Config, Diagnostic, SaturatedSteps, Severity, SloConfig};
 use crate::workload::sampler::log2_bucket;
 
 pub use ast::{Cond, Measure, Selector, Value};
@@ -69,6 +70,8 @@ pub struct SloDef {
     pub min_samples: u64,
     pub for_: Duration,
     pub severity: Severity,
+    /// Which steps the SLO reads by saturation (`expr` SLOs; burn-rate SLOs read every step).
+    pub saturated_steps: SaturatedSteps,
     pub runbook_url: Option<String>,
     /// Labels on the SLO's alerts (the config's `alerting.labels` are added when generating).
     pub labels: BTreeMap<String, String>,
@@ -281,6 +284,7 @@ pub fn compile(slo: &SloConfig, domain: &LabelDomain) -> Result<SloDef, SloError
         min_samples: *slo.min_samples,
         for_: slo.for_.value.0,
         severity: slo.severity,
+        saturated_steps: *slo.saturated_steps,
         runbook_url: slo.runbook_url.clone(),
         labels: slo
             .labels

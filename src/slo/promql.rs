@@ -10,13 +10,15 @@ use super::{LabelDomain, fit_groups, pin_label};
 use crate::model::{REQUEST_LABELS, STEP_LEVEL_LABELS};
 
 /// What Prometheus cannot evaluate: a measurement it has no series for (server-side timings), a
-/// label the export does not keep that measurement by, or a pinned baseline (it lives in the
-/// daemon's state). Such an SLO is the daemon's alone.
+/// label the export does not keep that measurement by, a pinned baseline (it lives in the
+/// daemon's state), or a choice of steps by saturation (a step's flag, which the requests'
+/// series do not carry). Such an SLO is the daemon's alone.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum DaemonOnly {
     Measure(Measure),
     Label(Measure, String),
     Pinned(String),
+    Saturation(crate::config::SaturatedSteps),
 }
 
 /// The labels the series that `measure` is read from in PromQL are kept by at `resolution`
@@ -93,6 +95,10 @@ impl DaemonOnly {
             DaemonOnly::Pinned(name) => {
                 format!("compares with the pinned baseline `{name}`, which only the daemon keeps")
             }
+            DaemonOnly::Saturation(steps) => format!(
+                "reads steps by saturation (`saturated_steps: {}`), which only the daemon's step records carry",
+                steps.as_str()
+            ),
         }
     }
 }

@@ -5,6 +5,8 @@
 use serde_json::{Value as Json, json};
 use std::time::Duration;
 
+use crate::config::SaturatedSteps;
+
 use super::ast::{BaselineRef, Cond, Objective, Value};
 use super::eval::{self, Ctx, Interval, Side, Truth, Want};
 use super::verdict::{Raw, SloReading, SloState};
@@ -24,6 +26,7 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
                         collect(
                             v,
                             d.window,
+                            d.saturated_steps,
                             false,
                             &mut wants,
                             &mut cycle_wants,
@@ -48,6 +51,7 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
 fn collect(
     v: &Value,
     window: Duration,
+    steps: SaturatedSteps,
     in_baseline: bool,
     wants: &mut Vec<Want>,
     cycle_wants: &mut Vec<Want>,
@@ -59,6 +63,7 @@ fn collect(
                 measure: sel.measure,
                 matchers: sel.matchers.clone(),
                 window,
+                steps,
             };
             let list = if in_baseline { cycle_wants } else { wants };
             if !list.contains(&want) {
@@ -70,20 +75,43 @@ fn collect(
                 objective_sets.push(objectives.clone());
             }
         }
-        Value::Baseline(inner, _) => {
-            collect(inner, window, true, wants, cycle_wants, objective_sets)
-        }
+        Value::Baseline(inner, _) => collect(
+            inner,
+            window,
+            steps,
+            true,
+            wants,
+            cycle_wants,
+            objective_sets,
+        ),
         Value::Fit(_, inner, _) | Value::Neg(inner) => collect(
             inner,
             window,
+            steps,
             in_baseline,
             wants,
             cycle_wants,
             objective_sets,
         ),
         Value::Binary(_, a, b) => {
-            collect(a, window, in_baseline, wants, cycle_wants, objective_sets);
-            collect(b, window, in_baseline, wants, cycle_wants, objective_sets);
+            collect(
+                a,
+                window,
+                steps,
+                in_baseline,
+                wants,
+                cycle_wants,
+                objective_sets,
+            );
+            collect(
+                b,
+                window,
+                steps,
+                in_baseline,
+                wants,
+                cycle_wants,
+                objective_sets,
+            );
         }
         Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
     }
@@ -173,7 +201,9 @@ pub(super) fn evaluate_one(
             objective,
             ..
         } => {
-            let t = ctx.store.totals(&selector.matchers, ctx.window, ctx.now);
+            let t = ctx
+                .store
+                .totals(&selector.matchers, ctx.window, ctx.steps, ctx.now);
             if t.counts.requests < ctx.min_samples || t.counts.requests == 0 {
                 return (
                     Raw::Insufficient,

@@ -275,6 +275,10 @@ fn expr_group(
     domain: &LabelDomain,
     opts: &RulesOptions,
 ) -> Result<Vec<Rule>, DaemonOnly> {
+    // Saturation is a property of a step, not a label of the request histograms and counters.
+    if def.saturated_steps != crate::config::SaturatedSteps::Include {
+        return Err(DaemonOnly::Saturation(def.saturated_steps));
+    }
     let range = promql_range(def, opts);
     let pq = Pq {
         domain,

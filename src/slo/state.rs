@@ -69,6 +69,9 @@ pub struct HeldSeries {
     /// The measure's name (`ttft`, `itl`, …).
     pub measure: String,
     pub window_seconds: f64,
+    /// The steps the window reads (saved before this existed: every step).
+    #[serde(default)]
+    pub saturated_steps: crate::config::SaturatedSteps,
     /// When the step ended (Unix seconds).
     pub at_unix: f64,
     /// (value in microseconds, count) pairs.
@@ -91,6 +94,9 @@ pub struct HeldStep {
     pub cost_usd: Option<f64>,
     #[serde(default)]
     pub good: BTreeMap<String, u64>,
+    /// The step was saturated (saved before this existed: not).
+    #[serde(default)]
+    pub saturated: bool,
 }
 
 impl EngineState {
