@@ -94,24 +94,17 @@ fn collect(
             objective_sets,
         ),
         Value::Binary(_, a, b) => {
-            collect(
-                a,
-                window,
-                steps,
-                in_baseline,
-                wants,
-                cycle_wants,
-                objective_sets,
-            );
-            collect(
-                b,
-                window,
-                steps,
-                in_baseline,
-                wants,
-                cycle_wants,
-                objective_sets,
-            );
+            for side in [a, b] {
+                collect(
+                    side,
+                    window,
+                    steps,
+                    in_baseline,
+                    wants,
+                    cycle_wants,
+                    objective_sets,
+                );
+            }
         }
         Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
     }
