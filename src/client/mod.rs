@@ -24,6 +24,7 @@ use url::Url;
 
 use crate::config::{Api, Dialect, LengthControl};
 
+pub use crate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 pub use body::{BodySpec, ChatMessage, Prompt, Role, encode as encode_body};
 pub use record::{
     CacheSource, MAX_RECORD_SPAN, Outcome, RequestRecord, ServerSplit, ServerTiming, TokenCounter,
@@ -41,7 +42,6 @@ use stream::{Flow, StreamDecoder, sanitize};
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
 /// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
 pub const RESPONSE_BYTES_PER_TOKEN: usize = 4096;
-pub use crate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 
 /// Errors in setting the client up. Requests themselves never fail with an error: see
 /// [`StreamClient::send`].

@@ -13,9 +13,7 @@ use super::verdict::{Raw, SloReading, SloState};
 use super::{SloDef, SloKind};
 
 pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
-    let mut wants = Vec::new();
-    let mut cycle_wants = Vec::new();
-    let mut objective_sets: Vec<Vec<Objective>> = Vec::new();
+    let mut w = Wanted::default();
     for d in defs {
         match &d.kind {
             SloKind::Expr(c) => {
@@ -23,15 +21,7 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
                 c.comparisons(&mut cmps);
                 for (_, a, b) in cmps {
                     for v in [a, b] {
-                        collect(
-                            v,
-                            d.window,
-                            d.saturated_steps,
-                            false,
-                            &mut wants,
-                            &mut cycle_wants,
-                            &mut objective_sets,
-                        );
+                        w.visit(v, d.window, d.saturated_steps, false);
                     }
                 }
             }
@@ -39,74 +29,59 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
                 selector,
                 threshold,
                 ..
-            } => objective_sets.push(vec![Objective {
+            } => w.objective_sets.push(vec![Objective {
                 measure: selector.measure,
                 seconds: *threshold,
             }]),
         }
     }
-    (wants, cycle_wants, objective_sets)
+    (w.wants, w.cycle_wants, w.objective_sets)
 }
 
-fn collect(
-    v: &Value,
-    window: Duration,
-    steps: SaturatedSteps,
-    in_baseline: bool,
-    wants: &mut Vec<Want>,
-    cycle_wants: &mut Vec<Want>,
-    objective_sets: &mut Vec<Vec<Objective>>,
-) {
-    match v {
-        Value::Agg(_, sel) => {
-            let want = Want {
-                measure: sel.measure,
-                matchers: sel.matchers.clone(),
-                window,
-                steps,
-            };
-            let list = if in_baseline { cycle_wants } else { wants };
-            if !list.contains(&want) {
-                list.push(want);
-            }
-        }
-        Value::Goodput(_, objectives) => {
-            if !objective_sets.contains(objectives) {
-                objective_sets.push(objectives.clone());
-            }
-        }
-        Value::Baseline(inner, _) => collect(
-            inner,
-            window,
-            steps,
-            true,
-            wants,
-            cycle_wants,
-            objective_sets,
-        ),
-        Value::Fit(_, inner, _) | Value::Neg(inner) => collect(
-            inner,
-            window,
-            steps,
-            in_baseline,
-            wants,
-            cycle_wants,
-            objective_sets,
-        ),
-        Value::Binary(_, a, b) => {
-            for side in [a, b] {
-                collect(
-                    side,
+/// What the SLOs' expressions read: the distributions of the sliding store, those of the
+/// cycle's store (inside `baseline(…)`), and the goodput objective sets.
+#[derive(Default)]
+struct Wanted {
+    wants: Vec<Want>,
+    cycle_wants: Vec<Want>,
+    objective_sets: Vec<Vec<Objective>>,
+}
+
+impl Wanted {
+    /// Gathers what `v` reads over `window` from the steps `steps` selects.
+    fn visit(&mut self, v: &Value, window: Duration, steps: SaturatedSteps, in_baseline: bool) {
+        match v {
+            Value::Agg(_, sel) => {
+                let want = Want {
+                    measure: sel.measure,
+                    matchers: sel.matchers.clone(),
                     window,
                     steps,
-                    in_baseline,
-                    wants,
-                    cycle_wants,
-                    objective_sets,
-                );
+                };
+                let list = if in_baseline {
+                    &mut self.cycle_wants
+                } else {
+                    &mut self.wants
+                };
+                if !list.contains(&want) {
+                    list.push(want);
+                }
             }
+            Value::Goodput(_, objectives) => {
+                if !self.objective_sets.contains(objectives) {
+                    self.objective_sets.push(objectives.clone());
+                }
+            }
+            Value::Baseline(inner, _) => self.visit(inner, window, steps, true),
+            Value::Fit(_, inner, _) | Value::Neg(inner) => {
+                self.visit(inner, window, steps, in_baseline)
+            }
+            Value::Binary(_, a, b) => {
+                self.visit(a, window, steps, in_baseline);
+                self.visit(b, window, steps, in_baseline);
+            }
+            Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
         }
-        Value::Number(_) | Value::Duration(_) | Value::Scalar(_) => {}
     }
 }
 

@@ -152,15 +152,7 @@ impl Store {
             .map(|w| w.window)
             .max()
             .unwrap_or(Duration::from_secs(3600));
-        Store {
-            wants,
-            objective_sets,
-            windows: HashMap::new(),
-            steps: VecDeque::new(),
-            latest: HashMap::new(),
-            keep,
-            fixed: None,
-        }
+        Store::empty(wants, objective_sets, keep, None)
     }
 
     /// A store that accumulates everything until it is cleared (one cycle).
@@ -172,14 +164,23 @@ impl Store {
                 ..w
             })
             .collect();
+        Store::empty(wants, objective_sets, CYCLE_SPAN, Some(CYCLE_SPAN))
+    }
+
+    fn empty(
+        wants: Vec<Want>,
+        objective_sets: Vec<Vec<Objective>>,
+        keep: Duration,
+        fixed: Option<Duration>,
+    ) -> Store {
         Store {
             wants,
             objective_sets,
             windows: HashMap::new(),
             steps: VecDeque::new(),
             latest: HashMap::new(),
-            keep: CYCLE_SPAN,
-            fixed: Some(CYCLE_SPAN),
+            keep,
+            fixed,
         }
     }
 
