@@ -87,6 +87,13 @@ fn shipped_examples_are_valid() {
         sweep.rate.is_some(),
         "the open-loop example runs on arrivals"
     );
+    let cancellation = Config::load(&root.join("examples/cancellation.yaml"))
+        .unwrap_or_else(|e| panic!("examples/cancellation.yaml:\n{e}"));
+    let steps = llm_canary::schedule::plan_cycle(&cancellation);
+    assert!(
+        !steps.is_empty() && steps.iter().all(|s| s.cancel.is_some()),
+        "every step of the cancellation example abandons requests"
+    );
     let demo = Config::demo();
     let modes: Vec<_> = demo.targets.iter().map(|t| t.serving_mode).collect();
     assert!(modes.contains(&llm_canary::config::ServingMode::Aggregated));

@@ -101,6 +101,7 @@ fn fill(metrics: &Metrics) {
             prefix_cache_hit_ratio: Some(0.4),
             kv_cache_usage_ratio: Some(0.7),
             preemptions_total: Some(3.0),
+            cancellations_total: Some(2.0),
             kv_offload_blocks_total: Some(9.0),
             ttft_mean_seconds: Some(0.3),
         },
@@ -201,7 +202,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 54);
+    assert_eq!(families.len(), 55);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());

@@ -51,6 +51,7 @@ fn plan(warmup: f64, steady: f64) -> StepPlan {
         warmup: Duration::from_secs_f64(warmup),
         steady: Duration::from_secs_f64(steady),
         rate: None,
+        cancel: None,
     }
 }
 
@@ -157,6 +158,7 @@ async fn open_loop_step(rps: f64, max_inflight: u32) -> llm_canary::model::StepR
             rps,
             max_inflight,
         }),
+        cancel: None,
     };
     let mut results = runner.run_step(&plan, 0, &never, &never).await;
     deployment.stop().await;

@@ -88,6 +88,8 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
         assert!((0.0..=1.0).contains(&usage));
         assert!(step.kv_cache_usage_max.unwrap() >= usage);
         assert_eq!(step.preemptions, Some(0.0));
+        // The simulator counts cancellations as Dynamo's workers do; nothing was abandoned here.
+        assert_eq!(step.cancellations, Some(0.0));
         // No KVBM tiers: the simulator, like vLLM, exports no offload count, and that is fine.
         assert_eq!(step.kv_offload_blocks, None);
         assert_eq!(step.kv_offload_blocks_per_second, None);
@@ -98,6 +100,7 @@ async fn step_hit_ratio_matches_the_simulators_counters() {
             "llm_canary_server_kv_cache_usage_ratio{target=\"sim\"}",
             "llm_canary_server_ttft_mean_seconds{target=\"sim\"}",
             "llm_canary_server_preemptions_total{target=\"sim\"}",
+            "llm_canary_server_cancellations_total{target=\"sim\"}",
         ] {
             assert!(text.contains(family), "{family} missing:\n{text}");
         }

@@ -227,6 +227,7 @@ async fn non_streaming_completions_and_the_read_endpoints() {
         "vllm:prefix_cache_hits_total",
         "vllm:kv_cache_usage_perc",
         "vllm:num_preemptions_total",
+        "dynamo_component_cancellation_total",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
     ] {

@@ -88,6 +88,7 @@ pub fn fill(metrics: &Metrics) -> usize {
                 prefix_cache_hit_ratio: Some(0.4),
                 kv_cache_usage_ratio: Some(0.6),
                 preemptions_total: Some(1.0),
+                cancellations_total: Some(0.0),
                 kv_offload_blocks_total: Some(2.0),
                 ttft_mean_seconds: Some(0.2),
             },

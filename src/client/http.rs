@@ -224,3 +224,12 @@ pub(super) async fn read_error_body(
 pub(super) async fn drain(response: &mut reqwest::Response, deadline: Instant) {
     while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
 }
+
+/// Sleeps until `at`, or forever when there is no instant: a `select!` branch that only some
+/// requests have (a cancellation time).
+pub(super) async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -35,7 +35,7 @@ pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_client_builder};
 use http::{
     MAX_TAIL_BYTES, classify_send_error, drain, read_error_body, rejected_fields_hint,
-    response_limit,
+    response_limit, sleep_until_some,
 };
 use stream::{Flow, StreamDecoder, sanitize};
 
@@ -357,6 +357,17 @@ pub struct StreamRequest {
     pub osl: u32,
 }
 
+/// When the client abandons a request on purpose, as users do (a workload's `cancel` scenario):
+/// the connection is closed there, which is how a server learns of it, and the request counts as
+/// `cancelled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// Once this many output tokens have arrived (at least 1).
+    AfterTokens(u32),
+    /// This long after sending, wherever the request is then (queued, in prefill, streaming).
+    After(Duration),
+}
+
 /// The measurement client, cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct StreamClient {
@@ -471,25 +482,52 @@ impl StreamClient {
         intended: Instant,
         cutoff: impl std::future::Future<Output = ()>,
     ) -> RequestRecord {
+        self.send_cancelling(endpoint, request, intended, cutoff, None)
+            .await
+    }
+
+    /// Like [`StreamClient::send_until`], and abandoned as `cancel` says. A request that ends
+    /// before its cancellation point keeps its own outcome.
+    pub async fn send_cancelling(
+        &self,
+        endpoint: &Endpoint,
+        request: &StreamRequest,
+        intended: Instant,
+        cutoff: impl std::future::Future<Output = ()>,
+        cancel: Option<Cancel>,
+    ) -> RequestRecord {
         let user = self.config.marker.user.as_deref();
         let body = body::encode(&endpoint.body_spec(user), &request.prompt, request.osl);
         let sent = Instant::now();
         let mut rec = RequestRecord::new(request.request_id.clone(), intended, sent);
         let deadline = sent + self.config.request_timeout;
-        let exchange = self.exchange(endpoint, request, body, deadline, &mut rec);
-        let message = tokio::select! {
-            finished = tokio::time::timeout_at(deadline, exchange) => finished.err().map(|_| format!(
+        let after_tokens = match cancel {
+            Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),
+            _ => None,
+        };
+        let cancel_at = match cancel {
+            Some(Cancel::After(d)) => Some(sent + d),
+            _ => None,
+        };
+        let exchange = self.exchange(endpoint, request, body, deadline, after_tokens, &mut rec);
+        let ended = tokio::select! {
+            finished = tokio::time::timeout_at(deadline, exchange) => finished.err().map(|_| (Outcome::Timeout, format!(
                 "no complete response within {:?}",
                 self.config.request_timeout
-            )),
-            () = cutoff => Some("still in flight when the step's drain ended".to_owned()),
+            ))),
+            () = cutoff => Some((Outcome::Timeout, "still in flight when the step's drain ended".to_owned())),
+            () = sleep_until_some(cancel_at) => Some((Outcome::Cancelled, format!(
+                "cancelled by the client {:?} after sending",
+                cancel_at.map(|at| at - sent).unwrap_or_default()
+            ))),
         };
-        if let Some(message) = message {
+        if let Some((outcome, message)) = ended {
             // Ignored by `settle` when the outcome was already decided and only the tail was
-            // being read.
-            rec.settle(Outcome::Timeout, Instant::now(), Some(message));
+            // being read. Dropping the exchange closes the connection: the server sees the
+            // client leave.
+            rec.settle(outcome, Instant::now(), Some(message));
         }
-        if !rec.outcome.is_ok() {
+        if rec.outcome.is_error() {
             tracing::debug!(
                 request_id = %rec.request_id,
                 outcome = rec.outcome.as_str(),
@@ -506,6 +544,7 @@ impl StreamClient {
         request: &StreamRequest,
         body: bytes::Bytes,
         deadline: Instant,
+        cancel_after_tokens: Option<u64>,
         rec: &mut RequestRecord,
     ) {
         let body_bytes_sent = body.len();
@@ -663,7 +702,22 @@ impl StreamClient {
                             )),
                         )
                     } else {
-                        decoder.on_read(rec, bytes, at)
+                        match decoder.on_read(rec, bytes, at) {
+                            Flow::Continue
+                                if cancel_after_tokens
+                                    .is_some_and(|n| rec.client_tokens() >= n) =>
+                            {
+                                // Returning drops the response unread: its connection closes.
+                                let n = rec.client_tokens();
+                                rec.settle(
+                                    Outcome::Cancelled,
+                                    at,
+                                    Some(format!("cancelled by the client after {n} tokens")),
+                                );
+                                return;
+                            }
+                            flow => flow,
+                        }
                     }
                 }
                 Ok(None) => decoder.on_eof(rec, at),

@@ -40,11 +40,14 @@ pub enum Outcome {
     /// Unparseable: a chunk that is not JSON, a line over the size cap, a non-SSE content type on
     /// a success status, or another unexpected status.
     BadResponse,
+    /// The canary abandoned the request on purpose (a workload's `cancel` scenario): neither a
+    /// success nor an error.
+    Cancelled,
 }
 
 impl Outcome {
     /// Every outcome, for registering metric series up front.
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Ok,
         Outcome::Connect,
         Outcome::Timeout,
@@ -54,6 +57,7 @@ impl Outcome {
         Outcome::StreamError,
         Outcome::StreamTruncated,
         Outcome::BadResponse,
+        Outcome::Cancelled,
     ];
 
     /// The label value (contract).
@@ -68,6 +72,7 @@ impl Outcome {
             Outcome::StreamError => "stream_error",
             Outcome::StreamTruncated => "stream_truncated",
             Outcome::BadResponse => "bad_response",
+            Outcome::Cancelled => crate::measure::step::OUTCOME_CANCELLED,
         }
     }
 
@@ -78,6 +83,12 @@ impl Outcome {
 
     pub fn is_ok(self) -> bool {
         self == Outcome::Ok
+    }
+
+    /// A failure of the server or the path to it: anything but `ok` and `cancelled` (a
+    /// cancellation is the canary's choice, not the server's fault).
+    pub fn is_error(self) -> bool {
+        !matches!(self, Outcome::Ok | Outcome::Cancelled)
     }
 
     /// The outcome of a non-success HTTP status.
@@ -565,9 +576,12 @@ mod tests {
                 "http_5xx",
                 "stream_error",
                 "stream_truncated",
-                "bad_response"
+                "bad_response",
+                "cancelled"
             ]
         );
+        assert!(!Outcome::Cancelled.is_ok() && !Outcome::Cancelled.is_error());
+        assert!(Outcome::Timeout.is_error() && !Outcome::Ok.is_error());
         assert_eq!(Outcome::from_status(429), Outcome::Http429);
         assert_eq!(Outcome::from_status(422), Outcome::Http4xx);
         assert_eq!(Outcome::from_status(503), Outcome::Http5xx);

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use super::at::{At, Dur};
 use super::error::Diagnostic;
-use super::validate::MAX_RPS;
-use super::workloads::Rate;
+use super::validate::{MAX_OSL, MAX_RPS};
+use super::workloads::{Cancel, Rate};
 
 pub(super) struct Check {
     pub(super) diags: Vec<Diagnostic>,
@@ -112,6 +112,35 @@ impl Check {
                 1,
                 100_000,
             );
+        }
+    }
+
+    pub(super) fn cancel(&mut self, cancel: &Cancel, workload: &str) {
+        self.finite_in(
+            &cancel.share,
+            &format!("{workload}.cancel.share"),
+            0.0,
+            1.0,
+            false,
+        );
+        if let Some(n) = &cancel.after_tokens {
+            self.range_u32(n, &format!("{workload}.cancel.after_tokens"), 1, MAX_OSL);
+        }
+        if let Some(d) = &cancel.after {
+            self.positive_dur(d, &format!("{workload}.cancel.after"));
+        }
+        match (&cancel.after_tokens, &cancel.after) {
+            (Some(_), Some(after)) => self.err(
+                after.pos,
+                format!("`{workload}.cancel` has both `after_tokens` and `after`"),
+                Some("a request is abandoned at one point: keep one of them".into()),
+            ),
+            (None, None) if *cancel.share > 0.0 => self.err(
+                cancel.share.pos,
+                format!("`{workload}.cancel.share` is set but not when to abandon a request"),
+                Some("add `after_tokens: 8` (after 8 output tokens) or `after: 500ms`".into()),
+            ),
+            _ => {}
         }
     }
 

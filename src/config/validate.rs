@@ -424,6 +424,7 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
         c.range_u32(&s.osl, "concurrency_sweep.osl", 1, MAX_OSL);
         c.step_and_warmup(&s.step, &s.warmup, "concurrency_sweep");
         c.rate(&s.rate, "concurrency_sweep");
+        c.cancel(&s.cancel, "concurrency_sweep");
     }
     if let Some(m) = &w.multi_turn {
         c.range_u32(&m.turns, "multi_turn.turns", 1, MAX_TURNS);
@@ -509,6 +510,7 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
             }
         }
         c.rate(&d.rate, "sequence_distribution");
+        c.cancel(&d.cancel, "sequence_distribution");
     }
     if let Some(p) = &w.prefix_cache {
         if p.hit_ratios.is_empty() {
@@ -549,6 +551,7 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
         }
         c.step_and_warmup(&p.step, &p.warmup, "prefix_cache");
         c.rate(&p.rate, "prefix_cache");
+        c.cancel(&p.cancel, "prefix_cache");
     }
 }
 

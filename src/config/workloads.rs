@@ -57,6 +57,37 @@ fn max_inflight() -> At<u32> {
     At::dflt(1024)
 }
 
+/// Requests the client abandons on purpose, as users do (closing the tab, a stop button, an agent
+/// that got its answer): a `share` of the step's requests, each abandoned after `after_tokens`
+/// output tokens or `after` since it was sent. The server must free them; the canary counts them
+/// as `cancelled`, never as errors, and the requests that follow show the server's recovery.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cancel {
+    /// Share of the step's requests that are abandoned: 0 (none, the default) to 1. The same
+    /// requests are chosen for every target of a step.
+    #[serde(default = "no_share")]
+    pub share: At<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_tokens: Option<At<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<At<Dur>>,
+}
+
+fn no_share() -> At<f64> {
+    At::dflt(0.0)
+}
+
+impl Default for Cancel {
+    fn default() -> Self {
+        Cancel {
+            share: no_share(),
+            after_tokens: None,
+            after: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arrival {
@@ -80,6 +111,8 @@ pub struct ConcurrencySweep {
     pub warmup: At<Dur>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
+    #[serde(default)]
+    pub cancel: Cancel,
 }
 
 fn sweep_levels() -> At<Vec<u32>> {
@@ -119,6 +152,7 @@ impl Default for ConcurrencySweep {
             step: s120(),
             warmup: s10(),
             rate: None,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -217,6 +251,8 @@ pub struct SequenceDistribution {
     pub lognormal_sigma: At<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
+    #[serde(default)]
+    pub cancel: Cancel,
 }
 
 fn distributions() -> At<Vec<DistributionKind>> {
@@ -259,6 +295,7 @@ impl Default for SequenceDistribution {
             lognormal_osl_median: None,
             lognormal_sigma: lognormal_sigma(),
             rate: None,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -286,6 +323,8 @@ pub struct PrefixCache {
     pub block_size: At<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
+    #[serde(default)]
+    pub cancel: Cancel,
 }
 
 fn hit_ratios() -> At<Vec<f64>> {
@@ -307,6 +346,7 @@ impl Default for PrefixCache {
             pool_size: pool_size(),
             block_size: n16(),
             rate: None,
+            cancel: Cancel::default(),
         }
     }
 }

@@ -73,6 +73,7 @@ pub(super) struct TargetSeries {
     pub(super) server_timing: HashSet<TargetModeLabels>,
     /// Last cumulative server counter values seen, to mirror their increase.
     pub(super) last_preemptions: Option<f64>,
+    pub(super) last_cancellations: Option<f64>,
     pub(super) last_kv_offload_blocks: Option<f64>,
 }
 
@@ -130,6 +131,7 @@ pub struct Metrics {
     pub(super) server_prefix_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
     pub(super) server_kv_cache_usage_ratio: Family<TargetLabels, GaugeF64>,
     pub(super) server_preemptions: Family<TargetLabels, CounterF64>,
+    pub(super) server_cancellations: Family<TargetLabels, CounterF64>,
     pub(super) server_kv_offload_blocks: Family<TargetLabels, CounterF64>,
     pub(super) server_ttft_mean: Family<TargetLabels, GaugeF64>,
     pub(super) server_kvbm_host_cache_hit_ratio: Family<TargetLabels, GaugeF64>,
@@ -225,6 +227,7 @@ impl Metrics {
             server_prefix_cache_hit_ratio: Family::default(),
             server_kv_cache_usage_ratio: Family::default(),
             server_preemptions: Family::default(),
+            server_cancellations: Family::default(),
             server_kv_offload_blocks: Family::default(),
             server_ttft_mean: Family::default(),
             server_kvbm_host_cache_hit_ratio: Family::default(),
@@ -621,6 +624,7 @@ impl Metrics {
         }
         self.server_scrape_errors.remove(&labels);
         self.server_preemptions.remove(&labels);
+        self.server_cancellations.remove(&labels);
         self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
         self.inflight.remove(&labels);

@@ -383,11 +383,14 @@ impl OtlpExporter {
             return;
         }
         let mut duration_attrs = attrs.clone();
-        if !ok {
+        if rec.outcome.is_error() {
             duration_attrs.push(KeyValue::new("error.type", rec.outcome.as_str()));
         }
-        let latency = rec.latency().as_secs_f64();
-        self.instruments.duration.record(latency, &duration_attrs);
+        // A cancelled request lasted as long as the canary chose: not the server's latency.
+        if rec.outcome != crate::client::Outcome::Cancelled {
+            let latency = rec.latency().as_secs_f64();
+            self.instruments.duration.record(latency, &duration_attrs);
+        }
         if ok {
             if let Some(t) = rec.ttft() {
                 self.instruments.ttfc.record(t.as_secs_f64(), &attrs);
@@ -500,7 +503,7 @@ impl OtlpExporter {
         if let Some(first) = rec.first_token_at() {
             span.add_event_with_timestamp("first_chunk", wall(first), vec![]);
         }
-        if !rec.outcome.is_ok() {
+        if rec.outcome.is_error() {
             span.set_attribute(KeyValue::new("error.type", rec.outcome.as_str()));
             span.set_status(Status::error(rec.outcome.as_str()));
         }

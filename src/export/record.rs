@@ -41,7 +41,8 @@ impl Sink for Metrics {
             outcome,
             rec.ttft().map(secs).filter(|_| ok),
             rec.itl().map(secs).filter(|_| ok),
-            Some(secs(rec.latency())),
+            // A cancelled request lasted as long as the canary chose: not the server's latency.
+            Some(secs(rec.latency())).filter(|_| rec.outcome != Outcome::Cancelled),
             // A failed request's usage (a bad_response's above all) is not believed.
             if ok {
                 rec.prompt_tokens().unwrap_or(0)
@@ -145,16 +146,20 @@ impl Metrics {
                 .map(|t| (family.get_or_create_owned(&labels), t))
         };
         let preemptions = counter(&self.server_preemptions, snapshot.preemptions_total);
+        let cancellations = counter(&self.server_cancellations, snapshot.cancellations_total);
         let kv_offload_blocks = counter(
             &self.server_kv_offload_blocks,
             snapshot.kv_offload_blocks_total,
         );
-        if preemptions.is_none() && kv_offload_blocks.is_none() {
+        if preemptions.is_none() && cancellations.is_none() && kv_offload_blocks.is_none() {
             return;
         }
         self.track(target, |s| {
             if let Some((c, total)) = &preemptions {
                 mirror_counter(c, &mut s.last_preemptions, *total);
+            }
+            if let Some((c, total)) = &cancellations {
+                mirror_counter(c, &mut s.last_cancellations, *total);
             }
             if let Some((c, total)) = &kv_offload_blocks {
                 mirror_counter(c, &mut s.last_kv_offload_blocks, *total);

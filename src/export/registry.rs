@@ -177,6 +177,11 @@ impl Metrics {
             "Preemptions reported by the server's own metrics",
             self.server_preemptions.clone(),
         );
+        r.register(
+            "llm_canary_server_cancellations",
+            "Requests the server's own metrics count as cancelled by their client (dynamo_component_cancellation_total)",
+            self.server_cancellations.clone(),
+        );
         // `Unit::Other("blocks")` appends `_blocks`: `llm_canary_server_kv_offload_blocks_total`.
         r.register_with_unit(
             "llm_canary_server_kv_offload",

@@ -7,6 +7,10 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+/// The `outcome` of a request the canary abandoned on purpose (the client's
+/// `Outcome::Cancelled` names itself with it).
+pub const OUTCOME_CANCELLED: &str = "cancelled";
+
 /// Share of failed steady-window requests above which a step counts as faulted: its latencies and
 /// throughput describe the fault more than the service, so SLO verdicts leave them out (its
 /// errors still count).
@@ -293,6 +297,7 @@ pub struct StepAccumulator {
     server: SplitSums,
     good_requests: u64,
     good_output_tokens: u64,
+    cancelled: u64,
 }
 
 impl Default for StepAccumulator {
@@ -311,14 +316,21 @@ impl Default for StepAccumulator {
             server: SplitSums::default(),
             good_requests: 0,
             good_output_tokens: 0,
+            cancelled: 0,
         }
     }
 }
 
 impl StepAccumulator {
     pub fn record(&mut self, s: &Sample<'_>) {
-        self.counts.requests += 1;
         *self.outcomes.entry(s.outcome.to_owned()).or_default() += 1;
+        if s.outcome == OUTCOME_CANCELLED {
+            // The canary's own choice: not a request the server answered or failed, so it stays
+            // out of the request count, the error ratio, goodput and every distribution.
+            self.cancelled += 1;
+            return;
+        }
+        self.counts.requests += 1;
         record_secs(&mut self.lag, s.schedule_lag);
         if s.outcome != "ok" {
             self.counts.errors += 1;
@@ -376,13 +388,15 @@ impl StepAccumulator {
         }
         self.server.merge(&other.server);
         self.good_requests += other.good_requests;
+        self.cancelled += other.cancelled;
         self.good_output_tokens = self
             .good_output_tokens
             .saturating_add(other.good_output_tokens);
     }
 
+    /// Requests recorded, cancelled ones included (a step's label set exists when it sent any).
     pub fn requests(&self) -> u64 {
-        self.counts.requests
+        self.counts.requests + self.cancelled
     }
 
     /// The step result over a steady window of `window`.
@@ -408,6 +422,7 @@ impl StepAccumulator {
             requests: c.requests,
             ok_requests: ok,
             errors: c.errors,
+            cancelled: self.cancelled,
             outcomes: self.outcomes.clone(),
             ttft: Spread::of(&self.ttft),
             itl: Spread::of(&self.itl),
@@ -447,9 +462,13 @@ impl StepAccumulator {
 /// What a step measured for one target and label set (docs/DESIGN.md §5 "step results").
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepMeasurements {
+    /// Requests that ran to an outcome of the server's: successes and errors, never the
+    /// cancelled ones.
     pub requests: u64,
     pub ok_requests: u64,
     pub errors: u64,
+    /// Requests the canary abandoned on purpose (a workload's `cancel`); counted apart.
+    pub cancelled: u64,
     /// Requests per outcome (`ok` or an error kind).
     pub outcomes: BTreeMap<String, u64>,
     pub ttft: Option<Spread>,

@@ -125,6 +125,8 @@ pub struct ServerSnapshot {
     pub prefix_cache_hit_ratio: Option<f64>,
     pub kv_cache_usage_ratio: Option<f64>,
     pub preemptions_total: Option<f64>,
+    /// Requests the server saw cancelled by their client (`scrape::ServerTotals::cancellations`).
+    pub cancellations_total: Option<f64>,
     /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded from GPU to host memory (see
     /// `scrape::ServerTotals::kv_offload_blocks`).
     pub kv_offload_blocks_total: Option<f64>,
@@ -144,6 +146,10 @@ pub struct ServerStep {
     /// Δ`vllm:num_preemptions_total` during the step, and per second.
     pub preemptions: Option<f64>,
     pub preemptions_per_second: Option<f64>,
+    /// Requests the server counted as cancelled by their client during the step (Dynamo's
+    /// `dynamo_component_cancellation_total`): beside the canary's own `cancelled` count, it
+    /// shows whether the server noticed.
+    pub cancellations: Option<f64>,
     /// Δ`kvbm_offload_blocks_d2h` during the step, and per second: KV blocks offloaded from GPU
     /// to host memory (`scrape::ServerTotals::kv_offload_blocks`; not evictions); `None` for a server
     /// without KVBM.

@@ -87,9 +87,12 @@ impl Report {
             ix.questions_table(&prefix_fits),
             ix.recommendations_table(),
         ];
-        if let Some(arrivals) = ix.arrivals_table() {
-            // Beside the tables of the steps it describes, before the cost and the answers.
-            tables.insert(5, arrivals);
+        // Beside the tables of the steps they describe, before the cost and the answers.
+        for extra in [ix.cancellations_table(), ix.arrivals_table()]
+            .into_iter()
+            .flatten()
+        {
+            tables.insert(5, extra);
         }
         tables.push(super::questions::slo_table(&data.slo));
         Report {

@@ -8,6 +8,7 @@ pub mod analysis;
 mod arrivals;
 pub mod bench;
 mod breakdown;
+mod cancellations;
 mod html;
 mod progress;
 mod questions;

@@ -312,7 +312,7 @@ impl Sink for BenchSink {
         let ok = rec.outcome.is_ok();
         if let Some(c) = self.counts.get(ctx.target_index) {
             c.requests.fetch_add(1, Ordering::Relaxed);
-            if !ok {
+            if rec.outcome.is_error() {
                 c.errors.fetch_add(1, Ordering::Relaxed);
             }
         }

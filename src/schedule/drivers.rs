@@ -101,6 +101,7 @@ impl Runner {
                 prompt: built.prompt,
                 osl: built.osl,
             };
+            let cancel = self.cancel_for(&ctx, worker, k);
             // Closed loop: the worker sends as soon as its previous request ends, so the intended
             // instant is now.
             let Some(rec) = self
@@ -112,6 +113,7 @@ impl Runner {
                     None,
                     &labels,
                     built.shared_prefix_tokens,
+                    cancel,
                 )
                 .await
             else {
@@ -119,7 +121,7 @@ impl Runner {
             };
             self.learn(&target.name, &rec, built.body_tokens);
             k += 1;
-            back_off(&ctx, &mut backoff, rec.outcome.is_ok()).await;
+            back_off(&ctx, &mut backoff, !rec.outcome.is_error()).await;
         }
     }
 
@@ -191,6 +193,7 @@ impl Runner {
                 prompt: built.prompt,
                 osl: built.osl,
             };
+            let cancel = self.cancel_for(&ctx, 0, k as u64);
             let this = Arc::clone(&self);
             let ctx = Arc::clone(&ctx);
             let name = target.name.clone();
@@ -205,6 +208,7 @@ impl Runner {
                         Some(slot_at),
                         &labels,
                         built.shared_prefix_tokens,
+                        cancel,
                     )
                     .await
                 {
@@ -288,7 +292,7 @@ impl Runner {
                 started.get_or_insert(intended);
                 let labels = base.clone().with_turn(turn);
                 let Some(rec) = self
-                    .send_and_record(&ctx, t, req, intended, None, &labels, 0)
+                    .send_and_record(&ctx, t, req, intended, None, &labels, 0, None)
                     .await
                 else {
                     complete = false;

@@ -64,6 +64,40 @@ pub struct StepPlan {
     /// Open-loop arrivals instead of closed-loop workers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<RatePlan>,
+    /// Requests the client abandons on purpose; `None` when none are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<CancelPlan>,
+}
+
+/// A step's cancellation scenario (the workload's `cancel`, with a share above 0).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CancelPlan {
+    pub share: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "opt_secs")]
+    pub after: Option<Duration>,
+}
+
+impl CancelPlan {
+    /// The workload's `cancel`, unless it abandons nothing. `after` is not time-scaled: it is a
+    /// point in one request's life, like a timeout, not a length of the schedule.
+    pub fn of(c: &crate::config::Cancel) -> Option<CancelPlan> {
+        (*c.share > 0.0 && (c.after_tokens.is_some() || c.after.is_some())).then(|| CancelPlan {
+            share: *c.share,
+            after_tokens: c.after_tokens.as_ref().map(|n| **n),
+            after: c.after.as_ref().map(|d| d.0),
+        })
+    }
+
+    /// Where the client abandons a chosen request.
+    pub fn point(&self) -> crate::client::Cancel {
+        match (self.after_tokens, self.after) {
+            (Some(n), _) => crate::client::Cancel::AfterTokens(n),
+            (None, Some(d)) => crate::client::Cancel::After(d),
+            (None, None) => crate::client::Cancel::AfterTokens(1),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -146,6 +180,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         warmup: scaled(s.warmup.0),
                         steady: scaled(s.step.saturating_sub(s.warmup.0)),
                         rate: s.rate.as_ref().map(RatePlan::from),
+                        cancel: CancelPlan::of(&s.cancel),
                     });
                 }
             }
@@ -164,6 +199,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                     warmup: Duration::ZERO,
                     steady: scaled(m.duration.0),
                     rate: None,
+                    cancel: None,
                 });
             }
             "sequence_distribution" => {
@@ -187,6 +223,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         warmup: scaled(d.warmup.0),
                         steady: scaled(d.step.saturating_sub(d.warmup.0)),
                         rate: d.rate.as_ref().map(RatePlan::from),
+                        cancel: CancelPlan::of(&d.cancel),
                     });
                 }
             }
@@ -207,6 +244,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         warmup: scaled(p.warmup.0),
                         steady: scaled(p.step.saturating_sub(p.warmup.0)),
                         rate: p.rate.as_ref().map(RatePlan::from),
+                        cancel: CancelPlan::of(&p.cancel),
                     });
                 }
             }
@@ -221,6 +259,17 @@ mod secs {
     use std::time::Duration;
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+mod opt_secs {
+    use serde::Serializer;
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
     }
 }
 

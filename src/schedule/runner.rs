@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::plan::{StepKind, StepPlan, ratio_label};
 use super::recorder::Recorder;
 use crate::client::{
-    ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
+    Cancel, ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
 };
 use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::arrivals::Arrivals;
@@ -38,6 +38,9 @@ pub const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// consecutive failure up to [`ERROR_BACKOFF_MAX`]; a success resets it (see `back_off`).
 pub const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Domain tag of the cancellation draws, so they never share a random stream with prompts.
+const CANCEL_DOMAIN: u64 = 0x6361_6e63; // "canc"
 
 /// One target as the runner sees it.
 #[derive(Debug)]
@@ -116,7 +119,7 @@ impl StepCtx {
     /// failures happened in the steady window, and counting them there is what makes the step
     /// show the outage (error ratio 1, faulted) instead of no requests at all.
     pub(super) fn phase(&self, intended: Instant, rec: &RequestRecord) -> Phase {
-        if intended >= self.warmup_end || (!rec.outcome.is_ok() && rec.end >= self.warmup_end) {
+        if intended >= self.warmup_end || (rec.outcome.is_error() && rec.end >= self.warmup_end) {
             Phase::Steady
         } else {
             Phase::Warmup
@@ -664,6 +667,7 @@ impl Runner {
         slot_at: Option<Instant>,
         labels: &RequestLabels,
         shared_prefix_tokens: u64,
+        cancel: Option<Cancel>,
     ) -> Option<RequestRecord> {
         let target = &self.targets[t];
         let grant = tokio::select! {
@@ -683,7 +687,13 @@ impl Runner {
         let _inflight = self.recorder.in_flight(&target.name);
         let mut rec = self
             .client
-            .send_until(&target.endpoint, &req, intended, ctx.hard_stop.cancelled())
+            .send_cancelling(
+                &target.endpoint,
+                &req,
+                intended,
+                ctx.hard_stop.cancelled(),
+                cancel,
+            )
             .await;
         rec.slot_at = slot_at;
         grant.settle(rec.billable_tokens());
@@ -700,6 +710,16 @@ impl Runner {
             &rec,
         );
         Some(rec)
+    }
+
+    /// Whether request `k` of `worker` is one the client abandons, and where: drawn from the step
+    /// seed, so every target of the step abandons the same requests.
+    pub(super) fn cancel_for(&self, ctx: &StepCtx, worker: u64, k: u64) -> Option<Cancel> {
+        let plan = ctx.plan.cancel?;
+        let draw = derive_seed(ctx.step_seed, &[CANCEL_DOMAIN, worker, k]);
+        // The top 53 bits as a uniform number in [0, 1).
+        let u = (draw >> 11) as f64 / (1u64 << 53) as f64;
+        (u < plan.share).then(|| plan.point())
     }
 
     pub(super) fn labels_for(

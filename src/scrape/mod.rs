@@ -104,6 +104,10 @@ pub struct ServerTotals {
     pub kv_cache_usage_ratio: Option<f64>,
     /// `vllm:num_preemptions_total`.
     pub preemptions: Option<f64>,
+    /// Requests the server saw cancelled by their client: Dynamo's workers'
+    /// `dynamo_component_cancellation_total`, else its frontend's
+    /// `dynamo_frontend_model_cancellation_total`.
+    pub cancellations: Option<f64>,
     /// KVBM's `kvbm_offload_blocks_d2h`: KV blocks offloaded (copied) from GPU to host memory.
     /// Dynamo's KVBM offloads every block as it is computed, so this counts copies, evicted later
     /// or not; the simulator offloads a block only when it evicts it from the GPU. `None` without
@@ -186,6 +190,8 @@ struct TotalsBuilder {
     hits: Acc,
     kv_usage: Acc,
     preemptions: Acc,
+    worker_cancellations: Acc,
+    frontend_cancellations: Acc,
     kv_offload_blocks: Acc,
     router: RouterPhases,
     ttft_sum: Acc,
@@ -208,6 +214,8 @@ impl TotalsBuilder {
                 "vllm:prefix_cache_hits_total" => &mut self.hits,
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => &mut self.kv_usage,
                 "vllm:num_preemptions_total" => &mut self.preemptions,
+                "dynamo_component_cancellation_total" => &mut self.worker_cancellations,
+                "dynamo_frontend_model_cancellation_total" => &mut self.frontend_cancellations,
                 "kvbm_offload_blocks_d2h" => &mut self.kv_offload_blocks,
                 "dynamo_frontend_time_to_first_token_seconds_sum" => &mut self.ttft_sum,
                 "dynamo_frontend_time_to_first_token_seconds_count" => &mut self.ttft_count,
@@ -226,6 +234,12 @@ impl TotalsBuilder {
             prefix_cache_hits: self.hits.sum(),
             kv_cache_usage_ratio: self.kv_usage.mean(),
             preemptions: self.preemptions.sum(),
+            // Each worker counts its own; the frontend's count stands in where no worker's
+            // endpoint is scraped (never both: a request would count twice).
+            cancellations: self
+                .worker_cancellations
+                .sum()
+                .or(self.frontend_cancellations.sum()),
             kv_offload_blocks: self.kv_offload_blocks.sum(),
             router_cached_tokens,
             router_input_tokens,
@@ -271,6 +285,7 @@ struct Interval {
     prefix_cache_hit_ratio: Option<f64>,
     ttft_mean_seconds: Option<f64>,
     preemptions: Option<f64>,
+    cancellations: Option<f64>,
     kv_offload_blocks: Option<f64>,
 }
 
@@ -304,6 +319,7 @@ fn interval(before: Option<&ServerTotals>, after: &ServerTotals) -> Interval {
             _ => None,
         },
         preemptions: increase(before.and_then(|b| b.preemptions), after.preemptions),
+        cancellations: increase(before.and_then(|b| b.cancellations), after.cancellations),
         kv_offload_blocks: increase(
             before.and_then(|b| b.kv_offload_blocks),
             after.kv_offload_blocks,
@@ -495,6 +511,7 @@ impl ServerScraper {
                     prefix_cache_hit_ratio: iv.prefix_cache_hit_ratio,
                     kv_cache_usage_ratio: totals.kv_cache_usage_ratio,
                     preemptions_total: totals.preemptions,
+                    cancellations_total: totals.cancellations,
                     kv_offload_blocks_total: totals.kv_offload_blocks,
                     ttft_mean_seconds: iv.ttft_mean_seconds,
                 },
@@ -581,6 +598,7 @@ impl ServerScraper {
                     kv_cache_usage_max: (window.n > 0).then_some(window.max),
                     preemptions: iv.preemptions,
                     preemptions_per_second: per_second(iv.preemptions),
+                    cancellations: iv.cancellations,
                     kv_offload_blocks: iv.kv_offload_blocks,
                     kv_offload_blocks_per_second: per_second(iv.kv_offload_blocks),
                     ttft_mean_seconds: iv.ttft_mean_seconds,
@@ -623,6 +641,23 @@ dynamo_frontend_time_to_first_token_seconds_sum{model=\"m\"} 2.5
 dynamo_frontend_time_to_first_token_seconds_count{model=\"m\"} 10
 kvbm_host_cache_hit_rate 0.75
 ";
+
+    #[test]
+    fn cancellations_are_the_workers_sum_else_the_frontends_count() {
+        let worker = |id: u32, n: u32| {
+            format!(
+                "dynamo_component_cancellation_total{{dynamo_component=\"backend\",worker=\"{id}\"}} {n}\n"
+            )
+        };
+        let frontend = "dynamo_frontend_model_cancellation_total{model=\"m\"} 9\n";
+        let (a, b) = (worker(1, 3), worker(2, 4));
+        // Each worker counts its own; the frontend's count of the same requests is not added.
+        let t = ServerTotals::from_texts([a.as_str(), b.as_str(), frontend]);
+        assert_eq!(t.cancellations, Some(7.0));
+        let t = ServerTotals::from_texts([frontend]);
+        assert_eq!(t.cancellations, Some(9.0));
+        assert_eq!(ServerTotals::from_texts([WORKERS]).cancellations, None);
+    }
 
     #[test]
     fn totals_sum_counters_and_average_gauges_over_endpoints() {

@@ -205,6 +205,9 @@ pub struct EngineCounters {
     pub prompt_tokens_computed: u64,
     pub generation_tokens: u64,
     pub finished_requests: u64,
+    /// Requests whose client went away before their last token (Dynamo's
+    /// `dynamo_component_cancellation_total`).
+    pub cancelled_requests: u64,
     pub passes: u64,
 }
 
@@ -311,6 +314,7 @@ impl Core {
 
     /// Chooses the work of the next pass and returns its duration, or `None` when idle.
     pub fn schedule(&mut self, now: Instant) -> Option<Duration> {
+        self.drop_abandoned();
         let mut budget = self.cfg.max_batched_tokens;
         let mut shape = PassShape::default();
         let mut onboard_seconds = 0.0;
@@ -458,6 +462,27 @@ impl Core {
         }
     }
 
+    /// Frees the sequences whose client went away (the stream's receiver is gone: the connection
+    /// closed), queued or running, before each pass: a cancelled request holds neither a batch
+    /// slot nor KV blocks, as a real engine aborts it. Its computed full blocks stay in the
+    /// prefix cache, as freed blocks do.
+    fn drop_abandoned(&mut self) {
+        let queued = self.waiting.len();
+        self.waiting.retain(|seq| !seq.sink.is_closed());
+        let mut gone = (queued - self.waiting.len()) as u64;
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].sink.is_closed() {
+                let seq = self.running.remove(i);
+                self.kv.release(&seq.blocks);
+                gone += 1;
+            } else {
+                i += 1;
+            }
+        }
+        self.counters.cancelled_requests += gone;
+    }
+
     /// Gives a running sequence's blocks back and queues it first for recompute.
     fn preempt(&mut self, index: usize) {
         let mut seq = self.running.remove(index);
@@ -521,7 +546,11 @@ impl Core {
             if seq.generated >= seq.output_len || gone {
                 let seq = self.running.remove(i);
                 self.kv.release(&seq.blocks);
-                self.counters.finished_requests += 1;
+                if seq.generated >= seq.output_len {
+                    self.counters.finished_requests += 1;
+                } else {
+                    self.counters.cancelled_requests += 1;
+                }
                 let completion = Completion {
                     prompt_tokens: seq.prompt.len() as u32,
                     completion_tokens: seq.generated,
@@ -738,5 +767,54 @@ mod tests {
         assert_eq!(a.preemptions, 0, "the oldest sequence keeps running");
         assert!(b.preemptions >= 1, "the newest one is preempted");
         assert!(core.snapshot().engine.preemptions >= 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_leaves_frees_its_slot_and_blocks_queued_in_prefill_or_decoding() {
+        // Room for one 256-token prompt in a pass: `prefill` is mid-prompt, `decoding` has its
+        // first token, `queued` waits behind them.
+        let mut cfg = config(1000);
+        cfg.max_batched_tokens = 300;
+        let mut core = Core::new(cfg);
+        let (decoding, rd) = seq(1, (0..40).collect(), 100);
+        let (prefill, rp) = seq(2, (1000..1256).collect(), 100);
+        let (queued, rq) = seq(3, (2000..2256).collect(), 100);
+        let (stays, mut rs) = seq(4, (3000..3016).collect(), 100);
+        for s in [decoding, prefill, queued, stays] {
+            core.enqueue(s);
+        }
+        let now = Instant::now();
+        for _ in 0..2 {
+            core.schedule(now).unwrap();
+            core.complete(now);
+        }
+        let busy = core.snapshot();
+        assert_eq!(busy.running + busy.waiting, 4, "{busy:?}");
+        assert!(busy.kv_active_blocks > 0);
+        // Three clients go away (their streams' receivers are dropped with the connection).
+        drop((rd, rp, rq));
+        core.schedule(now).unwrap();
+        core.complete(now);
+        let after = core.snapshot();
+        assert_eq!((after.running, after.waiting), (1, 0), "{after:?}");
+        assert_eq!(after.engine.cancelled_requests, 3);
+        assert_eq!(after.engine.finished_requests, 0);
+        // Only the remaining sequence's blocks are held: its prompt and its tokens so far.
+        assert!(after.kv_active_blocks <= 2, "{after:?}");
+        // It goes on to its last token and is counted as finished, not cancelled.
+        while core.schedule(now).is_some() {
+            core.complete(now);
+        }
+        let mut done = false;
+        while let Ok(ev) = rs.try_recv() {
+            done |= matches!(ev, StreamEvent::Done(_));
+        }
+        assert!(done);
+        let end = core.snapshot();
+        assert_eq!(
+            (end.engine.finished_requests, end.engine.cancelled_requests),
+            (1, 3)
+        );
+        assert_eq!(end.kv_active_blocks, 0);
     }
 }

@@ -283,6 +283,14 @@ pub fn render(state: &ServerState, cluster: &Cluster) -> String {
         "Preemptions (recompute).",
         &|w| w.engine.preemptions.to_string(),
     );
+    // Dynamo's worker counter of requests whose client went away (the mocker and the engines
+    // export it on each worker's system port).
+    family(
+        "dynamo_component_cancellation_total",
+        "counter",
+        "Requests cancelled by the client.",
+        &|w| w.engine.cancelled_requests.to_string(),
+    );
     family(
         "vllm:prompt_tokens_total",
         "counter",

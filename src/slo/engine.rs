@@ -377,7 +377,12 @@ impl SloEngine {
     }
 
     /// One finished request, as the recorder sees it.
+    /// A cancelled request is left out: the canary abandoned it, so it is neither a good nor a
+    /// bad event of any SLO.
     pub fn observe_record(&self, labels: &RequestLabels, rec: &RequestRecord) {
+        if rec.outcome == crate::client::Outcome::Cancelled {
+            return;
+        }
         self.observe(labels, sample_of(rec));
     }
 

@@ -9,6 +9,12 @@ use super::rules::RECORD_SIDE;
 use super::{LabelDomain, fit_groups, pin_label};
 use crate::model::{REQUEST_LABELS, STEP_LEVEL_LABELS};
 
+/// The request series of failures: every outcome but `ok` and `cancelled` (a cancellation is
+/// the canary's own choice, docs/METRICS.md).
+pub const ERRORS: &str = "outcome!~\"ok|cancelled\"";
+/// The request series the server answered or failed: every outcome but `cancelled`.
+pub const ANSWERED: &str = "outcome!=\"cancelled\"";
+
 /// What Prometheus cannot evaluate: a measurement it has no series for (server-side timings), a
 /// label the export does not keep that measurement by, a pinned baseline (it lives in the
 /// daemon's state), or a choice of steps by saturation (a step's flag, which the requests'
@@ -235,12 +241,8 @@ impl Pq<'_> {
                 match sel.measure {
                     Measure::ErrorRatio => format!(
                         "(sum(rate({})) or vector(0)) / sum(rate({}))",
-                        self.series(
-                            "llm_canary_requests_total",
-                            m,
-                            &["outcome!=\"ok\"".to_owned()]
-                        ),
-                        self.series("llm_canary_requests_total", m, &[])
+                        self.series("llm_canary_requests_total", m, &[ERRORS.to_owned()]),
+                        self.series("llm_canary_requests_total", m, &[ANSWERED.to_owned()])
                     ),
                     Measure::CacheHitRatio => format!(
                         "sum(rate({})) / sum(rate({}))",
@@ -352,7 +354,7 @@ impl Pq<'_> {
             }
             Value::Scalar(sel) | Value::Goodput(sel, _) => {
                 let extra: Vec<String> = if sel.measure == Measure::ErrorRatio {
-                    Vec::new()
+                    vec![ANSWERED.to_owned()]
                 } else {
                     vec!["outcome=\"ok\"".to_owned()]
                 };

@@ -392,7 +392,7 @@ fn burn_group(
             pq.series(
                 "llm_canary_requests_total",
                 m,
-                &["outcome!=\"ok\"".to_owned()]
+                &[super::promql::ERRORS.to_owned()]
             )
         );
         rules.push(Rule::Record {

@@ -121,6 +121,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("llm_canary_server_prefix_cache_hit_ratio", "gauge"),
     ("llm_canary_server_kv_cache_usage_ratio", "gauge"),
     ("llm_canary_server_preemptions", "counter"),
+    ("llm_canary_server_cancellations", "counter"),
     ("llm_canary_server_ttft_mean_seconds", "gauge"),
     ("llm_canary_target_up", "gauge"),
     ("llm_canary_inflight_requests", "gauge"),
