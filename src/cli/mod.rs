@@ -69,6 +69,14 @@ pub struct BenchArgs {
     /// Record the arrival time of every content chunk in requests.jsonl.
     #[arg(long)]
     pub record_tokens: bool,
+    /// Instead of the plan: find, per target, the highest concurrency that meets COND, e.g.
+    /// 'p99(ttft) < 500ms and p99(itl) < 50ms' (bisection over closed-loop steps of the
+    /// concurrency_sweep's shape), with its goodput and $ per 1M good tokens.
+    #[arg(long, value_name = "COND")]
+    pub search: Option<String>,
+    /// The highest concurrency the search tries.
+    #[arg(long, value_name = "N", default_value_t = crate::report::search::DEFAULT_SEARCH_MAX, requires = "search")]
+    pub search_max: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -313,6 +321,9 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
+    if let Some(condition) = args.search.clone() {
+        return search(setup, condition, args).await;
+    }
     let opts = crate::report::BenchOptions {
         setup,
         workloads: args.workloads,
@@ -358,6 +369,50 @@ async fn bench(args: BenchArgs) -> ExitCode {
             "llm-canary bench: interrupted; the report covers the {} of {} steps that finished",
             report.run.steps_finished, report.run.steps_planned
         );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `bench --search`: the tables on stdout, `search.json` and CSVs in `--out`. Exit 0 when every
+/// target was searched to the end, 1 otherwise, 2 for bad options.
+async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) -> ExitCode {
+    let setup = match crate::report::bench::effective_setup(setup, &[], args.time_scale) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("llm-canary bench: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let targets = setup.config.targets.len();
+    let opts = crate::report::search::SearchOptions {
+        setup,
+        condition,
+        max_level: args.search_max,
+        out: args.out,
+    };
+    let stop = crate::report::bench::stop_on_signals();
+    let result = match crate::report::search::run_search(opts, &stop).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("llm-canary bench: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let tables = result.tables();
+    match args.format {
+        BenchFormat::Table => tables.iter().for_each(|t| println!("{}", t.to_text())),
+        BenchFormat::Markdown => tables.iter().for_each(|t| println!("{}", t.to_markdown())),
+        BenchFormat::Json => match serde_json::to_string_pretty(&result) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("llm-canary bench: {e}");
+                return ExitCode::from(1);
+            }
+        },
+    }
+    if stop.stopping() || result.targets.len() < targets {
+        eprintln!("llm-canary bench: the search did not finish on every target");
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS

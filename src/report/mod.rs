@@ -13,6 +13,7 @@ mod html;
 mod progress;
 mod questions;
 pub mod records;
+pub mod search;
 mod svg;
 pub mod table;
 

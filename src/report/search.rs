@@ -1,0 +1,454 @@
+//! `llm-canary bench --search COND`: per target, the highest concurrency that still meets a
+//! latency condition such as `p99(ttft) < 500ms and p99(itl) < 50ms`, found by bisection over a
+//! fixed ladder of levels, each probe a closed-loop step with its warmup; reported with the
+//! goodput and the cost per 1M good tokens at that load (docs/METRICS.md, "Max load under an
+//! SLO").
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::ReportError;
+use super::table::{Cell, Column, Table};
+use crate::config::ConcurrencySweep;
+use crate::measure::step::{GoodputLimits, Spread, StepMeasurements};
+use crate::model::{Sink, StepResult};
+use crate::schedule::{Recorder, StepKind, StepPlan};
+use crate::setup::Setup;
+use crate::shutdown::Shutdown;
+use crate::slo::ast::{Agg, CmpOp, format_duration};
+use crate::slo::{Cond, Measure, Value, parse_condition};
+use crate::targets::Deployment;
+
+/// The ladder a search moves on: powers of two and the halves between them, so two runs that
+/// land on neighbouring levels differ by at most 50 %.
+pub const LADDER: [u32; 21] = [
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+];
+
+/// The highest level a search tries unless told otherwise.
+pub const DEFAULT_SEARCH_MAX: u32 = 256;
+
+/// A 95 % confidence interval; a side the samples cannot bound is `None`.
+type Interval = (Option<f64>, Option<f64>);
+
+/// One bound of the condition: `pQQ(measure) < seconds` (or `<=`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Limit {
+    #[serde(serialize_with = "measure_name")]
+    pub measure: Measure,
+    /// 50, 90 or 99: the quantiles a step keeps with their confidence intervals.
+    pub quantile: u32,
+    pub seconds: f64,
+    /// `<=` rather than `<`.
+    pub inclusive: bool,
+}
+
+fn measure_name<S: serde::Serializer>(m: &Measure, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(m.name())
+}
+
+impl Limit {
+    fn text(&self) -> String {
+        let op = if self.inclusive { "<=" } else { "<" };
+        format!(
+            "p{}({}) {op} {}",
+            self.quantile,
+            self.measure.name(),
+            format_duration(self.seconds)
+        )
+    }
+
+    fn holds(&self, v: f64) -> bool {
+        if self.inclusive {
+            v <= self.seconds
+        } else {
+            v < self.seconds
+        }
+    }
+
+    /// The step's estimate of the quantile and its 95 % confidence interval.
+    fn read(&self, m: &StepMeasurements) -> Option<(f64, Interval)> {
+        let s: &Spread = match self.measure {
+            Measure::Ttft => m.ttft.as_ref()?,
+            Measure::Itl => m.itl.as_ref()?,
+            _ => m.latency.as_ref()?,
+        };
+        Some(match self.quantile {
+            50 => (s.p50, s.p50_ci),
+            90 => (s.p90, s.p90_ci),
+            _ => (s.p99, s.p99_ci),
+        })
+    }
+}
+
+/// Parses a search condition: one or more `pQQ(ttft|itl|latency) < DURATION` joined by `and`,
+/// in the SLO language (docs/SLO.md), without selectors (the search picks the step).
+pub fn parse_search(text: &str) -> Result<Vec<Limit>, ReportError> {
+    let usage = |why: String| {
+        ReportError::Usage(format!(
+            "--search {text:?}: {why}; expected e.g. 'p99(ttft) < 500ms and p99(itl) < 50ms'"
+        ))
+    };
+    let cond = parse_condition(text).map_err(|e| usage(e.to_string()))?;
+    let mut limits = Vec::new();
+    let mut stack = vec![&cond];
+    while let Some(c) = stack.pop() {
+        match c {
+            Cond::And(a, b) => {
+                stack.push(b);
+                stack.push(a);
+            }
+            Cond::Or(..) => return Err(usage("`or` is not a bound".into())),
+            Cond::Cmp(op, Value::Agg(Agg::Quantile(q), sel), Value::Duration(secs)) => {
+                // The quantiles a step keeps with their confidence intervals.
+                let Some(quantile) = [50u32, 90, 99].into_iter().find(|&k| f64::from(k) == *q)
+                else {
+                    return Err(usage(format!("p{q} is not one of p50, p90, p99")));
+                };
+                if !matches!(sel.measure, Measure::Ttft | Measure::Itl | Measure::Latency) {
+                    return Err(usage(format!(
+                        "{} is not ttft, itl or latency",
+                        sel.measure.name()
+                    )));
+                }
+                if !sel.matchers.is_empty() {
+                    return Err(usage("the search picks the step: write no {labels}".into()));
+                }
+                let inclusive = match op {
+                    CmpOp::Lt => false,
+                    CmpOp::Le => true,
+                    _ => return Err(usage("a bound is `<` or `<=` a duration".into())),
+                };
+                limits.push(Limit {
+                    measure: sel.measure,
+                    quantile,
+                    seconds: *secs,
+                    inclusive,
+                });
+            }
+            _ => {
+                return Err(usage(
+                    "each term is a quantile of ttft, itl or latency below a duration".into(),
+                ));
+            }
+        }
+    }
+    Ok(limits)
+}
+
+/// How one probe came out.
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    pub concurrency: u32,
+    pub meets: bool,
+    /// A bound was decided by its point estimate because its confidence interval straddled it
+    /// (or the step had too few samples to bound it).
+    pub borderline: bool,
+    /// Why it failed: the first bound it crossed, or the fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crossed: Option<String>,
+    /// Each bound's estimate, in the condition's order.
+    pub values: Vec<Option<f64>>,
+    pub requests: u64,
+    pub errors: u64,
+    pub goodput: f64,
+    pub good_output_tokens_per_second: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_per_million_good_tokens_usd: Option<f64>,
+}
+
+/// One target's search.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetSearch {
+    pub target: String,
+    pub serving_mode: String,
+    /// The highest level that met the condition; `None` when even the lowest did not.
+    pub max_concurrency: Option<u32>,
+    /// The lowest level that did not; `None` when every level up to the maximum did.
+    pub first_failing: Option<u32>,
+    pub probes: Vec<Probe>,
+}
+
+impl TargetSearch {
+    fn probe_at(&self, c: Option<u32>) -> Option<&Probe> {
+        let c = c?;
+        self.probes.iter().find(|p| p.concurrency == c)
+    }
+}
+
+/// The whole search, as `search.json` holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResult {
+    pub condition: String,
+    pub limits: Vec<Limit>,
+    pub isl: u32,
+    pub osl: u32,
+    pub warmup_seconds: f64,
+    pub steady_seconds: f64,
+    pub max_level: u32,
+    pub targets: Vec<TargetSearch>,
+}
+
+/// The verdict of one probe's step on `limits`. A step that faulted (errors above the faulted
+/// ratio) or measured nothing fails whatever its survivors' latencies say.
+fn judge(limits: &[Limit], m: &StepMeasurements) -> (bool, bool, Option<String>, Vec<Option<f64>>) {
+    let mut borderline = false;
+    let mut crossed = None;
+    let mut values = Vec::new();
+    for l in limits {
+        let Some((v, (lower, upper))) = l.read(m) else {
+            values.push(None);
+            crossed.get_or_insert_with(|| format!("{}: no successful request", l.text()));
+            continue;
+        };
+        values.push(Some(v));
+        // The interval decides when it lies wholly on one side; otherwise the point estimate
+        // does, and the probe is marked borderline.
+        let decided = match (lower, upper) {
+            (_, Some(u)) if l.holds(u) => Some(true),
+            (Some(lo), _) if !l.holds(lo) => Some(false),
+            _ => None,
+        };
+        borderline |= decided.is_none();
+        if !decided.unwrap_or_else(|| l.holds(v)) {
+            crossed.get_or_insert_with(|| format!("{} was {:.1} ms", l.text(), v * 1e3));
+        }
+    }
+    if m.faulted {
+        crossed.get_or_insert_with(|| format!("faulted: error ratio {:.3}", m.error_ratio));
+    }
+    (crossed.is_none(), borderline, crossed, values)
+}
+
+/// What `bench --search` runs.
+pub struct SearchOptions {
+    pub setup: Setup,
+    pub condition: String,
+    /// The highest level to try (the ladder is cut there).
+    pub max_level: u32,
+    pub out: Option<PathBuf>,
+}
+
+/// Runs the search against every target of the setup, one target after another (a target's
+/// probes never share the machine or the network with another's). Each probe is a closed-loop
+/// step of the config's `concurrency_sweep` shape (ISL, OSL, step and warmup, time-scaled) at
+/// one level of [`LADDER`]; a binary search over the ladder needs at most five probes up to 256.
+pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchResult, ReportError> {
+    let limits = parse_search(&opts.condition)?;
+    let ladder: Vec<u32> = LADDER
+        .iter()
+        .copied()
+        .filter(|&c| c <= opts.max_level)
+        .collect();
+    if ladder.is_empty() {
+        return Err(ReportError::Usage("--search-max must be at least 1".into()));
+    }
+    let cfg = &opts.setup.config;
+    let sweep = cfg.workloads.concurrency_sweep.clone().unwrap_or_default();
+    let (isl, osl) = (*sweep.isl, *sweep.osl);
+    let scale = *cfg.time_scale;
+    let warmup = sweep.warmup.0.mul_f64(scale);
+    let steady = sweep.step.saturating_sub(sweep.warmup.0).mul_f64(scale);
+    if let Some(dir) = &opts.out {
+        std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+    }
+    let (deployment, failed) = Deployment::start_partial(cfg, opts.setup.base_dir(), 3).await?;
+    for f in &failed {
+        tracing::error!(target = %f.name, error = %f.error, "target not searched");
+    }
+    let recorder = Arc::new(Recorder::new(Vec::<Arc<dyn Sink>>::new()));
+    let mut base = deployment.runner(cfg, recorder, rand::random());
+    // Good requests are those within the condition's own TTFT and ITL bounds (per request),
+    // where it sets them; the config's goodput otherwise.
+    base.goodput = goodput_of(&limits, base.goodput);
+    // Exact prompt lengths from the first probe on, as the scheduler does before a cycle.
+    base.calibrate(stop.cut(), &std::collections::HashSet::new())
+        .await;
+    let mut targets = Vec::new();
+    for target in &deployment.targets {
+        let runner = Arc::new(base.with_targets(vec![Arc::clone(target)]));
+        let mut probes: Vec<Probe> = Vec::new();
+        // Invariant: ladder[..=lo] met (lo = None: none known), ladder[hi..] did not.
+        let (mut lo, mut hi): (Option<usize>, usize) = (None, ladder.len());
+        while lo.map_or(0, |l| l + 1) < hi && !stop.stopping() {
+            let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
+            let plan = probe_plan(&sweep, ladder[mid], probes.len(), warmup, steady);
+            tracing::info!(target = %target.name, concurrency = ladder[mid], "search probe");
+            let results = runner
+                .run_step(&plan, 0, stop.stop_sending(), stop.cut())
+                .await;
+            let Some(total) = step_total(&results) else {
+                break;
+            };
+            let probe = probe_of(&limits, ladder[mid], &total.measurements);
+            if probe.meets {
+                lo = Some(mid);
+            } else {
+                hi = mid;
+            }
+            probes.push(probe);
+        }
+        probes.sort_by_key(|p| p.concurrency);
+        targets.push(TargetSearch {
+            target: target.name.clone(),
+            serving_mode: target.mode.as_str().to_owned(),
+            max_concurrency: lo.map(|l| ladder[l]),
+            first_failing: ladder.get(hi).copied(),
+            probes,
+        });
+    }
+    deployment.stop().await;
+    let result = SearchResult {
+        condition: opts.condition.clone(),
+        limits,
+        isl,
+        osl,
+        warmup_seconds: warmup.as_secs_f64(),
+        steady_seconds: steady.as_secs_f64(),
+        max_level: *ladder.last().unwrap_or(&1),
+        targets,
+    };
+    if let Some(dir) = &opts.out {
+        let path = dir.join("search.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&result)?)
+            .map_err(ReportError::io(&path))?;
+        for t in result.tables() {
+            let path = dir.join(format!("{}.csv", t.id));
+            std::fs::write(&path, t.to_csv()).map_err(ReportError::io(&path))?;
+        }
+    }
+    Ok(result)
+}
+
+fn goodput_of(limits: &[Limit], fallback: GoodputLimits) -> GoodputLimits {
+    let bound = |m: Measure| {
+        limits
+            .iter()
+            .filter(|l| l.measure == m)
+            .map(|l| l.seconds)
+            .reduce(f64::min)
+    };
+    GoodputLimits {
+        ttft: bound(Measure::Ttft).unwrap_or(fallback.ttft),
+        itl: bound(Measure::Itl).unwrap_or(fallback.itl),
+    }
+}
+
+fn probe_plan(
+    sweep: &ConcurrencySweep,
+    concurrency: u32,
+    index: usize,
+    warmup: Duration,
+    steady: Duration,
+) -> StepPlan {
+    StepPlan {
+        workload: "concurrency_sweep",
+        index,
+        kind: StepKind::Sweep {
+            concurrency,
+            isl: *sweep.isl,
+            osl: *sweep.osl,
+        },
+        warmup,
+        steady,
+        rate: None,
+        cancel: None,
+    }
+}
+
+/// The one result of a probe's step (a sweep step has one label set per target).
+fn step_total(results: &[StepResult]) -> Option<&StepResult> {
+    results.iter().find(|r| r.total).or(results.first())
+}
+
+fn probe_of(limits: &[Limit], concurrency: u32, m: &StepMeasurements) -> Probe {
+    let (meets, borderline, crossed, values) = judge(limits, m);
+    Probe {
+        concurrency,
+        meets,
+        borderline,
+        crossed,
+        values,
+        requests: m.requests,
+        errors: m.errors,
+        goodput: m.goodput,
+        good_output_tokens_per_second: m.good_output_tokens_per_second,
+        cost_per_million_good_tokens_usd: m.cost_per_million_good_tokens_usd,
+    }
+}
+
+impl SearchResult {
+    /// The answer per target, and every probe.
+    pub fn tables(&self) -> Vec<Table> {
+        let mut answer = Table::new(
+            "search",
+            &format!("Max load under `{}`", self.condition),
+            vec![
+                Column::text("target"),
+                Column::text("mode"),
+                Column::text("max concurrency"),
+                Column::text("first failing"),
+                Column::text("crossed there"),
+                Column::num("goodput", "req/s", 2),
+                Column::num("good throughput", "tok/s", 0),
+                Column::num("per 1M good tokens", "$", 3),
+            ],
+        );
+        for t in &self.targets {
+            let best = t.probe_at(t.max_concurrency);
+            let failing = t.probe_at(t.first_failing);
+            answer.push(vec![
+                Cell::text(&t.target),
+                Cell::text(&t.serving_mode),
+                Cell::text(t.max_concurrency.map_or("none".into(), |c| c.to_string())),
+                Cell::text(
+                    t.first_failing
+                        .map_or(format!("none up to {}", self.max_level), |c| c.to_string()),
+                ),
+                Cell::text(failing.and_then(|p| p.crossed.clone()).unwrap_or_default()),
+                Cell::num(best.map(|p| p.goodput)),
+                Cell::num(best.map(|p| p.good_output_tokens_per_second)),
+                Cell::num(best.and_then(|p| p.cost_per_million_good_tokens_usd)),
+            ]);
+        }
+        answer.notes.push(format!(
+            "each probe: a closed loop at ISL {} / OSL {}, {:.1} s warmup then {:.1} s measured, on one target at a time; a level meets the condition when each bound's 95 % confidence interval lies below it (borderline: decided by the estimate, the interval straddling the bound) and the step did not fault; levels from the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, …; good: within the condition's TTFT and ITL bounds per request",
+            self.isl, self.osl, self.warmup_seconds, self.steady_seconds
+        ));
+        let mut columns = vec![
+            Column::text("target"),
+            Column::count("concurrency"),
+            Column::text("verdict"),
+        ];
+        let names: Vec<String> = self.limits.iter().map(|l| l.text()).collect();
+        for n in &names {
+            columns.push(Column::num(n, "ms", 1));
+        }
+        columns.push(Column::count("requests"));
+        columns.push(Column::count("errors"));
+        let mut probes = Table::new("search_probes", "Search probes", columns);
+        for t in &self.targets {
+            for p in &t.probes {
+                let verdict = match (p.meets, p.borderline) {
+                    (true, false) => "meets",
+                    (true, true) => "meets (borderline)",
+                    (false, false) => "fails",
+                    (false, true) => "fails (borderline)",
+                };
+                let mut row = vec![
+                    Cell::text(&t.target),
+                    Cell::Number(f64::from(p.concurrency)),
+                    Cell::text(verdict),
+                ];
+                row.extend(p.values.iter().map(|v| Cell::num(v.map(|s| s * 1e3))));
+                row.push(Cell::Number(p.requests as f64));
+                row.push(Cell::Number(p.errors as f64));
+                probes.push(row);
+            }
+        }
+        vec![answer, probes]
+    }
+}

@@ -1,0 +1,113 @@
+//! `bench --search` against two simulators of different capacity, under paused time: the search
+//! finds a higher concurrency for the larger one, names the level whose p99 crossed the bound,
+//! reports goodput there, lands on the same ladder level (within one) when run again, and
+//! refuses a condition it cannot decide.
+
+use std::path::Path;
+
+use llm_canary::report::ReportError;
+use llm_canary::report::search::{LADDER, SearchOptions, SearchResult, parse_search, run_search};
+use llm_canary::setup::Setup;
+use llm_canary::shutdown::Shutdown;
+
+/// One simulated H200 running at most 4 sequences, one running 32; about 0.3 s per request of
+/// 64 → 32 tokens, so beyond its slots a request waits about that long for its first token.
+const TWO: &str = r#"
+targets:
+  - { name: small, serving_mode: aggregated, model: sim, simulated: { profile: default, max_running: 4 }, cost_per_hour_usd: 10 }
+  - { name: large, serving_mode: disaggregated, model: sim, simulated: { profile: default, max_running: 32 }, cost_per_hour_usd: 20 }
+workloads:
+  concurrency_sweep: { levels: [1], isl: 64, osl: 32, step: 5s, warmup: 1s }
+"#;
+
+async fn search() -> SearchResult {
+    let setup = Setup::parse(TWO, "search.yaml", Path::new(".")).unwrap();
+    run_search(
+        SearchOptions {
+            setup,
+            condition: "p99(ttft) < 200ms".into(),
+            max_level: 64,
+            out: None,
+        },
+        &Shutdown::new(),
+    )
+    .await
+    .unwrap()
+}
+
+fn level(c: Option<u32>) -> Option<usize> {
+    LADDER.iter().position(|&l| Some(l) == c)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_search_finds_each_targets_capacity_and_lands_there_again() {
+    let first = search().await;
+    assert_eq!(first.targets.len(), 2);
+    let (small, large) = (&first.targets[0], &first.targets[1]);
+    let (s, l) = (
+        small.max_concurrency.unwrap(),
+        large.max_concurrency.unwrap(),
+    );
+    // Past its 4 slots a request waits ~0.3 s for one: the small server holds 4 or a little
+    // more, the large one several times that.
+    assert!((3..=6).contains(&s), "{small:?}");
+    assert!(l >= 16 && l > 2 * s, "{large:?}");
+    for t in &first.targets {
+        // The answer sits right below the first failing level, which crossed the bound.
+        let (max, failing) = (level(t.max_concurrency).unwrap(), t.first_failing);
+        assert_eq!(failing, LADDER.get(max + 1).copied().filter(|&c| c <= 64));
+        let best = t
+            .probes
+            .iter()
+            .find(|p| Some(p.concurrency) == t.max_concurrency);
+        let best = best.unwrap();
+        assert!(best.meets && best.goodput > 0.0, "{best:?}");
+        assert!(best.cost_per_million_good_tokens_usd.is_some());
+        if let Some(f) = failing {
+            let p = t.probes.iter().find(|p| p.concurrency == f).unwrap();
+            assert!(!p.meets);
+            assert!(
+                p.crossed
+                    .as_deref()
+                    .unwrap()
+                    .starts_with("p99(ttft) < 200ms"),
+                "{p:?}"
+            );
+        }
+        // A binary search over the 12 levels up to 64: at most 4 probes.
+        assert!(t.probes.len() <= 4, "{:?}", t.probes);
+    }
+    let tables = first.tables();
+    let text = tables[0].to_text();
+    assert!(text.contains("small") && text.contains("large"), "{text}");
+
+    let again = search().await;
+    for (a, b) in first.targets.iter().zip(&again.targets) {
+        let (x, y) = (
+            level(a.max_concurrency).unwrap(),
+            level(b.max_concurrency).unwrap(),
+        );
+        assert!(x.abs_diff(y) <= 1, "{}: {a:?} then {b:?}", a.target);
+    }
+}
+
+#[test]
+fn conditions_the_search_cannot_decide_are_usage_errors() {
+    let limits = parse_search("p99(ttft) < 500ms and p90(itl) <= 50ms").unwrap();
+    assert_eq!(limits.len(), 2);
+    assert!(!limits[0].inclusive && limits[1].inclusive);
+    assert_eq!((limits[0].quantile, limits[1].quantile), (99, 90));
+    for bad in [
+        "p99(ttft) < 500ms or p99(itl) < 50ms",
+        "p95(ttft) < 500ms",
+        "p99(ttft{serving_mode=\"aggregated\"}) < 500ms",
+        "error_ratio < 0.01",
+        "p99(ttft) > 500ms",
+        "p99(ttft) <",
+    ] {
+        assert!(
+            matches!(parse_search(bad), Err(ReportError::Usage(_))),
+            "{bad}"
+        );
+    }
+}
