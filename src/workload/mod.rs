@@ -3,3 +3,4 @@
 pub mod prompt;
 pub mod sampler;
 pub mod tokenizer;
+pub mod trace;

@@ -264,10 +264,7 @@ impl PromptBuilder {
         prefixes.get(&key).cloned()
     }
 
-    /// Appends words to `head` (which counts `head_tokens`) until the whole text re-encodes to
-    /// exactly `target` tokens: guess one word per missing token, encode, then add or drop words
-    /// by the difference. Words are drawn afresh on every round, so a word that merges with its
-    /// neighbour or splits in two is soon replaced and the loop cannot cycle for long.
+    /// [`compose`] with this builder's token model.
     fn compose(
         &self,
         head: &str,
@@ -275,55 +272,70 @@ impl PromptBuilder {
         target: usize,
         seed: u64,
     ) -> Result<String, PromptError> {
-        let words = self.model.words();
-        let mut rng = StdRng::seed_from_u64(seed);
-        let mut chosen: Vec<usize> = (0..target.saturating_sub(head_tokens))
-            .map(|_| rng.random_range(0..words.len()))
-            .collect();
-        let mut closest = head_tokens;
-        for _ in 0..MAX_CONVERGE_ROUNDS {
-            let mut text = String::with_capacity(head.len() + chosen.len() * 8);
-            text.push_str(head);
-            for &word in &chosen {
-                text.push_str(&words[word].text);
-            }
-            let count = if text.is_empty() {
-                0
-            } else {
-                self.model.count(&text)
-            };
-            if count == target {
-                return Ok(text);
-            }
-            if count.abs_diff(target) < closest.abs_diff(target) {
-                closest = count;
-            }
-            // Words seen to cost more than a token each move the count by more than one per word;
-            // scaling the step by the observed cost keeps the loop from overshooting back and
-            // forth, and the step never drops below one word so it always moves.
-            let tokens_per_word = if chosen.is_empty() {
-                1.0
-            } else {
-                (count.saturating_sub(head_tokens) as f64 / chosen.len() as f64).max(1.0)
-            };
-            let step = |tokens: usize| ((tokens as f64 / tokens_per_word) as usize).max(1);
-            if count < target {
-                let missing = step(target - count);
-                chosen.extend((0..missing).map(|_| rng.random_range(0..words.len())));
-            } else if chosen.is_empty() {
-                // The head alone is already too long; no suffix can shorten it.
-                break;
-            } else {
-                let excess = step(count - target).min(chosen.len());
-                chosen.truncate(chosen.len() - excess);
-            }
-        }
-        Err(PromptError::NotConverged {
-            target,
-            closest,
-            rounds: MAX_CONVERGE_ROUNDS,
-        })
+        compose(&self.model, head, head_tokens, target, seed)
     }
+}
+
+/// Appends words to `head` (which counts `head_tokens`) until the whole text re-encodes to
+/// exactly `target` tokens: guess one word per missing token, encode, then add or drop words
+/// by the difference. Words are drawn afresh on every round, so a word that merges with its
+/// neighbour or splits in two is soon replaced and the loop cannot cycle for long. Shared by
+/// [`PromptBuilder`] and the trace prompts (`trace::BlockPrompts`), whose head is a row's blocks.
+pub(crate) fn compose(
+    model: &TokenModel,
+    head: &str,
+    head_tokens: usize,
+    target: usize,
+    seed: u64,
+) -> Result<String, PromptError> {
+    let words = model.words();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut chosen: Vec<usize> = (0..target.saturating_sub(head_tokens))
+        .map(|_| rng.random_range(0..words.len()))
+        .collect();
+    let mut closest = head_tokens;
+    for _ in 0..MAX_CONVERGE_ROUNDS {
+        let mut text = String::with_capacity(head.len() + chosen.len() * 8);
+        text.push_str(head);
+        for &word in &chosen {
+            text.push_str(&words[word].text);
+        }
+        let count = if text.is_empty() {
+            0
+        } else {
+            model.count(&text)
+        };
+        if count == target {
+            return Ok(text);
+        }
+        if count.abs_diff(target) < closest.abs_diff(target) {
+            closest = count;
+        }
+        // Words seen to cost more than a token each move the count by more than one per word;
+        // scaling the step by the observed cost keeps the loop from overshooting back and
+        // forth, and the step never drops below one word so it always moves.
+        let tokens_per_word = if chosen.is_empty() {
+            1.0
+        } else {
+            (count.saturating_sub(head_tokens) as f64 / chosen.len() as f64).max(1.0)
+        };
+        let step = |tokens: usize| ((tokens as f64 / tokens_per_word) as usize).max(1);
+        if count < target {
+            let missing = step(target - count);
+            chosen.extend((0..missing).map(|_| rng.random_range(0..words.len())));
+        } else if chosen.is_empty() {
+            // The head alone is already too long; no suffix can shorten it.
+            break;
+        } else {
+            let excess = step(count - target).min(chosen.len());
+            chosen.truncate(chosen.len() - excess);
+        }
+    }
+    Err(PromptError::NotConverged {
+        target,
+        closest,
+        rounds: MAX_CONVERGE_ROUNDS,
+    })
 }
 
 /// Learns how the server's reported prompt length relates to the prompt text's length, so that
