@@ -46,22 +46,23 @@
 //! every row, every target and every restart of a run, and the server's prefix cache sees the
 //! reuse the trace recorded ([`Trace::expected_hit_tokens`]).
 
-use std::borrow::Cow;
+mod parse;
+mod prompt;
+
+pub use prompt::{BlockPrompt, BlockPrompts};
+
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
-use super::prompt::{PromptError, compose};
 use super::sampler::derive_seed;
-use super::tokenizer::TokenModel;
 use crate::files::FileError;
+use parse::{Parsed, decompress, millis, parse_dynamo, parse_mooncake};
 
 /// The largest trace read, compressed or decompressed: far above any trace worth replaying (a
 /// million Mooncake rows are ~200 MB), and a bound keeps a wrong path from exhausting memory.
@@ -73,18 +74,8 @@ pub const DEFAULT_TRACE_BLOCK_SIZE: u32 = 512;
 /// The `schema` of a Dynamo request trace row.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-/// Timestamps and delays above this many milliseconds (~3,000 years) are errors, not durations.
-const MAX_MILLIS: f64 = 1e14;
-
 /// How long one pass of a trace whose timestamps are all equal lasts (before `speed`).
 const FLAT_TRACE_PERIOD: Duration = Duration::from_secs(1);
-
-/// Block texts kept for reuse: enough for the hot blocks of a large trace; the byte bound keeps
-/// the cache small when blocks are long (512 tokens are ~3 KB of text).
-const MAX_CACHED_BLOCKS: usize = 65_536;
-const MAX_CACHED_BLOCK_BYTES: usize = 64 << 20;
 
 // Domain tags mixed into seeds so block texts, row tails and sampling never share a stream.
 const TRACE_DOMAIN: u64 = 0x7472_6163; // "trac"
@@ -203,60 +194,6 @@ pub struct Trace {
     pub span: Duration,
     /// How many sessions the rows name.
     pub sessions: u32,
-}
-
-/// A row parsed from either format, before ordering and numbering.
-struct Parsed {
-    /// Where it sorts, in trace milliseconds (its own timestamp, or its predecessor's).
-    key: f64,
-    at: Option<f64>,
-    delay: Duration,
-    input_length: u32,
-    output_length: u32,
-    blocks: Vec<u64>,
-    session: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct MooncakeLine {
-    timestamp: Option<f64>,
-    input_length: u32,
-    output_length: u32,
-    #[serde(default)]
-    hash_ids: Vec<u64>,
-    session_id: Option<serde_json::Value>,
-    delay: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct DynamoHeader {
-    schema: Option<String>,
-    event_type: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct DynamoLine {
-    agent_context: Option<AgentContext>,
-    request: DynamoRequest,
-}
-
-#[derive(Deserialize)]
-struct AgentContext {
-    session_id: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct DynamoRequest {
-    request_received_ms: f64,
-    output_tokens: u32,
-    replay: Option<Replay>,
-}
-
-#[derive(Deserialize)]
-struct Replay {
-    trace_block_size: u32,
-    input_length: u32,
-    input_sequence_hashes: Vec<u64>,
 }
 
 impl Trace {
@@ -585,370 +522,15 @@ fn duration_from_nanos(nanos: u128) -> Duration {
     Duration::new(secs, (nanos % 1_000_000_000) as u32)
 }
 
-/// Milliseconds (validated finite, non-negative and bounded) as a duration.
-fn millis(ms: f64) -> Duration {
-    Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).unwrap_or(Duration::MAX)
-}
-
-/// The bytes themselves, or their gzip decompression (at most `max` bytes) when they start with
-/// the gzip magic bytes; several gzip members (appended files) decompress one after another.
-fn decompress<'a>(bytes: &'a [u8], path: &Path, max: u64) -> Result<Cow<'a, [u8]>, TraceError> {
-    if !bytes.starts_with(&GZIP_MAGIC) {
-        return Ok(Cow::Borrowed(bytes));
-    }
-    let mut out = Vec::new();
-    // One byte more than allowed tells a trace of exactly `max` from a larger one.
-    flate2::read::MultiGzDecoder::new(bytes)
-        .take(max.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|source| TraceError::Gzip {
-            path: path.to_owned(),
-            source,
-        })?;
-    if out.len() as u64 > max {
-        return Err(TraceError::TooLarge {
-            path: path.to_owned(),
-            max,
-        });
-    }
-    Ok(Cow::Owned(out))
-}
-
-fn line_error(path: &Path, line: usize, problem: String) -> TraceError {
-    TraceError::Line {
-        path: path.to_owned(),
-        line,
-        problem,
-    }
-}
-
-/// A JSON error of one line, without serde_json's "at line 1 column N" (the line is ours).
-fn json_problem(error: serde_json::Error, what: &str) -> String {
-    let full = error.to_string();
-    let position = format!(" at line {} column {}", error.line(), error.column());
-    let message = full.strip_suffix(&position).unwrap_or(&full);
-    let column = error.column();
-    match error.classify() {
-        serde_json::error::Category::Data => format!("not {what}: {message} (column {column})"),
-        _ => format!("not JSON: {message} (column {column}); a trace has one object per line"),
-    }
-}
-
-/// A milliseconds field checked to be a usable time.
-fn checked_millis(field: &str, ms: f64) -> Result<f64, String> {
-    if ms.is_finite() && (0.0..=MAX_MILLIS).contains(&ms) {
-        Ok(ms)
-    } else {
-        Err(format!(
-            "`{field}` is {ms}; it must be milliseconds between 0 and {MAX_MILLIS}"
-        ))
-    }
-}
-
-/// A session id as a key: a string, or an integer (so `7` and `"7"` are one session).
-fn session_key(field: &str, value: Option<serde_json::Value>) -> Result<Option<String>, String> {
-    match value {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(text)) => Ok(Some(text)),
-        Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => Ok(Some(n.to_string())),
-        Some(other) => Err(format!(
-            "`{field}` is {other}; it must be a string or an integer"
-        )),
-    }
-}
-
-/// The check both formats share: a row names at most ⌈input_length / block_size⌉ blocks; the
-/// names are the format's own fields (blocks, length, block size) and the fix.
-fn check_blocks(
-    blocks: usize,
-    input_length: u32,
-    block_size: u32,
-    names: [&str; 4],
-) -> Result<(), String> {
-    let most = input_length.div_ceil(block_size) as usize;
-    if blocks <= most {
-        return Ok(());
-    }
-    let [blocks_field, length_field, size_field, fix] = names;
-    Err(format!(
-        "`{blocks_field}` has {blocks} blocks but {length_field} {input_length} at {size_field} \
-         {block_size} needs at most {most}; {fix}"
-    ))
-}
-
-fn parse_mooncake<'a>(
-    lines: impl Iterator<Item = (usize, &'a [u8])>,
-    block_size: u32,
-    path: &Path,
-) -> Result<Vec<Parsed>, TraceError> {
-    // The sort key of each session's latest turn, so its next turn sorts after it.
-    let mut latest: HashMap<String, f64> = HashMap::new();
-    lines
-        .map(|(line, bytes)| {
-            mooncake_row(bytes, block_size, &mut latest).map_err(|e| line_error(path, line, e))
-        })
-        .collect()
-}
-
-fn mooncake_row(
-    bytes: &[u8],
-    block_size: u32,
-    latest: &mut HashMap<String, f64>,
-) -> Result<Parsed, String> {
-    let row: MooncakeLine =
-        serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Mooncake trace row"))?;
-    let names = [
-        "hash_ids",
-        "input_length",
-        "block_size",
-        "set `block_size` to the trace's block size",
-    ];
-    check_blocks(row.hash_ids.len(), row.input_length, block_size, names)?;
-    let timestamp = row.timestamp.map(|ms| checked_millis("timestamp", ms));
-    let delay = row.delay.map(|ms| checked_millis("delay", ms));
-    let (timestamp, delay) = (timestamp.transpose()?, delay.transpose()?);
-    let session = session_key("session_id", row.session_id)?;
-    let previous = session.as_ref().and_then(|key| latest.get(key).copied());
-    let (key, at, delay) = match (previous, timestamp, delay) {
-        // A first turn, or a row without a session: sent at its timestamp.
-        (None, Some(timestamp), _) => (timestamp, Some(timestamp), Duration::ZERO),
-        (None, None, _) => {
-            return Err(
-                "`timestamp` is missing; only a later turn of a session (same \
-                        `session_id`) may omit it"
-                    .to_owned(),
-            );
-        }
-        (Some(previous), _, Some(delay)) => (previous, None, millis(delay)),
-        (Some(previous), Some(timestamp), None) => {
-            (previous.max(timestamp), Some(timestamp), Duration::ZERO)
-        }
-        (Some(previous), None, None) => (previous, None, Duration::ZERO),
-    };
-    if let Some(session) = &session {
-        latest.insert(session.clone(), key);
-    }
-    Ok(Parsed {
-        key,
-        at,
-        delay,
-        input_length: row.input_length,
-        output_length: row.output_length,
-        blocks: row.hash_ids,
-        session,
-    })
-}
-
-/// The Dynamo rows and the trace's block size.
-fn parse_dynamo<'a>(
-    lines: impl Iterator<Item = (usize, &'a [u8])>,
-    path: &Path,
-) -> Result<(u32, Vec<Parsed>), TraceError> {
-    // The block size and the line that set it.
-    let mut size: Option<(u32, usize)> = None;
-    let mut rows = Vec::new();
-    for (line, bytes) in lines {
-        if let Some(row) =
-            dynamo_row(bytes, line, &mut size).map_err(|e| line_error(path, line, e))?
-        {
-            rows.push(row);
-        }
-    }
-    Ok((size.map_or(1, |(size, _)| size), rows))
-}
-
-/// The request of one Dynamo line; `None` for another event.
-fn dynamo_row(
-    bytes: &[u8],
-    line: usize,
-    size: &mut Option<(u32, usize)>,
-) -> Result<Option<Parsed>, String> {
-    let header: DynamoHeader =
-        serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo request trace row"))?;
-    if header.schema.as_deref() != Some(DYNAMO_SCHEMA) {
-        let schema = header
-            .schema
-            .map_or("missing".to_owned(), |s| format!("`{s}`"));
-        return Err(format!(
-            "`schema` is {schema}, not `{DYNAMO_SCHEMA}`; give a Dynamo request trace, or set \
-             the trace format to `mooncake`"
-        ));
-    }
-    if header.event_type.as_deref() != Some("request_end") {
-        return Ok(None);
-    }
-    let row: DynamoLine =
-        serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo `request_end` row"))?;
-    let Some(replay) = row.request.replay else {
-        return Err("`request.replay` is missing; run the Dynamo frontend with \
-                    `DYN_REQUEST_TRACE=1` so request_end rows carry replay metadata (block \
-                    size, input length and block hashes)"
-            .to_owned());
-    };
-    let block_size = replay.trace_block_size;
-    if block_size == 0 {
-        return Err(
-            "`request.replay.trace_block_size` is 0; it must be the KV block size in tokens".into(),
-        );
-    }
-    match *size {
-        None => *size = Some((block_size, line)),
-        Some((first, first_line)) if first != block_size => {
-            return Err(format!(
-                "`request.replay.trace_block_size` is {block_size} but line {first_line} has \
-                 {first}; one trace must have one block size (record each frontend \
-                 configuration as its own trace)"
-            ));
-        }
-        Some(_) => {}
-    }
-    let names = [
-        "request.replay.input_sequence_hashes",
-        "`request.replay.input_length`",
-        "`trace_block_size`",
-        "the row is inconsistent; record the trace again",
-    ];
-    let hashes = replay.input_sequence_hashes;
-    check_blocks(hashes.len(), replay.input_length, block_size, names)?;
-    let received = checked_millis(
-        "request.request_received_ms",
-        row.request.request_received_ms,
-    )?;
-    let session = row.agent_context.and_then(|context| context.session_id);
-    Ok(Some(Parsed {
-        key: received,
-        at: Some(received),
-        delay: Duration::ZERO,
-        input_length: replay.input_length,
-        output_length: row.request.output_tokens,
-        blocks: hashes,
-        session: session_key("agent_context.session_id", session)?,
-    }))
-}
-
-/// One prompt built from a trace row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockPrompt {
-    /// The prompt text: the row's whole blocks, then text unique to the row.
-    pub text: String,
-    /// The tokens the text encodes to, as counted by the [`TokenModel`] (exact with a real
-    /// tokenizer, an estimate with the approximation).
-    pub tokens: usize,
-    /// How many of those tokens are the row's block texts (a multiple of the block size).
-    pub shared_blocks_tokens: usize,
-}
-
-/// Builds prompts from trace rows for one run: each block id maps to `block_size` tokens of text
-/// that depend only on (run salt, id), so rows naming the same leading ids start with
-/// byte-identical text. Share it through an `Arc` (it is `Send + Sync`) so every target and
-/// worker gets the same texts.
-#[derive(Debug)]
-pub struct BlockPrompts {
-    model: Arc<TokenModel>,
-    block_size: usize,
-    run_salt: u64,
-    cache: Mutex<BlockCache>,
-}
-
-/// Block texts by id, with their total size; cleared whole when a bound is passed, which costs
-/// only a rebuild of the texts still in use.
-#[derive(Debug, Default)]
-struct BlockCache {
-    texts: HashMap<u64, Arc<str>>,
-    bytes: usize,
-}
-
-impl BlockPrompts {
-    /// Prompts counted with `model`, `block_size` tokens per block id, salted with `run_salt`
-    /// (a new salt per run keeps an earlier run's cache from matching).
-    pub fn new(
-        model: Arc<TokenModel>,
-        block_size: usize,
-        run_salt: u64,
-    ) -> Result<Self, PromptError> {
-        if block_size == 0 {
-            return Err(PromptError::ZeroBlockSize);
-        }
-        Ok(Self {
-            model,
-            block_size,
-            run_salt,
-            cache: Mutex::new(BlockCache::default()),
-        })
-    }
-
-    /// Tokens per block id.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// The text of block `id`: exactly `block_size` tokens of single-token words, the same for
-    /// the same (run salt, id) on every call and every builder.
-    pub fn block_text(&self, id: u64) -> Result<Arc<str>, PromptError> {
-        if let Some(text) = self.lock().texts.get(&id) {
-            return Ok(Arc::clone(text));
-        }
-        // Composed outside the lock: other workers' blocks need not wait for this one.
-        let seed = derive_seed(self.run_salt, &[TRACE_DOMAIN, id]);
-        let text: Arc<str> = compose(&self.model, "", 0, self.block_size, seed)?.into();
-        let mut cache = self.lock();
-        if cache.texts.len() >= MAX_CACHED_BLOCKS
-            || cache.bytes + text.len() > MAX_CACHED_BLOCK_BYTES
-        {
-            cache.texts.clear();
-            cache.bytes = 0;
-        }
-        if cache.texts.insert(id, Arc::clone(&text)).is_none() {
-            cache.bytes += text.len();
-        }
-        Ok(text)
-    }
-
-    /// The prompt of `row` with `body_tokens` tokens of text (its `input_length` less the chat
-    /// template's tokens): the texts of the row's leading block ids, as many whole blocks as
-    /// fit, then text unique to the row seeded by (run salt, `row_index`) up to the length; so a
-    /// shorter body drops the last blocks and a longer one than the ids cover ends in unique
-    /// text. The total re-encodes to exactly `body_tokens` by the model's count (the unique
-    /// tail absorbs any merge at the seams). Pass a different `row_index` per send when repeated
-    /// sends of one row must not share their tails.
-    pub fn prompt(
-        &self,
-        row: &TraceRow,
-        body_tokens: usize,
-        row_index: u64,
-    ) -> Result<BlockPrompt, PromptError> {
-        let whole = row.blocks.len().min(body_tokens / self.block_size);
-        let mut head = String::new();
-        for &id in &row.blocks[..whole] {
-            head.push_str(&self.block_text(id)?);
-        }
-        let shared_blocks_tokens = whole * self.block_size;
-        let seed = derive_seed(self.run_salt, &[TAIL_DOMAIN, row_index]);
-        let text = compose(&self.model, &head, shared_blocks_tokens, body_tokens, seed)?;
-        Ok(BlockPrompt {
-            text,
-            tokens: body_tokens,
-            shared_blocks_tokens,
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BlockCache> {
-        self.cache
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    //! The trace's own tests, and the fixtures its submodules' tests share.
+
     use super::*;
-    use crate::workload::tokenizer::tests::trained_tokenizer;
-    use std::io::Write;
-    use std::sync::OnceLock;
 
     const PATH: &str = "traces/chat.jsonl";
 
-    fn mooncake(text: &str, block_size: u32) -> Result<Trace, TraceError> {
+    pub(super) fn mooncake(text: &str, block_size: u32) -> Result<Trace, TraceError> {
         Trace::parse(
             text.as_bytes(),
             TraceFormat::Mooncake,
@@ -959,7 +541,7 @@ mod tests {
 
     /// Six rows (block size 16) with shared leading ids and two sessions, out of time order in
     /// the file. Replay order: lines 1, 4, 6, 2, 3, 5.
-    const SMALL: &str = r#"{"timestamp": 0, "input_length": 40, "output_length": 5, "hash_ids": [1, 2, 3]}
+    pub(super) const SMALL: &str = r#"{"timestamp": 0, "input_length": 40, "output_length": 5, "hash_ids": [1, 2, 3]}
 {"timestamp": 100, "input_length": 32, "output_length": 6, "hash_ids": [1, 2], "session_id": "a"}
 {"input_length": 70, "output_length": 7, "hash_ids": [1, 2, 4, 5, 6], "session_id": "a", "delay": 250}
 
@@ -972,7 +554,7 @@ mod tests {
         mooncake(SMALL, 16).expect("parses")
     }
 
-    fn ms(ms: u64) -> Duration {
+    pub(super) fn ms(ms: u64) -> Duration {
         Duration::from_millis(ms)
     }
 
@@ -1019,7 +601,13 @@ mod tests {
         );
     }
 
-    fn dynamo_row(id: u32, received: u64, session: Option<&str>, size: u32, len: u32) -> String {
+    pub(super) fn dynamo_row(
+        id: u32,
+        received: u64,
+        session: Option<&str>,
+        size: u32,
+        len: u32,
+    ) -> String {
         let hashes: Vec<u64> = (0..len.div_ceil(size))
             .map(|block| u64::MAX - u64::from(block) - u64::from(id % 2) * 1000)
             .collect();
@@ -1043,195 +631,6 @@ mod tests {
             row["agent_context"] = serde_json::json!({ "session_id": session });
         }
         row.to_string()
-    }
-
-    fn dynamo_text() -> String {
-        let tool = serde_json::json!({
-            "schema": DYNAMO_SCHEMA,
-            "event_type": "tool_end",
-            "event_time_unix_ms": 1_760_000_000_900u64,
-            "agent_context": { "session_id": "s1" },
-            "tool": { "name": "search" },
-        });
-        // Written when requests end, so not in arrival order.
-        [
-            dynamo_row(0, 1_760_000_000_300, Some("s1"), 16, 100),
-            tool.to_string(),
-            dynamo_row(1, 1_760_000_000_000, None, 16, 64),
-            dynamo_row(2, 1_760_000_000_500, Some("s1"), 16, 130),
-        ]
-        .join("\n")
-    }
-
-    #[test]
-    fn dynamo_traces_parse_plain_and_gzipped_alike() {
-        let text = dynamo_text();
-        let plain = Trace::parse(text.as_bytes(), TraceFormat::Dynamo, 512, Path::new("t.gz"))
-            .expect("parses");
-        assert_eq!(plain.block_size, 16, "the trace's own block size");
-        assert_eq!(plain.rows.len(), 3, "tool_end is not a request");
-        let outputs: Vec<u32> = plain.rows.iter().map(|row| row.output_length).collect();
-        assert_eq!(outputs, [11, 10, 12], "arrival order");
-        // Session rows are open loop: every row has its time; the session is kept.
-        let at: Vec<Option<Duration>> = plain.rows.iter().map(|row| row.at).collect();
-        assert_eq!(at, [Some(ms(0)), Some(ms(300)), Some(ms(500))]);
-        let sessions: Vec<Option<u32>> = plain.rows.iter().map(|row| row.session).collect();
-        assert_eq!(sessions, [None, Some(0), Some(0)]);
-        assert_eq!(plain.sessions, 1);
-        assert_eq!(plain.rows[1].input_length, 100);
-        assert_eq!(plain.rows[1].blocks.len(), 7);
-        assert_eq!(
-            plain.rows[1].blocks[0],
-            u64::MAX,
-            "large u64 hashes survive"
-        );
-        assert_eq!(plain.span, ms(500));
-
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        encoder.write_all(text.as_bytes()).expect("compresses");
-        let gz = encoder.finish().expect("compresses");
-        let gzipped =
-            Trace::parse(&gz, TraceFormat::Dynamo, 512, Path::new("t.jsonl")).expect("parses");
-        assert_eq!(gzipped, plain, "gzip is told by its bytes, not its name");
-
-        // Through a file, with a misleading name.
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("trace.jsonl");
-        std::fs::write(&file, &gz).expect("write");
-        assert_eq!(
-            Trace::load(&file, TraceFormat::Dynamo, 512).expect("loads"),
-            plain
-        );
-        let error = Trace::load(&dir.path().join("missing"), TraceFormat::Dynamo, 512)
-            .expect_err("missing file");
-        assert!(matches!(error, TraceError::Read { .. }), "{error}");
-
-        // A decompressed size past the cap is refused, as is broken gzip.
-        let error = decompress(&gz, Path::new("t.gz"), 100).expect_err("too large");
-        assert!(
-            matches!(error, TraceError::TooLarge { max: 100, .. }),
-            "{error}"
-        );
-        let error = Trace::parse(&gz[..20], TraceFormat::Dynamo, 0, Path::new("t.gz"))
-            .expect_err("truncated gzip");
-        assert!(matches!(error, TraceError::Gzip { .. }), "{error}");
-    }
-
-    #[test]
-    fn dynamo_rows_need_one_block_size_and_replay_metadata() {
-        let mixed = [
-            dynamo_row(0, 1000, None, 16, 64),
-            dynamo_row(1, 1100, None, 16, 64),
-            dynamo_row(2, 1200, None, 32, 64),
-        ]
-        .join("\n");
-        let error = Trace::parse(
-            mixed.as_bytes(),
-            TraceFormat::Dynamo,
-            0,
-            Path::new("d.jsonl"),
-        )
-        .expect_err("mixed block sizes");
-        let message = error.to_string();
-        assert!(
-            message.starts_with(
-                "d.jsonl:3: `request.replay.trace_block_size` is 32 but line 1 has 16"
-            ),
-            "{message}"
-        );
-
-        let mut bare: serde_json::Value =
-            serde_json::from_str(&dynamo_row(0, 1000, None, 16, 64)).expect("json");
-        bare["request"]
-            .as_object_mut()
-            .expect("object")
-            .remove("replay");
-        let text = format!("{}\n{bare}", dynamo_row(1, 900, None, 16, 64));
-        let message = Trace::parse(
-            text.as_bytes(),
-            TraceFormat::Dynamo,
-            0,
-            Path::new("d.jsonl"),
-        )
-        .expect_err("no replay")
-        .to_string();
-        assert!(message.starts_with("d.jsonl:2: "), "{message}");
-        assert!(message.contains("DYN_REQUEST_TRACE=1"), "{message}");
-
-        let message = Trace::parse(
-            SMALL.as_bytes(),
-            TraceFormat::Dynamo,
-            0,
-            Path::new("d.jsonl"),
-        )
-        .expect_err("a Mooncake trace is not a Dynamo trace")
-        .to_string();
-        assert!(
-            message.starts_with("d.jsonl:1: `schema` is missing"),
-            "{message}"
-        );
-
-        let tool_only = dynamo_text()
-            .lines()
-            .filter(|line| line.contains("tool_end"))
-            .collect::<String>();
-        let error = Trace::parse(
-            tool_only.as_bytes(),
-            TraceFormat::Dynamo,
-            0,
-            Path::new("d.jsonl"),
-        )
-        .expect_err("no requests");
-        assert!(matches!(error, TraceError::Empty { .. }), "{error}");
-        assert!(error.to_string().contains("request_end"), "{error}");
-    }
-
-    #[test]
-    fn bad_mooncake_lines_are_reported_with_their_line_numbers() {
-        let too_many = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}\n\n\
-                        {\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 1, \
-                        \"hash_ids\": [1, 2, 3, 4, 5]}";
-        assert_eq!(
-            mooncake(too_many, 512).expect_err("too many").to_string(),
-            "traces/chat.jsonl:3: `hash_ids` has 5 blocks but input_length 1000 at block_size \
-             512 needs at most 2; set `block_size` to the trace's block size"
-        );
-        // Fewer ids than blocks is fine: the rest of the prompt is the row's own.
-        let fewer = mooncake(&too_many.replace("1, 2, 3, 4, 5", "1"), 512).expect("fewer");
-        assert_eq!(fewer.rows[1].blocks, [1]);
-
-        let cases = [
-            (
-                "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{oops",
-                "traces/chat.jsonl:2: not JSON",
-            ),
-            (
-                "{\"timestamp\": 0, \"output_length\": 1}",
-                "traces/chat.jsonl:1: not a Mooncake trace row: missing field `input_length`",
-            ),
-            (
-                "{\"input_length\": 1, \"output_length\": 1}",
-                "traces/chat.jsonl:1: `timestamp` is missing",
-            ),
-            (
-                "{\"timestamp\": -5, \"input_length\": 1, \"output_length\": 1}",
-                "traces/chat.jsonl:1: `timestamp` is -5",
-            ),
-            (
-                "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \
-                 \"session_id\": 1.5}",
-                "traces/chat.jsonl:1: `session_id` is 1.5",
-            ),
-            (
-                "\n \n",
-                "trace traces/chat.jsonl: no Mooncake requests in it",
-            ),
-        ];
-        for (text, expected) in cases {
-            let message = mooncake(text, 16).expect_err(expected).to_string();
-            assert!(message.starts_with(expected), "{message}");
-        }
-        assert!(matches!(mooncake(SMALL, 0), Err(TraceError::ZeroBlockSize)));
     }
 
     #[test]
@@ -1419,98 +818,6 @@ mod tests {
             .collect();
         let shifted = mooncake(&text, 16).expect("parses");
         assert_eq!(shifted.expected_hit_tokens(), (64 + 16, 193 + 24 + 48));
-    }
-
-    fn real_model() -> Arc<TokenModel> {
-        static MODEL: OnceLock<Arc<TokenModel>> = OnceLock::new();
-        MODEL
-            .get_or_init(|| Arc::new(TokenModel::from_tokenizer(trained_tokenizer(), "test")))
-            .clone()
-    }
-
-    fn row(blocks: &[u64]) -> TraceRow {
-        TraceRow {
-            at: Some(Duration::ZERO),
-            delay: Duration::ZERO,
-            input_length: 1000,
-            output_length: 1,
-            blocks: blocks.to_vec(),
-            session: None,
-        }
-    }
-
-    #[test]
-    fn shared_block_ids_give_byte_identical_prompt_blocks() {
-        for model in [real_model(), Arc::new(TokenModel::approximate())] {
-            let prompts = BlockPrompts::new(model.clone(), 16, 7).expect("valid");
-            let a = prompts.prompt(&row(&[1, 2, 3]), 60, 0).expect("builds");
-            let b = prompts.prompt(&row(&[1, 2, 9]), 60, 1).expect("builds");
-            for prompt in [&a, &b] {
-                assert_eq!(model.count(&prompt.text), 60, "{model:?}");
-                assert_eq!(prompt.tokens, 60);
-                assert_eq!(prompt.shared_blocks_tokens, 48);
-            }
-            let two = format!(
-                "{}{}",
-                prompts.block_text(1).unwrap(),
-                prompts.block_text(2).unwrap()
-            );
-            assert_eq!(model.count(&two), 32);
-            assert!(a.text.starts_with(&two) && b.text.starts_with(&two));
-            let (third_a, third_b) = (&a.text[two.len()..], &b.text[two.len()..]);
-            assert!(third_a.starts_with(&*prompts.block_text(3).unwrap()));
-            assert!(third_b.starts_with(&*prompts.block_text(9).unwrap()));
-            assert_ne!(
-                prompts.block_text(3).unwrap(),
-                prompts.block_text(9).unwrap()
-            );
-            // A block is a pure function of (salt, id): a fresh builder agrees, another run not.
-            let again = BlockPrompts::new(model.clone(), 16, 7).expect("valid");
-            assert_eq!(again.prompt(&row(&[1, 2, 3]), 60, 0).expect("builds"), a);
-            let other = BlockPrompts::new(model.clone(), 16, 8).expect("valid");
-            assert_ne!(other.block_text(1).unwrap(), prompts.block_text(1).unwrap());
-            // Equal ids on equal rows differ only in their unique tails.
-            let tail = prompts.prompt(&row(&[1, 2, 3]), 60, 5).expect("builds");
-            assert_eq!(tail.text[..two.len()], a.text[..two.len()]);
-            assert_ne!(tail.text, a.text);
-        }
-    }
-
-    #[test]
-    fn prompts_trim_blocks_that_do_not_fit_and_extend_past_the_ids_exactly() {
-        let model = real_model();
-        let prompts = BlockPrompts::new(model.clone(), 16, 3).expect("valid");
-        let blocks = [4, 5, 6];
-        for (body, shared) in [
-            (0, 0),
-            (1, 0),
-            (15, 0),
-            (16, 16),
-            (40, 32),
-            (48, 48),
-            (300, 48),
-        ] {
-            let prompt = prompts.prompt(&row(&blocks), body, 9).expect("builds");
-            assert_eq!(model.count(&prompt.text), body, "body {body}");
-            assert_eq!(prompt.shared_blocks_tokens, shared, "body {body}");
-            let head: String = blocks[..shared / 16]
-                .iter()
-                .map(|&id| prompts.block_text(id).unwrap().to_string())
-                .collect();
-            assert!(prompt.text.starts_with(&head));
-        }
-        // Long blocks, as Mooncake's 512, compose exactly too.
-        let wide = BlockPrompts::new(model.clone(), 512, 3).expect("valid");
-        let prompt = wide.prompt(&row(&[1, 2]), 1000, 0).expect("builds");
-        assert_eq!(model.count(&prompt.text), 1000);
-        assert_eq!(prompt.shared_blocks_tokens, 512);
-        assert!(matches!(
-            BlockPrompts::new(model, 0, 0),
-            Err(PromptError::ZeroBlockSize)
-        ));
-        fn assert_send_sync<T: Send + Sync>() {}
-        assert_send_sync::<BlockPrompts>();
-        assert_send_sync::<ReplayOffsets>();
     }
 
     #[test]
