@@ -45,7 +45,7 @@ impl Setup {
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative
     /// paths. The result has no path: [`Setup::load`] sets it.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Setup, ConfigError> {
-        let cfg = Config::from_yaml(text, file)?;
+        let mut cfg = Config::from_yaml(text, file)?;
         let domain = LabelDomain::of(&cfg);
         let mut diagnostics = cfg.validate(base_dir);
         diagnostics.extend(crate::slo::diagnostics(&cfg, &domain));
@@ -55,6 +55,7 @@ impl Setup {
                 diagnostics,
             });
         }
+        cfg.resolve_paths(base_dir);
         Setup::compiled(cfg, None, file)
     }
 

@@ -94,6 +94,9 @@ fn shipped_examples_are_valid() {
         !steps.is_empty() && steps.iter().all(|s| s.cancel.is_some()),
         "every step of the cancellation example abandons requests"
     );
+    let traces = Config::load(&root.join("examples/trace-replay.yaml"))
+        .unwrap_or_else(|e| panic!("examples/trace-replay.yaml:\n{e}"));
+    assert_eq!(traces.cycle(), ["trace_replay"]);
     let demo = Config::demo();
     let modes: Vec<_> = demo.targets.iter().map(|t| t.serving_mode).collect();
     assert!(modes.contains(&llm_canary::config::ServingMode::Aggregated));
@@ -139,7 +142,11 @@ fn defaults_are_the_source_documents() {
         Path::new("."),
     )
     .unwrap();
-    assert_eq!(cfg.cycle(), llm_canary::config::WORKLOAD_NAMES.to_vec());
+    // Every workload but trace replay, which needs trace files.
+    assert_eq!(
+        cfg.cycle(),
+        llm_canary::config::WORKLOAD_NAMES[..4].to_vec()
+    );
     assert_eq!(*cfg.time_scale, 1.0);
     assert_eq!(*cfg.export.listen, "127.0.0.1:9464");
     let plan = cfg.cycle_plan();

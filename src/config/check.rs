@@ -6,7 +6,7 @@ use std::path::Path;
 use super::at::{At, Dur};
 use super::error::Diagnostic;
 use super::validate::{MAX_OSL, MAX_RPS};
-use super::workloads::{Cancel, Rate};
+use super::workloads::{Cancel, Rate, TraceReplay};
 
 pub(super) struct Check {
     pub(super) diags: Vec<Diagnostic>,
@@ -142,6 +142,55 @@ impl Check {
             ),
             _ => {}
         }
+    }
+
+    /// The trace-replay workload: its numbers, and every trace loaded as the step will load it,
+    /// so a bad file or row is reported by `check` (with the file's line) and never starts traffic.
+    pub(super) fn trace_replay(&mut self, r: &TraceReplay, base_dir: &Path) {
+        if r.traces.is_empty() {
+            self.err(
+                None,
+                "`trace_replay.traces` is empty",
+                Some("add `- { name: chat, path: traces/chat.jsonl }`".into()),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for t in &r.traces {
+            let name = t.name.as_str();
+            if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
+                self.err(
+                    t.name.pos,
+                    format!("trace name {name:?} must be 1 to 64 printable characters"),
+                    Some("it becomes the `trace` label".into()),
+                );
+            } else if !names.insert(name) {
+                self.err(
+                    t.name.pos,
+                    format!("trace name `{name}` is used twice"),
+                    None,
+                );
+            }
+            self.range_u32(&t.block_size, "trace_replay.traces.block_size", 1, 65_536);
+            if *t.block_size == 0 {
+                continue;
+            }
+            let path = base_dir.join(t.path.as_str());
+            if let Err(e) = crate::workload::trace::Trace::load_any(&path, t.format, *t.block_size)
+            {
+                self.err(
+                    t.path.pos,
+                    format!("trace `{name}`: {e}"),
+                    Some("see docs/METRICS.md, \"Trace replay\", for both formats".into()),
+                );
+            }
+        }
+        self.finite_in(&r.speed, "trace_replay.speed", 0.0, 1000.0, true);
+        self.finite_in(&r.sample, "trace_replay.sample", 0.0, 1.0, true);
+        if let Some(m) = &r.max_rows {
+            self.range_u32(m, "trace_replay.max_rows", 1, u32::MAX);
+        }
+        self.range_u32(&r.max_inflight, "trace_replay.max_inflight", 1, 100_000);
+        self.step_and_warmup(&r.step, &r.warmup, "trace_replay");
     }
 
     pub(super) fn step_and_warmup(&mut self, step: &At<Dur>, warmup: &At<Dur>, workload: &str) {

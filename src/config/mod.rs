@@ -66,9 +66,10 @@ impl Config {
 
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative paths.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigError> {
-        let cfg = Config::from_yaml(text, file)?;
+        let mut cfg = Config::from_yaml(text, file)?;
         let diagnostics = cfg.validate(base_dir);
         if diagnostics.is_empty() {
+            cfg.resolve_paths(base_dir);
             Ok(cfg)
         } else {
             Err(ConfigError::Invalid {
@@ -96,6 +97,16 @@ impl Config {
     /// Every problem with the values (empty = valid); relative paths resolve against `base_dir`.
     pub fn validate(&self, base_dir: &Path) -> Vec<Diagnostic> {
         validate::validate(self, base_dir)
+    }
+
+    /// Makes the paths the schedule reads at run time (trace files) absolute, against the
+    /// config's folder, so a step finds them whatever the working directory.
+    pub fn resolve_paths(&mut self, base_dir: &Path) {
+        if let Some(r) = &mut self.workloads.trace_replay {
+            for t in &mut r.traces {
+                t.path.value = base_dir.join(t.path.as_str()).display().to_string();
+            }
+        }
     }
 
     /// The workloads of one cycle, in order.

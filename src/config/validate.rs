@@ -286,6 +286,9 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
 
     validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
+    if let Some(r) = &cfg.workloads.trace_replay {
+        c.trace_replay(r, base_dir);
+    }
     validate_schedule(&mut c, cfg);
     validate_slos(&mut c, cfg);
 
@@ -386,6 +389,7 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
         && w.multi_turn.is_none()
         && w.sequence_distribution.is_none()
         && w.prefix_cache.is_none()
+        && w.trace_replay.is_none()
     {
         c.err(
             None,
@@ -743,6 +747,7 @@ impl Workloads {
             "multi_turn" => self.multi_turn.is_some(),
             "sequence_distribution" => self.sequence_distribution.is_some(),
             "prefix_cache" => self.prefix_cache.is_some(),
+            "trace_replay" => self.trace_replay.is_some(),
             _ => false,
         }
     }

@@ -18,6 +18,9 @@ pub struct Workloads {
     pub sequence_distribution: Option<SequenceDistribution>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCache>,
+    /// Not run unless written: it needs trace files.
+    #[serde(default)]
+    pub trace_replay: Option<TraceReplay>,
 }
 
 impl Default for Workloads {
@@ -28,17 +31,65 @@ impl Default for Workloads {
             multi_turn: Some(MultiTurn::default()),
             sequence_distribution: Some(SequenceDistribution::default()),
             prefix_cache: Some(PrefixCache::default()),
+            trace_replay: None,
         }
     }
 }
 
-/// The workload names (the `workload` label), in the benchmark plan's order.
-pub const WORKLOAD_NAMES: [&str; 4] = [
+/// The workload names (the `workload` label): the benchmark plan's four in its order, then trace
+/// replay.
+pub const WORKLOAD_NAMES: [&str; 5] = [
     "concurrency_sweep",
     "multi_turn",
     "sequence_distribution",
     "prefix_cache",
+    "trace_replay",
 ];
+
+/// Request traces replayed open loop (docs/METRICS.md, "Trace replay"): one step per trace, its
+/// timestamps divided by `speed`, looped back to back for as long as the step sends.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceReplay {
+    /// The traces, one step each, in this order.
+    pub traces: Vec<TraceFile>,
+    /// Replay speed: 2 sends the trace twice as fast (timestamps and session delays halved).
+    #[serde(default = "one")]
+    pub speed: At<f64>,
+    /// Share of the trace replayed, whole sessions kept or dropped (seeded): 0.1 keeps a tenth.
+    #[serde(default = "one")]
+    pub sample: At<f64>,
+    /// At most this many rows of the (sampled) trace, cut between whole sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<At<u32>>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Cap on requests in flight per target; rows beyond it still count from their timestamps.
+    #[serde(default = "max_inflight")]
+    pub max_inflight: At<u32>,
+}
+
+/// One trace file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceFile {
+    /// The `trace` label of its step: a name of the config's, never taken from the file.
+    pub name: At<String>,
+    /// A JSONL file (Dynamo's may be gzip-compressed), relative to the config's directory.
+    pub path: At<String>,
+    /// `mooncake` or `dynamo`; absent: told by the first line (a `schema` key is Dynamo's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::workload::trace::TraceFormat>,
+    /// Tokens per `hash_ids` block of a Mooncake trace (Dynamo's traces carry their own).
+    #[serde(default = "n512")]
+    pub block_size: At<u32>,
+}
+
+fn one() -> At<f64> {
+    At::dflt(1.0)
+}
 
 /// Open-loop arrivals instead of closed-loop workers.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -1,4 +1,4 @@
-//! The label set of every per-request and per-step series: its eight names, spelled once.
+//! The label set of every per-request and per-step series: its nine names, spelled once.
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 
@@ -18,6 +18,8 @@ pub struct RequestLabels {
     pub distribution: String,
     pub isl_bucket: String,
     pub prefix_ratio: String,
+    /// `trace_replay`: the trace's configured name (never anything from its rows).
+    pub trace: String,
 }
 
 /// A step is identified by the same labels as its requests.
@@ -64,6 +66,12 @@ impl RequestLabels {
         self
     }
 
+    /// `trace_replay` step label: the trace's configured name.
+    pub fn with_trace(mut self, trace: &str) -> Self {
+        self.trace = trace.to_owned();
+        self
+    }
+
     /// `prefix_cache` step label, formatted as Rust's shortest round-trip form (`0`, `0.25`, `1`).
     pub fn with_prefix_ratio(mut self, prefix_ratio: f64) -> Self {
         self.prefix_ratio = prefix_ratio.to_string();
@@ -71,9 +79,9 @@ impl RequestLabels {
     }
 }
 
-/// The eight request-label names, in the order of [`RequestLabels`]' fields (and so of its
+/// The nine request-label names, in the order of [`RequestLabels`]' fields (and so of its
 /// derived encoding): the one place they are spelled.
-pub const REQUEST_LABELS: [&str; 8] = [
+pub const REQUEST_LABELS: [&str; 9] = [
     "target",
     "serving_mode",
     "workload",
@@ -82,33 +90,36 @@ pub const REQUEST_LABELS: [&str; 8] = [
     "distribution",
     "isl_bucket",
     "prefix_ratio",
+    "trace",
 ];
 
 /// The step labels: the request labels after `target`, `serving_mode` and `workload`.
-pub const STEP_LABELS: [&str; 5] = [
+pub const STEP_LABELS: [&str; 6] = [
     REQUEST_LABELS[3],
     REQUEST_LABELS[4],
     REQUEST_LABELS[5],
     REQUEST_LABELS[6],
     REQUEST_LABELS[7],
+    REQUEST_LABELS[8],
 ];
 
 /// The labels a whole step is known by: the request labels without the two that vary per request
 /// within a step (`turn`, `isl_bucket`). The standard export keeps the per-request families by
 /// these (docs/METRICS.md, "Series budget"), and a step's flags (`llm_canary_step_degraded`) are
 /// matched to its sub-steps' gauges by them.
-pub const STEP_LEVEL_LABELS: [&str; 6] = [
+pub const STEP_LEVEL_LABELS: [&str; 7] = [
     REQUEST_LABELS[0],
     REQUEST_LABELS[1],
     REQUEST_LABELS[2],
     REQUEST_LABELS[3],
     REQUEST_LABELS[5],
     REQUEST_LABELS[7],
+    REQUEST_LABELS[8],
 ];
 
 impl RequestLabels {
     /// Every label as (name, value), in [`REQUEST_LABELS`] order.
-    pub fn pairs(&self) -> [(&'static str, &str); 8] {
+    pub fn pairs(&self) -> [(&'static str, &str); 9] {
         let values = [
             &self.target,
             &self.serving_mode,
@@ -118,6 +129,7 @@ impl RequestLabels {
             &self.distribution,
             &self.isl_bucket,
             &self.prefix_ratio,
+            &self.trace,
         ];
         std::array::from_fn(|i| (REQUEST_LABELS[i], values[i].as_str()))
     }
@@ -125,7 +137,9 @@ impl RequestLabels {
     /// The step labels that apply (non-empty), as (name, value).
     pub fn step_pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
         let pairs = self.pairs();
-        (3..8).map(move |i| pairs[i]).filter(|(_, v)| !v.is_empty())
+        (3..pairs.len())
+            .map(move |i| pairs[i])
+            .filter(|(_, v)| !v.is_empty())
     }
 
     /// The labels from (name, value) pairs; unknown names are ignored, missing ones empty.
@@ -141,6 +155,7 @@ impl RequestLabels {
                 "distribution" => &mut l.distribution,
                 "isl_bucket" => &mut l.isl_bucket,
                 "prefix_ratio" => &mut l.prefix_ratio,
+                "trace" => &mut l.trace,
                 _ => continue,
             };
             *field = value.to_owned();

@@ -88,11 +88,13 @@ impl Report {
             ix.recommendations_table(),
         ];
         // Beside the tables of the steps they describe, before the cost and the answers.
-        for extra in [ix.cancellations_table(), ix.arrivals_table()]
-            .into_iter()
-            .flatten()
-        {
-            tables.insert(5, extra);
+        let extra = ix.trace_tables().into_iter().chain(
+            [ix.arrivals_table(), ix.cancellations_table()]
+                .into_iter()
+                .flatten(),
+        );
+        for (i, table) in extra.enumerate() {
+            tables.insert(5 + i, table);
         }
         tables.push(super::questions::slo_table(&data.slo));
         Report {

@@ -16,6 +16,7 @@ pub mod records;
 pub mod search;
 mod svg;
 pub mod table;
+mod traces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

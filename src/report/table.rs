@@ -95,7 +95,7 @@ impl Cell {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Table {
     /// Stable identifier: the CSV file is `<id>.csv`.
-    pub id: &'static str,
+    pub id: String,
     pub title: String,
     pub columns: Vec<Column>,
     pub rows: Vec<Vec<Cell>>,
@@ -105,9 +105,9 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(id: &'static str, title: &str, columns: Vec<Column>) -> Table {
+    pub fn new(id: &str, title: &str, columns: Vec<Column>) -> Table {
         Table {
-            id,
+            id: id.to_owned(),
             title: title.to_owned(),
             columns,
             rows: Vec::new(),

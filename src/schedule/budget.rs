@@ -166,6 +166,7 @@ pub struct Admission {
 pub fn streams(plan: &StepPlan) -> u32 {
     match (&plan.kind, plan.rate) {
         (StepKind::MultiTurn { conversations, .. }, _) => *conversations,
+        (StepKind::Trace { max_inflight, .. }, _) => *max_inflight,
         (_, Some(rate)) => rate.max_inflight,
         (_, None) => plan.concurrency(),
     }
@@ -178,6 +179,8 @@ pub fn max_osl(plan: &StepPlan) -> u32 {
         | StepKind::MultiTurn { osl, .. }
         | StepKind::Prefix { osl, .. } => *osl,
         StepKind::Distribution { osl, .. } => osl.1,
+        // Known once the step loads its trace; each send is still granted against the hour.
+        StepKind::Trace { .. } => 1,
     }
 }
 

@@ -5,6 +5,7 @@
 //! skips, paces or cuts.
 
 use std::fmt::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use super::budget::{Limits, streams};
@@ -54,7 +55,40 @@ fn mean_lengths(plan: &StepPlan) -> (f64, f64) {
             f64::from(*osl),
             f64::from(*isl + *osl) * f64::from(*turns + 1) / 2.0,
         ),
+        // Read from the trace by `trace_shape`.
+        StepKind::Trace { .. } => (0.0, 0.0),
     }
+}
+
+/// A trace step's mean output and prompt lengths and its request rate, from the trace as the step
+/// will replay it; `None` for other steps (or a trace that cannot be read, which `check` reports).
+fn trace_shape(plan: &StepPlan) -> Option<(f64, f64, f64)> {
+    let StepKind::Trace {
+        path,
+        format,
+        block_size,
+        speed,
+        sample,
+        max_rows,
+        ..
+    } = &plan.kind
+    else {
+        return None;
+    };
+    let trace = crate::workload::trace::Trace::load_any(Path::new(path), *format, *block_size)
+        .ok()?
+        .sample(*sample, 0)
+        .truncate(max_rows.map_or(usize::MAX, |m| m as usize));
+    let n = trace.rows.len().max(1) as f64;
+    let mean = |f: fn(&crate::workload::trace::TraceRow) -> u32| {
+        trace.rows.iter().map(|r| f64::from(f(r))).sum::<f64>() / n
+    };
+    let seconds = trace.span.as_secs_f64().max(1.0) / speed;
+    Some((
+        mean(|r| r.output_length),
+        mean(|r| r.input_length),
+        n / seconds,
+    ))
 }
 
 fn request_seconds(plan: &StepPlan, osl: f64) -> f64 {
@@ -99,10 +133,12 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
                     continue;
                 }
                 let secs = (p.warmup + p.steady).as_secs_f64();
-                let (osl, isl) = mean_lengths(p);
-                let mut rps = match p.rate {
-                    Some(r) => r.rps,
-                    None => f64::from(need) / request_seconds(p, osl),
+                let trace = trace_shape(p);
+                let (osl, isl) = trace.map_or_else(|| mean_lengths(p), |(o, i, _)| (o, i));
+                let mut rps = match (p.rate, trace) {
+                    (_, Some((_, _, rps))) => rps,
+                    (Some(r), None) => r.rps,
+                    (None, None) => f64::from(need) / request_seconds(p, osl),
                 };
                 let rps_cap = [own.max_rps, global.max_rps.map(|g| g / n as f64)]
                     .into_iter()

@@ -1,4 +1,5 @@
-//! The three ways a step sends to a target: closed-loop workers (each sends when its previous
+//! The three ways a step sends to a target (and the unmeasured prefix warmup before a
+//! prefix-cache step): closed-loop workers (each sends when its previous
 //! request ends, backing off after a failure), open-loop arrivals on a schedule of intended
 //! send instants (counting, for the saturation verdict, what was intended, sent and answered),
 //! and multi-turn conversations that resend their whole history every turn.
@@ -10,7 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::plan::StepKind;
+use super::plan::{StepKind, StepPlan};
 use crate::client::{ChatMessage, Outcome, Prompt, Role, StreamRequest};
 use crate::config::Api;
 use crate::measure::arrivals::Arrivals;
@@ -18,7 +19,11 @@ use crate::workload::sampler::{
     ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed,
 };
 
-use super::runner::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target};
+use super::runner::{
+    CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target, as_prompt,
+};
+use crate::workload::prompt::PromptBuilder;
+use tokio_util::sync::CancellationToken;
 
 /// After a failed request a closed-loop worker waits (doubling up to [`ERROR_BACKOFF_MAX`], never
 /// past the end of sending): a failing target answers at once (refused, 503), and N workers
@@ -37,6 +42,55 @@ async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
 }
 
 impl Runner {
+    /// Sends each shared prefix of the pool once per target (not measured), so the step measures
+    /// cache hits rather than the first fill.
+    /// `shared`: each target's index and its shared prefix length. Each prompt is bounded by
+    /// [`CALIBRATION_TIMEOUT`], so a target that stopped answering delays the step by that at most.
+    pub(super) async fn warm_prefixes(
+        &self,
+        builder: &PromptBuilder,
+        shared: &[(usize, usize)],
+        cycle: u64,
+        plan: &StepPlan,
+        hard_stop: &CancellationToken,
+    ) {
+        let mut tasks = JoinSet::new();
+        for &(t, shared) in shared {
+            let prompts = match builder.warmup_prompts(shared) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot build the prefix warmup prompts");
+                    return;
+                }
+            };
+            let target = Arc::clone(&self.targets[t]);
+            let client = self.client.clone();
+            let hard = hard_stop.clone();
+            let id_base = format!("{:08x}-{cycle}-warm{}", self.run_salt as u32, plan.index);
+            tasks.spawn(async move {
+                for (i, p) in prompts.into_iter().enumerate() {
+                    let req = StreamRequest {
+                        request_id: format!("{id_base}-{i}-t{t}"),
+                        prompt: as_prompt(target.endpoint.api(), p.text),
+                        osl: 1,
+                    };
+                    let cut = async {
+                        tokio::select! {
+                            _ = hard.cancelled() => {}
+                            _ = tokio::time::sleep(CALIBRATION_TIMEOUT) => {}
+                        }
+                    };
+                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), cut).await;
+                    if !rec.outcome.is_ok() {
+                        tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "prefix warmup request failed");
+                        break;
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
     /// A distribution step's ISL and OSL samplers for `worker` (`None` for other steps).
     fn samplers(&self, ctx: &StepCtx, worker: u64) -> Option<(LengthSampler, LengthSampler)> {
         let StepKind::Distribution {

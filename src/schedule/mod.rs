@@ -10,6 +10,7 @@ pub mod gate;
 pub mod plan;
 pub mod probe_stream;
 pub mod recorder;
+mod replay;
 pub mod runner;
 pub mod scheduler;
 pub mod source;

@@ -37,6 +37,19 @@ pub enum StepKind {
         lognormal_osl_median: Option<f64>,
         lognormal_sigma: f64,
     },
+    /// `trace_replay`: one trace's rows replayed open loop at their timestamps / `speed`.
+    Trace {
+        /// The `trace` label.
+        name: String,
+        /// Absolute (resolved against the config's folder when the config was read).
+        path: String,
+        format: Option<crate::workload::trace::TraceFormat>,
+        block_size: u32,
+        speed: f64,
+        sample: f64,
+        max_rows: Option<u32>,
+        max_inflight: u32,
+    },
     /// `prefix_cache`: a shared prefix of `ratio`·ISL (whole blocks) plus a unique suffix.
     Prefix {
         ratio: f64,
@@ -127,6 +140,7 @@ impl StepPlan {
                 ("distribution", distribution.as_str().to_owned())
             }
             StepKind::Prefix { ratio, .. } => ("prefix_ratio", ratio_label(*ratio)),
+            StepKind::Trace { name, .. } => ("trace", name.clone()),
         }
     }
 
@@ -147,6 +161,7 @@ impl StepPlan {
             | StepKind::Distribution { concurrency, .. }
             | StepKind::Prefix { concurrency, .. } => *concurrency,
             StepKind::MultiTurn { conversations, .. } => *conversations,
+            StepKind::Trace { max_inflight, .. } => *max_inflight,
         }
     }
 }
@@ -245,6 +260,29 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         steady: scaled(p.step.saturating_sub(p.warmup.0)),
                         rate: p.rate.as_ref().map(RatePlan::from),
                         cancel: CancelPlan::of(&p.cancel),
+                    });
+                }
+            }
+            "trace_replay" => {
+                let Some(r) = &w.trace_replay else { continue };
+                for (index, t) in r.traces.iter().enumerate() {
+                    steps.push(StepPlan {
+                        workload,
+                        index,
+                        kind: StepKind::Trace {
+                            name: t.name.value.clone(),
+                            path: t.path.value.clone(),
+                            format: t.format,
+                            block_size: *t.block_size,
+                            speed: *r.speed,
+                            sample: *r.sample,
+                            max_rows: r.max_rows.as_ref().map(|m| **m),
+                            max_inflight: *r.max_inflight,
+                        },
+                        warmup: scaled(r.warmup.0),
+                        steady: scaled(r.step.saturating_sub(r.warmup.0)),
+                        rate: None,
+                        cancel: None,
                     });
                 }
             }

@@ -145,6 +145,7 @@ impl StepCtx {
                 l.prefix_ratio = ratio_label(*ratio);
                 l
             }
+            StepKind::Trace { name, .. } => l.with_trace(name),
         }
     }
 
@@ -153,7 +154,8 @@ impl StepCtx {
             "concurrency_sweep" => "cs",
             "multi_turn" => "mt",
             "sequence_distribution" => "sd",
-            _ => "pc",
+            "prefix_cache" => "pc",
+            _ => "tr",
         };
         format!(
             "{:08x}-{}-{w}{}-{worker}-{k}-t{target}",
@@ -399,6 +401,20 @@ impl Runner {
                     .await;
             }
         }
+        // A trace is read once per step, before its clock starts, and replayed alike to every
+        // target.
+        let replay = match super::replay::Replay::for_step(
+            plan,
+            self.seed,
+            &self.tokens,
+            self.run_salt,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(step = %plan.name(), error = %e, "cannot read the trace; step skipped");
+                return Vec::new();
+            }
+        };
         let t0 = Instant::now();
         let send_end = t0 + plan.warmup + plan.steady;
         let ctx = Arc::new(StepCtx {
@@ -419,6 +435,16 @@ impl Runner {
         for &t in targets {
             let target = Arc::clone(&self.targets[t]);
             match (&plan.kind, plan.rate) {
+                (StepKind::Trace { .. }, _) => {
+                    if let Some(r) = &replay {
+                        tasks.spawn(Arc::clone(self).replay(
+                            Arc::clone(&ctx),
+                            t,
+                            target,
+                            Arc::clone(r),
+                        ));
+                    }
+                }
                 (StepKind::MultiTurn { conversations, .. }, _) => {
                     for c in 0..u64::from(*conversations) {
                         tasks.spawn(Arc::clone(self).conversation_worker(
@@ -548,61 +574,13 @@ impl Runner {
                     "concurrency" => labels.concurrency = v,
                     "distribution" => labels.distribution = v,
                     "prefix_ratio" => labels.prefix_ratio = v,
+                    "trace" => labels.trace = v,
                     _ => {}
                 }
                 out.push(make(labels, &total, true));
             }
         }
         out
-    }
-
-    /// Sends each shared prefix of the pool once per target (not measured), so the step measures
-    /// cache hits rather than the first fill.
-    /// `shared`: each target's index and its shared prefix length. Each prompt is bounded by
-    /// [`CALIBRATION_TIMEOUT`], so a target that stopped answering delays the step by that at most.
-    async fn warm_prefixes(
-        &self,
-        builder: &PromptBuilder,
-        shared: &[(usize, usize)],
-        cycle: u64,
-        plan: &StepPlan,
-        hard_stop: &CancellationToken,
-    ) {
-        let mut tasks = JoinSet::new();
-        for &(t, shared) in shared {
-            let prompts = match builder.warmup_prompts(shared) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot build the prefix warmup prompts");
-                    return;
-                }
-            };
-            let target = Arc::clone(&self.targets[t]);
-            let client = self.client.clone();
-            let hard = hard_stop.clone();
-            let id_base = format!("{:08x}-{cycle}-warm{}", self.run_salt as u32, plan.index);
-            tasks.spawn(async move {
-                for (i, p) in prompts.into_iter().enumerate() {
-                    let req = StreamRequest {
-                        request_id: format!("{id_base}-{i}-t{t}"),
-                        prompt: as_prompt(target.endpoint.api(), p.text),
-                        osl: 1,
-                    };
-                    let cut = async {
-                        tokio::select! {
-                            _ = hard.cancelled() => {}
-                            _ = tokio::time::sleep(CALIBRATION_TIMEOUT) => {}
-                        }
-                    };
-                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), cut).await;
-                    if !rec.outcome.is_ok() {
-                        tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "prefix warmup request failed");
-                        break;
-                    }
-                }
-            });
-        }
-        while tasks.join_next().await.is_some() {}
     }
 
     pub(super) fn build(
@@ -627,7 +605,7 @@ impl Runner {
                 let (isl_s, osl_s) = sampler?;
                 (isl_s.sample() as u32, osl_s.sample() as u32, 0)
             }
-            StepKind::MultiTurn { .. } => return None,
+            StepKind::MultiTurn { .. } | StepKind::Trace { .. } => return None,
         };
         let body = body_tokens(ctx.estimates.get(&target.name).copied(), isl as usize);
         match ctx.builder.build(&PromptRequest {

@@ -200,12 +200,34 @@ impl Trace {
     /// Reads and parses the trace at `path` (at most [`MAX_TRACE_BYTES`], before and after
     /// decompression). `block_size` is the Mooncake block size; a Dynamo trace records its own.
     pub fn load(path: &Path, format: TraceFormat, block_size: u32) -> Result<Trace, TraceError> {
+        Trace::load_any(path, Some(format), block_size)
+    }
+
+    /// Like [`Trace::load`]; without a `format`, the one its first line shows
+    /// ([`TraceFormat::detect`], read after decompression), as a config that names none wants.
+    pub fn load_any(
+        path: &Path,
+        format: Option<TraceFormat>,
+        block_size: u32,
+    ) -> Result<Trace, TraceError> {
         let bytes = crate::files::read_bounded(path, MAX_TRACE_BYTES).map_err(|source| {
             TraceError::Read {
                 path: path.to_owned(),
                 source,
             }
         })?;
+        let format = match format {
+            Some(f) => f,
+            None => {
+                let text = decompress(&bytes, path, MAX_TRACE_BYTES)?;
+                let first = text
+                    .split(|&b| b == b'\n')
+                    .map(<[u8]>::trim_ascii)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or_default();
+                TraceFormat::detect(&String::from_utf8_lossy(first))
+            }
+        };
         Trace::parse(&bytes, format, block_size, path)
     }
 

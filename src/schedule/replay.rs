@@ -1,0 +1,227 @@
+//! The trace-replay driver (docs/METRICS.md, "Trace replay"): one trace's rows sent open loop at
+//! their timestamps divided by `speed`, the trace looped back to back while the step sends, each
+//! session's later turns sent after the previous turn's reply, and every target sent the same
+//! rows at the same instants with byte-identical prompts.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::plan::{StepKind, StepPlan};
+use super::runner::{Runner, StepCtx, Target, as_prompt};
+use crate::client::StreamRequest;
+use crate::workload::prompt::{PromptError, body_tokens};
+use crate::workload::tokenizer::TokenModel;
+use crate::workload::trace::{BlockPrompts, Trace, TraceError, TraceFormat};
+
+/// Why a trace step cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("cannot build the trace's prompts: {0}")]
+    Prompt(#[from] PromptError),
+}
+
+/// A trace as one step replays it, shared by every target's driver.
+pub(super) struct Replay {
+    trace: Trace,
+    prompts: BlockPrompts,
+    speed: f64,
+    max_inflight: u32,
+    /// Each row's next turn in its session.
+    next: Vec<Option<usize>>,
+    /// Rows that follow an earlier turn of their session: sent by that session, not the clock.
+    follows: Vec<bool>,
+}
+
+impl Replay {
+    /// The trace of a `trace_replay` step, sampled and truncated as configured (the same sample
+    /// every cycle: `seed` is the config's); `None` for other steps.
+    pub(super) fn for_step(
+        plan: &StepPlan,
+        seed: u64,
+        tokens: &Arc<TokenModel>,
+        run_salt: u64,
+    ) -> Result<Option<Arc<Replay>>, ReplayError> {
+        let StepKind::Trace {
+            path,
+            format,
+            block_size,
+            speed,
+            sample,
+            max_rows,
+            max_inflight,
+            ..
+        } = &plan.kind
+        else {
+            return Ok(None);
+        };
+        let mut trace = Trace::load_any(Path::new(path), *format, *block_size)?;
+        if *sample < 1.0 {
+            trace = trace.sample(*sample, seed);
+        }
+        if let Some(m) = max_rows {
+            trace = trace.truncate(*m as usize);
+        }
+        // A Mooncake session's later turns wait for the previous reply; Dynamo's rows recorded
+        // when each request arrived, so they go at their timestamps, session or not.
+        let next = match trace.format {
+            TraceFormat::Mooncake => trace.session_successors(),
+            TraceFormat::Dynamo => vec![None; trace.rows.len()],
+        };
+        let mut follows = vec![false; trace.rows.len()];
+        for &n in next.iter().flatten() {
+            follows[n] = true;
+        }
+        let prompts = BlockPrompts::new(Arc::clone(tokens), trace.block_size as usize, run_salt)?;
+        Ok(Some(Arc::new(Replay {
+            trace,
+            prompts,
+            speed: *speed,
+            max_inflight: *max_inflight,
+            next,
+            follows,
+        })))
+    }
+}
+
+impl Runner {
+    /// Replays `replay` to target `t` until the step stops sending. A row's latency counts from
+    /// its timestamp (or, for a later turn, from the end of the previous reply plus its delay),
+    /// also while it waits for one of the `max_inflight` slots.
+    pub(super) async fn replay(
+        self: Arc<Self>,
+        ctx: Arc<StepCtx>,
+        t: usize,
+        target: Arc<Target>,
+        replay: Arc<Replay>,
+    ) {
+        let start = ctx.warmup_end - ctx.plan.warmup;
+        let slots = Arc::new(Semaphore::new(replay.max_inflight as usize));
+        let mut tasks = JoinSet::new();
+        for (k, (offset, row)) in replay.trace.replay_offsets(replay.speed).enumerate() {
+            let intended = start + offset;
+            if intended >= ctx.send_end {
+                break;
+            }
+            if replay.follows[row] {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(intended) => {}
+                _ = ctx.soft_stop.cancelled() => break,
+            }
+            let Some(permit) = slot(&slots, &ctx).await else {
+                break;
+            };
+            // The pass's origin: a later turn with its own timestamp is not sent before it.
+            let origin =
+                intended - at_speed(replay.trace.rows[row].at.unwrap_or_default(), &replay);
+            let session = Session {
+                runner: Arc::clone(&self),
+                ctx: Arc::clone(&ctx),
+                target: Arc::clone(&target),
+                replay: Arc::clone(&replay),
+                slots: Arc::clone(&slots),
+                t,
+                k: k as u64,
+                origin,
+            };
+            tasks.spawn(session.run(row, intended, permit));
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// A row's duration at the replay's speed.
+fn at_speed(d: std::time::Duration, replay: &Replay) -> std::time::Duration {
+    d.div_f64(replay.speed)
+}
+
+/// One of the step's in-flight slots, or `None` when sending ended (or stopped) first.
+async fn slot(slots: &Arc<Semaphore>, ctx: &StepCtx) -> Option<OwnedSemaphorePermit> {
+    tokio::select! {
+        permit = Arc::clone(slots).acquire_owned() => permit.ok(),
+        _ = tokio::time::sleep_until(ctx.send_end) => None,
+        _ = ctx.soft_stop.cancelled() => None,
+    }
+}
+
+/// A row sent by the clock, and the later turns of its session.
+struct Session {
+    runner: Arc<Runner>,
+    ctx: Arc<StepCtx>,
+    target: Arc<Target>,
+    replay: Arc<Replay>,
+    slots: Arc<Semaphore>,
+    t: usize,
+    /// The clock's row count: with the turn, the request's id (alike on every target).
+    k: u64,
+    origin: Instant,
+}
+
+impl Session {
+    async fn run(self, mut row: usize, mut intended: Instant, permit: OwnedSemaphorePermit) {
+        let (ctx, replay) = (&self.ctx, &self.replay);
+        let labels = ctx.base_labels(&self.target);
+        let mut permit = Some(permit);
+        let mut turn = 1u64;
+        loop {
+            let r = &replay.trace.rows[row];
+            let estimate = ctx.estimates.get(&self.target.name).copied();
+            let body = body_tokens(estimate, r.input_length as usize);
+            let prompt = match replay.prompts.prompt(r, body, row as u64) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot build a trace prompt");
+                    return;
+                }
+            };
+            if permit.is_none() {
+                permit = slot(&self.slots, ctx).await;
+                if permit.is_none() {
+                    return;
+                }
+            }
+            let slot_at = Instant::now();
+            let req = StreamRequest {
+                request_id: ctx.request_id(self.runner.run_salt, self.t, self.k, turn),
+                prompt: as_prompt(self.target.endpoint.api(), prompt.text),
+                osl: r.output_length.max(1),
+            };
+            let rec = self
+                .runner
+                .send_and_record(ctx, self.t, req, intended, Some(slot_at), &labels, 0, None)
+                .await;
+            // The slot is held while the request is in flight, not while the user thinks.
+            permit = None;
+            let Some(rec) = rec else {
+                return;
+            };
+            self.runner.learn(&self.target.name, &rec, body);
+            // A failed turn ends its session, as it would for a user.
+            let Some(next) = replay.next[row].filter(|_| rec.outcome.is_ok()) else {
+                return;
+            };
+            let n = &replay.trace.rows[next];
+            let after_reply = rec.end + at_speed(n.delay, replay);
+            intended = match n.at {
+                Some(at) => after_reply.max(self.origin + at_speed(at, replay)),
+                None => after_reply,
+            };
+            if intended >= ctx.send_end {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(intended) => {}
+                _ = ctx.soft_stop.cancelled() => return,
+            }
+            row = next;
+            turn += 1;
+        }
+    }
+}
