@@ -45,7 +45,7 @@ impl Index<'_> {
             return None;
         }
         t.notes.push(
-            "cancelled: requests the canary abandoned on purpose (`cancel:` of the workload), never errors; server counted: the cancellations the server's own metrics gained during the step (dynamo_component_cancellation_total; blank where the server exports none); answered: the other requests, whose TTFT shows whether the server recovered the abandoned requests' slots and KV blocks"
+            "cancelled: requests of the steady window the canary abandoned on purpose (`cancel:` of the workload), never errors; server counted: the cancellations the server's own metrics gained over the whole step, warmup and drain included (dynamo_component_cancellation_total; blank where the server exports none); answered: the other requests, whose TTFT shows whether the server recovered the abandoned requests' slots and KV blocks"
                 .to_owned(),
         );
         Some(t)

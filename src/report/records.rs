@@ -88,6 +88,7 @@ struct Line<'a> {
     distribution: Option<&'a str>,
     isl_bucket: Option<&'a str>,
     prefix_ratio: Option<&'a str>,
+    trace: Option<&'a str>,
     /// `warmup` (not measured) or `steady`.
     phase: &'static str,
     intended_start_mono_ns: u64,
@@ -255,6 +256,7 @@ impl BenchSink {
             distribution: label(&l.distribution),
             isl_bucket: label(&l.isl_bucket),
             prefix_ratio: label(&l.prefix_ratio),
+            trace: label(&l.trace),
             phase: match ctx.phase {
                 Phase::Warmup => "warmup",
                 Phase::Steady => "steady",

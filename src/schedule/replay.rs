@@ -1,10 +1,13 @@
 //! The trace-replay driver (docs/METRICS.md, "Trace replay"): one trace's rows sent open loop at
 //! their timestamps divided by `speed`, the trace looped back to back while the step sends, each
 //! session's later turns sent after the previous turn's reply, and every target sent the same
-//! rows at the same instants with byte-identical prompts.
+//! rows at the same instants with byte-identical prompts. Every pass of the loop (and every
+//! cycle) writes its blocks afresh, so each pass shows the reuse the trace recorded, not hits on
+//! the previous pass's prompts.
 
+use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -14,6 +17,7 @@ use super::plan::{StepKind, StepPlan};
 use super::runner::{Runner, StepCtx, Target, as_prompt};
 use crate::client::StreamRequest;
 use crate::workload::prompt::{PromptError, body_tokens};
+use crate::workload::sampler::derive_seed;
 use crate::workload::tokenizer::TokenModel;
 use crate::workload::trace::{BlockPrompts, Trace, TraceError, TraceFormat};
 
@@ -26,10 +30,20 @@ pub enum ReplayError {
     Prompt(#[from] PromptError),
 }
 
+/// Passes whose prompt blocks are kept: the targets' drivers run on one clock, so they are at
+/// most a pass apart, and a session may still send a turn of an earlier pass.
+const KEPT_PASSES: usize = 4;
+
 /// A trace as one step replays it, shared by every target's driver.
 pub(super) struct Replay {
     trace: Trace,
-    prompts: BlockPrompts,
+    /// The block texts of the latest passes, by pass.
+    prompts: Mutex<VecDeque<(u64, Arc<BlockPrompts>)>>,
+    tokens: Arc<TokenModel>,
+    /// The salt of this step's blocks: the run's, the cycle's.
+    salt: u64,
+    /// Rows the clock sends in each pass (the first turns and the rows without a session).
+    per_pass: usize,
     speed: f64,
     max_inflight: u32,
     /// Each row's next turn in its session.
@@ -43,6 +57,7 @@ impl Replay {
     /// every cycle: `seed` is the config's); `None` for other steps.
     pub(super) fn for_step(
         plan: &StepPlan,
+        cycle: u64,
         seed: u64,
         tokens: &Arc<TokenModel>,
         run_salt: u64,
@@ -77,17 +92,44 @@ impl Replay {
         for &n in next.iter().flatten() {
             follows[n] = true;
         }
-        let prompts = BlockPrompts::new(Arc::clone(tokens), trace.block_size as usize, run_salt)?;
-        Ok(Some(Arc::new(Replay {
+        let per_pass = trace.rows.iter().filter(|r| r.at.is_some()).count().max(1);
+        let replay = Replay {
+            salt: derive_seed(run_salt, &[PASS_DOMAIN, cycle]),
             trace,
-            prompts,
+            prompts: Mutex::new(VecDeque::new()),
+            tokens: Arc::clone(tokens),
+            per_pass,
             speed: *speed,
             max_inflight: *max_inflight,
             next,
             follows,
-        })))
+        };
+        // The first pass's blocks, which also checks the block size once.
+        replay.prompts_of(0)?;
+        Ok(Some(Arc::new(replay)))
+    }
+
+    /// The block texts of pass `pass`: the same for every target, new for every pass.
+    fn prompts_of(&self, pass: u64) -> Result<Arc<BlockPrompts>, PromptError> {
+        let mut kept = self.prompts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, p)) = kept.iter().find(|(n, _)| *n == pass) {
+            return Ok(Arc::clone(p));
+        }
+        let p = Arc::new(BlockPrompts::new(
+            Arc::clone(&self.tokens),
+            self.trace.block_size as usize,
+            derive_seed(self.salt, &[pass]),
+        )?);
+        if kept.len() >= KEPT_PASSES {
+            kept.pop_front();
+        }
+        kept.push_back((pass, Arc::clone(&p)));
+        Ok(p)
     }
 }
+
+/// Domain tag of the per-pass block salts.
+const PASS_DOMAIN: u64 = 0x7061_7373; // "pass"
 
 impl Runner {
     /// Replays `replay` to target `t` until the step stops sending. A row's latency counts from
@@ -121,7 +163,15 @@ impl Runner {
             // The pass's origin: a later turn with its own timestamp is not sent before it.
             let origin =
                 intended - at_speed(replay.trace.rows[row].at.unwrap_or_default(), &replay);
+            let prompts = match replay.prompts_of((k / replay.per_pass) as u64) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot build trace prompts");
+                    break;
+                }
+            };
             let session = Session {
+                prompts,
                 runner: Arc::clone(&self),
                 ctx: Arc::clone(&ctx),
                 target: Arc::clone(&target),
@@ -153,6 +203,8 @@ async fn slot(slots: &Arc<Semaphore>, ctx: &StepCtx) -> Option<OwnedSemaphorePer
 
 /// A row sent by the clock, and the later turns of its session.
 struct Session {
+    /// The block texts of the pass the session started in.
+    prompts: Arc<BlockPrompts>,
     runner: Arc<Runner>,
     ctx: Arc<StepCtx>,
     target: Arc<Target>,
@@ -174,7 +226,7 @@ impl Session {
             let r = &replay.trace.rows[row];
             let estimate = ctx.estimates.get(&self.target.name).copied();
             let body = body_tokens(estimate, r.input_length as usize);
-            let prompt = match replay.prompts.prompt(r, body, row as u64) {
+            let prompt = match self.prompts.prompt(r, body, row as u64) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot build a trace prompt");

@@ -405,6 +405,7 @@ impl Runner {
         // target.
         let replay = match super::replay::Replay::for_step(
             plan,
+            cycle,
             self.seed,
             &self.tokens,
             self.run_salt,
