@@ -48,10 +48,10 @@ async fn the_search_finds_each_targets_capacity_and_lands_there_again() {
         small.max_concurrency.unwrap(),
         large.max_concurrency.unwrap(),
     );
-    // Past its 4 slots a request waits ~0.3 s for one: the small server holds 4 or a little
-    // more, the large one several times that.
-    assert!((3..=6).contains(&s), "{small:?}");
-    assert!(l >= 16 && l > 2 * s, "{large:?}");
+    // Past its 4 slots a request waits ~0.3 s for one: the small server holds 4 (8 queue for
+    // a slot), the large one several times that.
+    assert_eq!(s, 4, "{small:?}");
+    assert!(l >= 16, "{large:?}");
     for t in &first.targets {
         // The answer sits right below the first failing level, which crossed the bound.
         let (max, failing) = (level(t.max_concurrency).unwrap(), t.first_failing);
@@ -74,8 +74,8 @@ async fn the_search_finds_each_targets_capacity_and_lands_there_again() {
                 "{p:?}"
             );
         }
-        // A binary search over the 12 levels up to 64: at most 4 probes.
-        assert!(t.probes.len() <= 4, "{:?}", t.probes);
+        // A binary search over the 7 levels up to 64: at most 3 probes.
+        assert!(t.probes.len() <= 3, "{:?}", t.probes);
     }
     let tables = first.tables();
     let text = tables[0].to_text();

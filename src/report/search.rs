@@ -22,11 +22,11 @@ use crate::slo::ast::{Agg, CmpOp, format_duration};
 use crate::slo::{Cond, Measure, Value, parse_condition};
 use crate::targets::Deployment;
 
-/// The ladder a search moves on: powers of two and the halves between them, so two runs that
-/// land on neighbouring levels differ by at most 50 %.
-pub const LADDER: [u32; 21] = [
-    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-];
+/// The ladder a search moves on: the powers of two of a concurrency sweep. Finer steps would
+/// claim a resolution the measurement does not have: near its limit a closed loop's p99 TTFT
+/// can settle in either of two values from one run to the next (its requests batched in one
+/// prefill pass or two), measured on the embedded simulator at 128 to 256 streams.
+pub const LADDER: [u32; 13] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
 
 /// The highest level a search tries unless told otherwise.
 pub const DEFAULT_SEARCH_MAX: u32 = 256;
@@ -144,9 +144,9 @@ pub fn parse_search(text: &str) -> Result<Vec<Limit>, ReportError> {
 pub struct Probe {
     pub concurrency: u32,
     pub meets: bool,
-    /// A bound was decided by its point estimate because its confidence interval straddled it
-    /// (or the step had too few samples to bound it).
-    pub borderline: bool,
+    /// A bound was decided by its estimate: the step had too few samples to bound the quantile
+    /// from above.
+    pub estimated: bool,
     /// Why it failed: the first bound it crossed, or the fault.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crossed: Option<String>,
@@ -154,6 +154,9 @@ pub struct Probe {
     pub values: Vec<Option<f64>>,
     pub requests: u64,
     pub errors: u64,
+    /// The probe's warmup and measured window (see `probe_windows`).
+    pub warmup_seconds: f64,
+    pub steady_seconds: f64,
     pub goodput: f64,
     pub good_output_tokens_per_second: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -192,11 +195,25 @@ pub struct SearchResult {
     pub targets: Vec<TargetSearch>,
 }
 
-/// The verdict of one probe's step on `limits`. A step that faulted (errors above the faulted
-/// ratio) or measured nothing fails whatever its survivors' latencies say.
+/// The verdict of one probe's step on `limits`: whether it meets them, whether an estimate
+/// decided, why it failed, and each bound's estimate. A step that faulted (errors above the
+/// faulted ratio) or measured nothing fails whatever its survivors' latencies say.
 fn judge(limits: &[Limit], m: &StepMeasurements) -> (bool, bool, Option<String>, Vec<Option<f64>>) {
-    let mut borderline = false;
-    let mut crossed = None;
+    let mut estimated = false;
+    // A fault is the reason whatever the survivors' latencies say.
+    let mut crossed = m.faulted.then(|| {
+        let kinds: Vec<&str> = m
+            .outcomes
+            .keys()
+            .map(String::as_str)
+            .filter(|k| *k != "ok" && *k != crate::measure::step::OUTCOME_CANCELLED)
+            .collect();
+        format!(
+            "faulted: error ratio {:.3} ({})",
+            m.error_ratio,
+            kinds.join(", ")
+        )
+    });
     let mut values = Vec::new();
     for l in limits {
         let Some((v, (lower, upper))) = l.read(m) else {
@@ -205,22 +222,30 @@ fn judge(limits: &[Limit], m: &StepMeasurements) -> (bool, bool, Option<String>,
             continue;
         };
         values.push(Some(v));
-        // The interval decides when it lies wholly on one side; otherwise the point estimate
-        // does, and the probe is marked borderline.
-        let decided = match (lower, upper) {
-            (_, Some(u)) if l.holds(u) => Some(true),
-            (Some(lo), _) if !l.holds(lo) => Some(false),
-            _ => None,
+        let ms = |x: f64| x * 1e3;
+        // The bound must surely hold: the upper end of the 95 % interval below it. An interval
+        // that straddles the bound does not meet it, so the answer is the highest level that
+        // surely does (and two runs agree where a level sits at the edge). Only when the
+        // samples are too few to bound the quantile from above does the estimate decide.
+        let fails = match (lower, upper) {
+            (_, Some(u)) if l.holds(u) => None,
+            (Some(lo), _) if !l.holds(lo) => Some(format!("{} was {:.1} ms", l.text(), ms(v))),
+            (_, Some(u)) => Some(format!(
+                "{} was {:.1} ms, its 95 % interval reaching {:.1} ms",
+                l.text(),
+                ms(v),
+                ms(u)
+            )),
+            (_, None) => {
+                estimated = true;
+                (!l.holds(v)).then(|| format!("{} was {:.1} ms (few samples)", l.text(), ms(v)))
+            }
         };
-        borderline |= decided.is_none();
-        if !decided.unwrap_or_else(|| l.holds(v)) {
-            crossed.get_or_insert_with(|| format!("{} was {:.1} ms", l.text(), v * 1e3));
+        if let Some(why) = fails {
+            crossed.get_or_insert(why);
         }
     }
-    if m.faulted {
-        crossed.get_or_insert_with(|| format!("faulted: error ratio {:.3}", m.error_ratio));
-    }
-    (crossed.is_none(), borderline, crossed, values)
+    (crossed.is_none(), estimated, crossed, values)
 }
 
 /// What `bench --search` runs.
@@ -235,7 +260,7 @@ pub struct SearchOptions {
 /// Runs the search against every target of the setup, one target after another (a target's
 /// probes never share the machine or the network with another's). Each probe is a closed-loop
 /// step of the config's `concurrency_sweep` shape (ISL, OSL, step and warmup, time-scaled) at
-/// one level of [`LADDER`]; a binary search over the ladder needs at most five probes up to 256.
+/// one level of [`LADDER`]; a binary search over the ladder needs at most four probes up to 256.
 pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchResult, ReportError> {
     let limits = parse_search(&opts.condition)?;
     let ladder: Vec<u32> = LADDER
@@ -271,10 +296,12 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
     for target in &deployment.targets {
         let runner = Arc::new(base.with_targets(vec![Arc::clone(target)]));
         let mut probes: Vec<Probe> = Vec::new();
+        let mut latency: Option<Spread> = None;
         // Invariant: ladder[..=lo] met (lo = None: none known), ladder[hi..] did not.
         let (mut lo, mut hi): (Option<usize>, usize) = (None, ladder.len());
         while lo.map_or(0, |l| l + 1) < hi && !stop.stopping() {
             let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
+            let (warmup, steady) = probe_windows(warmup, steady, latency.as_ref());
             let plan = probe_plan(&sweep, ladder[mid], probes.len(), warmup, steady);
             tracing::info!(target = %target.name, concurrency = ladder[mid], "search probe");
             let results = runner
@@ -283,7 +310,10 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
             let Some(total) = step_total(&results) else {
                 break;
             };
-            let probe = probe_of(&limits, ladder[mid], &total.measurements);
+            latency = total.measurements.latency.or(latency);
+            let mut probe = probe_of(&limits, ladder[mid], &total.measurements);
+            probe.warmup_seconds = warmup.as_secs_f64();
+            probe.steady_seconds = total.steady_seconds;
             if probe.meets {
                 lo = Some(mid);
             } else {
@@ -321,6 +351,27 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
         }
     }
     Ok(result)
+}
+
+/// A probe's warmup and steady window: at least the configured ones, and long enough for the
+/// closed loop to lose the lockstep of its start. Every worker sends at once, so the first
+/// rounds of requests arrive together and queue together, and a window of a few request
+/// lengths reads those rounds' queue (one run's p99 twice the next one's) rather than the
+/// load's. So the warmup lasts at least twice the previous probe's p99 latency and the steady
+/// window eight times its median, each at most four times the configured step.
+fn probe_windows(
+    warmup: Duration,
+    steady: Duration,
+    latency: Option<&Spread>,
+) -> (Duration, Duration) {
+    let Some(l) = latency else {
+        return (warmup, steady);
+    };
+    let cap = (warmup + steady) * 4;
+    let at_least = |configured: Duration, seconds: f64| {
+        configured.max(Duration::from_secs_f64(seconds.max(0.0)).min(cap))
+    };
+    (at_least(warmup, 2.0 * l.p99), at_least(steady, 8.0 * l.p50))
 }
 
 fn goodput_of(limits: &[Limit], fallback: GoodputLimits) -> GoodputLimits {
@@ -365,15 +416,17 @@ fn step_total(results: &[StepResult]) -> Option<&StepResult> {
 }
 
 fn probe_of(limits: &[Limit], concurrency: u32, m: &StepMeasurements) -> Probe {
-    let (meets, borderline, crossed, values) = judge(limits, m);
+    let (meets, estimated, crossed, values) = judge(limits, m);
     Probe {
         concurrency,
         meets,
-        borderline,
+        estimated,
         crossed,
         values,
         requests: m.requests,
         errors: m.errors,
+        warmup_seconds: 0.0,
+        steady_seconds: 0.0,
         goodput: m.goodput,
         good_output_tokens_per_second: m.good_output_tokens_per_second,
         cost_per_million_good_tokens_usd: m.cost_per_million_good_tokens_usd,
@@ -415,7 +468,7 @@ impl SearchResult {
             ]);
         }
         answer.notes.push(format!(
-            "each probe: a closed loop at ISL {} / OSL {}, {:.1} s warmup then {:.1} s measured, on one target at a time; a level meets the condition when each bound's 95 % confidence interval lies below it (borderline: decided by the estimate, the interval straddling the bound) and the step did not fault; levels from the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, …; good: within the condition's TTFT and ITL bounds per request",
+            "each probe: a closed loop at ISL {} / OSL {}, on one target at a time, with at least {:.1} s of warmup and {:.1} s measured, longer where the previous probe's requests were long (a warmup of twice their p99 latency, a window of eight times their median, at most four steps); a level meets the condition when the upper end of each bound's 95 % confidence interval lies below it (an interval straddling the bound does not; few samples: too few to bound the quantile, the estimate decided) and the step did not fault; levels from the ladder 1, 2, 4, 8, 16, …; good: within the condition's TTFT and ITL bounds per request",
             self.isl, self.osl, self.warmup_seconds, self.steady_seconds
         ));
         let mut columns = vec![
@@ -429,14 +482,16 @@ impl SearchResult {
         }
         columns.push(Column::count("requests"));
         columns.push(Column::count("errors"));
+        columns.push(Column::num("warmup", "s", 1));
+        columns.push(Column::num("measured", "s", 1));
         let mut probes = Table::new("search_probes", "Search probes", columns);
         for t in &self.targets {
             for p in &t.probes {
-                let verdict = match (p.meets, p.borderline) {
+                let verdict = match (p.meets, p.estimated) {
                     (true, false) => "meets",
-                    (true, true) => "meets (borderline)",
+                    (true, true) => "meets (few samples)",
                     (false, false) => "fails",
-                    (false, true) => "fails (borderline)",
+                    (false, true) => "fails (few samples)",
                 };
                 let mut row = vec![
                     Cell::text(&t.target),
@@ -446,6 +501,8 @@ impl SearchResult {
                 row.extend(p.values.iter().map(|v| Cell::num(v.map(|s| s * 1e3))));
                 row.push(Cell::Number(p.requests as f64));
                 row.push(Cell::Number(p.errors as f64));
+                row.push(Cell::Number(p.warmup_seconds));
+                row.push(Cell::Number(p.steady_seconds));
                 probes.push(row);
             }
         }
