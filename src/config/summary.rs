@@ -28,6 +28,7 @@ impl Config {
                         .prefix_cache
                         .as_ref()
                         .map(|p| (p.hit_ratios.len(), p.step.0)),
+                    "trace_replay" => w.trace_replay.as_ref().map(|r| (r.traces.len(), r.step.0)),
                     _ => None,
                 }
                 .unwrap_or((0, Duration::ZERO));
@@ -135,6 +136,13 @@ impl Config {
                     format!(
                         "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}",
                         *p.hit_ratios, *p.isl, *p.osl, *p.concurrency, *p.step, *p.block_size
+                    )
+                }),
+                "trace_replay" => w.trace_replay.as_ref().map(|r| {
+                    let names: Vec<&str> = r.traces.iter().map(|t| t.name.as_str()).collect();
+                    format!(
+                        "traces {names:?}, speed {}, sample {}, step {}, at most {} in flight",
+                        *r.speed, *r.sample, *r.step, *r.max_inflight
                     )
                 }),
                 _ => None,

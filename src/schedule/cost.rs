@@ -148,9 +148,16 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
                     budget.push(format!("paces {} from ≈{rps:.1} to {cap} requests/s", p.name()));
                     rps = cap;
                 }
-                stream_seconds += f64::from(need) * secs;
+                // Arrivals (open loop, a trace) keep about rate × request time in flight, at
+                // most their cap; a closed loop keeps every stream busy.
+                let streams = if p.rate.is_some() || trace.is_some() {
+                    (rps * request_seconds(p, osl)).min(f64::from(need))
+                } else {
+                    f64::from(need)
+                };
+                stream_seconds += streams * secs;
                 busy += secs;
-                peak = peak.max(need);
+                peak = peak.max(streams.ceil() as u32);
                 requests += rps * secs;
                 prompt += rps * secs * isl;
                 output += rps * secs * osl;
