@@ -5,7 +5,6 @@
 //! skips, paces or cuts.
 
 use std::fmt::Write;
-use std::path::Path;
 use std::time::Duration;
 
 use super::budget::{Limits, streams};
@@ -62,23 +61,11 @@ fn mean_lengths(plan: &StepPlan) -> (f64, f64) {
 
 /// A trace step's mean output and prompt lengths and its request rate, from the trace as the step
 /// will replay it; `None` for other steps (or a trace that cannot be read, which `check` reports).
-fn trace_shape(plan: &StepPlan) -> Option<(f64, f64, f64)> {
-    let StepKind::Trace {
-        path,
-        format,
-        block_size,
-        speed,
-        sample,
-        max_rows,
-        ..
-    } = &plan.kind
-    else {
+fn trace_shape(plan: &StepPlan, seed: u64) -> Option<(f64, f64, f64)> {
+    let StepKind::Trace { speed, .. } = &plan.kind else {
         return None;
     };
-    let trace = crate::workload::trace::Trace::load_any(Path::new(path), *format, *block_size)
-        .ok()?
-        .sample(*sample, 0)
-        .truncate(max_rows.map_or(usize::MAX, |m| m as usize));
+    let trace = plan.trace(seed)?.ok()?;
     let n = trace.rows.len().max(1) as f64;
     let mean = |f: fn(&crate::workload::trace::TraceRow) -> u32| {
         trace.rows.iter().map(|r| f64::from(f(r))).sum::<f64>() / n
@@ -133,7 +120,7 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
                     continue;
                 }
                 let secs = (p.warmup + p.steady).as_secs_f64();
-                let trace = trace_shape(p);
+                let trace = trace_shape(p, cfg.seed);
                 let (osl, isl) = trace.map_or_else(|| mean_lengths(p), |(o, i, _)| (o, i));
                 let mut rps = match (p.rate, trace) {
                     (_, Some((_, _, rps))) => rps,

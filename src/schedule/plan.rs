@@ -154,6 +154,40 @@ impl StepPlan {
         }
     }
 
+    /// A `trace_replay` step's trace as the step replays it: loaded, sampled (whole sessions,
+    /// drawn from `seed`, so the same every cycle) and truncated as configured; `None` for other
+    /// steps.
+    pub fn trace(
+        &self,
+        seed: u64,
+    ) -> Option<Result<crate::workload::trace::Trace, crate::workload::trace::TraceError>> {
+        let StepKind::Trace {
+            path,
+            format,
+            block_size,
+            sample,
+            max_rows,
+            ..
+        } = &self.kind
+        else {
+            return None;
+        };
+        let loaded = crate::workload::trace::Trace::load_any(
+            std::path::Path::new(path),
+            *format,
+            *block_size,
+        );
+        Some(loaded.map(|mut trace| {
+            if *sample < 1.0 {
+                trace = trace.sample(*sample, seed);
+            }
+            match max_rows {
+                Some(m) => trace.truncate(*m as usize),
+                None => trace,
+            }
+        }))
+    }
+
     /// Closed-loop workers (or conversations) per target.
     pub fn concurrency(&self) -> u32 {
         match &self.kind {

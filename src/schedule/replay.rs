@@ -6,7 +6,6 @@
 //! the previous pass's prompts.
 
 use std::collections::VecDeque;
-use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -62,26 +61,18 @@ impl Replay {
         tokens: &Arc<TokenModel>,
         run_salt: u64,
     ) -> Result<Option<Arc<Replay>>, ReplayError> {
-        let StepKind::Trace {
-            path,
-            format,
-            block_size,
-            speed,
-            sample,
-            max_rows,
-            max_inflight,
-            ..
-        } = &plan.kind
+        let (
+            StepKind::Trace {
+                speed,
+                max_inflight,
+                ..
+            },
+            Some(trace),
+        ) = (&plan.kind, plan.trace(seed))
         else {
             return Ok(None);
         };
-        let mut trace = Trace::load_any(Path::new(path), *format, *block_size)?;
-        if *sample < 1.0 {
-            trace = trace.sample(*sample, seed);
-        }
-        if let Some(m) = max_rows {
-            trace = trace.truncate(*m as usize);
-        }
+        let trace = trace?;
         // A Mooncake session's later turns wait for the previous reply; Dynamo's rows recorded
         // when each request arrived, so they go at their timestamps, session or not.
         let next = match trace.format {
