@@ -18,7 +18,7 @@ use crate::client::StreamRequest;
 use crate::workload::prompt::{PromptError, body_tokens};
 use crate::workload::sampler::derive_seed;
 use crate::workload::tokenizer::TokenModel;
-use crate::workload::trace::{BlockPrompts, Trace, TraceError, TraceFormat};
+use crate::workload::trace::{BlockPrompts, Trace, TraceError};
 
 /// Why a trace step cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -73,12 +73,7 @@ impl Replay {
             return Ok(None);
         };
         let trace = trace?;
-        // A Mooncake session's later turns wait for the previous reply; Dynamo's rows recorded
-        // when each request arrived, so they go at their timestamps, session or not.
-        let next = match trace.format {
-            TraceFormat::Mooncake => trace.session_successors(),
-            TraceFormat::Dynamo => vec![None; trace.rows.len()],
-        };
+        let next = trace.session_successors();
         let mut follows = vec![false; trace.rows.len()];
         for &n in next.iter().flatten() {
             follows[n] = true;

@@ -477,13 +477,14 @@ pub fn body_tokens(estimate: Option<OverheadEstimate>, isl: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::workload::tokenizer::Word;
     use crate::workload::tokenizer::tests::trained_tokenizer;
     use std::sync::OnceLock;
 
-    fn real_model() -> Arc<TokenModel> {
+    /// The in-test trained tokenizer as a shared token model (the trace prompts' tests use it too).
+    pub(crate) fn real_model() -> Arc<TokenModel> {
         static MODEL: OnceLock<Arc<TokenModel>> = OnceLock::new();
         MODEL
             .get_or_init(|| Arc::new(TokenModel::from_tokenizer(trained_tokenizer(), "test")))

@@ -447,7 +447,7 @@ impl Trace {
     /// (2 replays twice as fast), and pass `k` adds `k` periods, a period being the span plus the
     /// mean gap between consecutive timestamps (1 s when all are equal), divided by `speed`, so
     /// the seam between passes looks like any other gap. Rows with `at: None` are not yielded:
-    /// the driver sends them after their session's previous turn ([`Trace::next_in_session`]).
+    /// the driver sends them after their session's previous turn ([`Trace::session_successors`]).
     /// A `speed` that is not a positive number counts as 1. Empty for a trace without rows.
     pub fn replay_offsets(&self, speed: f64) -> ReplayOffsets {
         let speed = if speed.is_finite() && speed > 0.0 {
@@ -482,21 +482,14 @@ impl Trace {
         }
     }
 
-    /// The turn of `row`'s session that follows it, if any. Scans forward from `row`; for every
-    /// row at once use [`Trace::session_successors`].
-    pub fn next_in_session(&self, row: usize) -> Option<usize> {
-        let session = self.rows.get(row)?.session?;
-        self.rows
-            .iter()
-            .enumerate()
-            .skip(row + 1)
-            .find(|(_, later)| later.session == Some(session))
-            .map(|(index, _)| index)
-    }
-
-    /// [`Trace::next_in_session`] of every row, computed in one pass.
+    /// For every row, the turn that waits for its reply: the next row of its session in a
+    /// Mooncake trace. A Dynamo trace has none: its rows recorded when each request arrived, so
+    /// each goes at its timestamp, session or not.
     pub fn session_successors(&self) -> Vec<Option<usize>> {
         let mut next = vec![None; self.rows.len()];
+        if self.format == TraceFormat::Dynamo {
+            return next;
+        }
         let mut last: HashMap<u32, usize> = HashMap::new();
         for (index, row) in self.rows.iter().enumerate() {
             if let Some(session) = row.session {
@@ -612,11 +605,6 @@ mod tests {
         // Cumulative turns keep their own ids: the history is not appended again.
         assert_eq!(trace.rows[4].blocks, [1, 2, 4, 5, 6]);
         assert_eq!(trace.rows[4].input_length, 70);
-        assert_eq!(trace.next_in_session(1), Some(5));
-        assert_eq!(trace.next_in_session(3), Some(4));
-        assert_eq!(trace.next_in_session(4), None);
-        assert_eq!(trace.next_in_session(0), None);
-        assert_eq!(trace.next_in_session(99), None);
         assert_eq!(
             trace.session_successors(),
             [None, Some(5), None, Some(4), None, None]
@@ -869,6 +857,11 @@ mod tests {
         let dynamo = Trace::load(&path, TraceFormat::Dynamo, 512).expect("Dynamo fixture loads");
         assert_eq!((dynamo.rows.len(), dynamo.block_size), (20, 16));
         assert!(dynamo.rows.iter().all(|row| row.at.is_some()));
+        assert!(dynamo.sessions > 0, "the fixture has sessions");
+        assert!(
+            dynamo.session_successors().iter().all(Option::is_none),
+            "Dynamo rows never wait for a reply"
+        );
         assert_eq!(dynamo.sessions, 2);
         assert!(dynamo.expected_hit_tokens().0 > 0);
     }

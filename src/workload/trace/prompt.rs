@@ -131,16 +131,8 @@ impl BlockPrompts {
 mod tests {
     use super::super::ReplayOffsets;
     use super::*;
-    use crate::workload::tokenizer::tests::trained_tokenizer;
-    use std::sync::OnceLock;
+    use crate::workload::prompt::tests::real_model;
     use std::time::Duration;
-
-    fn real_model() -> Arc<TokenModel> {
-        static MODEL: OnceLock<Arc<TokenModel>> = OnceLock::new();
-        MODEL
-            .get_or_init(|| Arc::new(TokenModel::from_tokenizer(trained_tokenizer(), "test")))
-            .clone()
-    }
 
     fn row(blocks: &[u64]) -> TraceRow {
         TraceRow {
