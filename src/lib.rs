@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod export;
