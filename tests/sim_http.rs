@@ -581,6 +581,57 @@ async fn fixed_profile_records_each_tokens_send_instant() {
 }
 
 #[tokio::test]
+async fn send_log_lines_up_with_the_clients_clock_monotonic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("send.jsonl");
+    let sim = start_sim(
+        SimSpec {
+            profile: "fast".into(),
+            send_log: Some(path.clone()),
+            ..SimSpec::default()
+        },
+        ServingMode::Aggregated,
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", sim.base_url());
+    let clock = llm_canary::clock::MonoClock::now();
+    let before = clock.mono_ns(Instant::now());
+    for id in ["log-1", "log-2"] {
+        let resp = post(&client(), &url, &chat_body("a b c", 7), Some(id))
+            .await
+            .unwrap();
+        assert_eq!(content_events(&read_events(resp).await).len(), 7);
+    }
+    let after = clock.mono_ns(Instant::now());
+    // Buffered: the lines are there once the simulator has shut down.
+    sim.shutdown().await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["x_request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["log-1", "log-2"]);
+    for line in &lines {
+        assert_eq!(line["ok"], true, "{line}");
+        let received = line["received_mono_ns"].as_u64().unwrap();
+        let tokens: Vec<u64> = line["token_mono_ns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        assert_eq!(tokens.len(), 7, "{line}");
+        // The same clock as the client's: inside the client's own readings, in order.
+        assert!(before <= received && received <= tokens[0], "{line}");
+        assert!(tokens.is_sorted() && tokens[6] <= after, "{line}");
+    }
+}
+
+#[tokio::test]
 async fn shutdown_is_graceful_for_open_streams() {
     let spec = SimSpec {
         profile: "fixed".into(),

@@ -148,6 +148,10 @@ pub struct SimArgs {
     /// Append one JSON line per completion request (headers, `user` field) to FILE.
     #[arg(long, value_name = "FILE")]
     pub request_log: Option<PathBuf>,
+    /// Append one JSON line per finished completion to FILE: its x-request-id, arrival and every
+    /// token's send instant (CLOCK_MONOTONIC ns), to line up with the bench's requests.jsonl.
+    #[arg(long, value_name = "FILE")]
+    pub send_log: Option<PathBuf>,
 }
 
 /// Parses the command line and runs it; the process exit code follows docs/DESIGN.md §2.
@@ -426,6 +430,7 @@ async fn sim(args: SimArgs) -> ExitCode {
         decode_workers: args.workers,
         reject_unknown_fields: args.reject_unknown_fields,
         request_log: args.request_log.clone(),
+        send_log: args.send_log.clone(),
         ..crate::sim::SimSpec::default()
     };
     let problems = spec.validate();

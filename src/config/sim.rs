@@ -72,6 +72,11 @@ pub struct SimSpec {
     /// Append one JSON line per completion request (its headers, `user` field and id) to this
     /// file: what the serving side sees of the canary's traffic.
     pub request_log: Option<PathBuf>,
+    /// Append one JSON line per finished completion to this file: its `x-request-id`, when the
+    /// request arrived and when each token's chunk was handed to the connection, as
+    /// CLOCK_MONOTONIC nanoseconds: the source of truth the product-path benchmark joins with the
+    /// client's `requests.jsonl`.
+    pub send_log: Option<PathBuf>,
 }
 
 impl Default for SimSpec {
@@ -104,6 +109,7 @@ impl Default for SimSpec {
             faults: FaultSpec::default(),
             reject_unknown_fields: false,
             request_log: None,
+            send_log: None,
         }
     }
 }

@@ -52,7 +52,7 @@ pub enum SimError {
     Tokenizer(#[from] text::TokenizerError),
     #[error("cannot read timing table {path}: {message}")]
     Table { path: String, message: String },
-    #[error("cannot open the request log {path}: {message}")]
+    #[error("cannot open the log file {path}: {message}")]
     RequestLog { path: String, message: String },
 }
 
@@ -88,6 +88,45 @@ impl SendLog {
             if let Some(old) = self.order.pop_front() {
                 self.by_id.remove(&old);
             }
+        }
+    }
+}
+
+/// `--send-log`: one JSON line per finished completion with its arrival and token send instants
+/// as CLOCK_MONOTONIC nanoseconds (docs/PERFORMANCE.md joins them with the bench's
+/// `requests.jsonl`). Buffered, and flushed by [`SimHandle::shutdown`], so the hot path writes no
+/// syscall per request.
+#[derive(Debug)]
+pub(crate) struct SendFile {
+    clock: crate::clock::MonoClock,
+    out: Mutex<std::io::BufWriter<std::fs::File>>,
+}
+
+impl SendFile {
+    pub(crate) fn write(&self, id: &str, received: Instant, tokens: &[Instant], ok: bool) {
+        use std::fmt::Write as _;
+        let mut line = String::with_capacity(96 + tokens.len() * 20);
+        let _ = write!(
+            line,
+            "{{\"x_request_id\":{},\"ok\":{ok},\"received_mono_ns\":{},\"token_mono_ns\":[",
+            serde_json::Value::from(id),
+            self.clock.mono_ns(received)
+        );
+        for (i, t) in tokens.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(line, "{sep}{}", self.clock.mono_ns(*t));
+        }
+        line.push_str("]}\n");
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = std::io::Write::write_all(&mut *out, line.as_bytes()) {
+            tracing::warn!(error = %e, "simulator send log not written");
+        }
+    }
+
+    fn flush(&self) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = std::io::Write::flush(&mut *out) {
+            tracing::warn!(error = %e, "simulator send log not flushed");
         }
     }
 }
@@ -163,6 +202,9 @@ impl SimHandle {
         // A panicked accept loop has nothing left to drain.
         let _ = self.server.await;
         self.cluster.shutdown();
+        if let Some(f) = &self.state.send_file {
+            f.flush();
+        }
     }
 }
 
@@ -194,19 +236,26 @@ pub async fn start(
         addr: listen,
         source,
     })?;
-    let request_log = match &spec.request_log {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| SimError::RequestLog {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?,
-        ),
-        None => None,
+    let open = |path: &std::path::Path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| SimError::RequestLog {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })
     };
+    let request_log = spec.request_log.as_deref().map(open).transpose()?;
+    let send_file = spec
+        .send_log
+        .as_deref()
+        .map(open)
+        .transpose()?
+        .map(|f| SendFile {
+            clock: crate::clock::MonoClock::now(),
+            out: Mutex::new(std::io::BufWriter::with_capacity(1 << 16, f)),
+        });
     let cluster = Cluster::start(&spec, mode, table)?;
     let (faults_tx, faults_rx) = watch::channel(Arc::new(spec.faults.clone()));
     let state = Arc::new(server::ServerState::new(
@@ -215,8 +264,8 @@ pub async fn start(
         tokenizer,
         cluster.clone(),
         faults_rx,
-        Mutex::new(SendLog::default()),
         request_log,
+        send_file,
     ));
     let cancel = CancellationToken::new();
     let server = tokio::spawn(server::serve(

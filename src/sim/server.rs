@@ -61,6 +61,8 @@ pub struct ServerState {
     pub reject_unknown_fields: bool,
     /// One JSON line per completion request.
     pub request_log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
+    /// `--send-log`: every finished completion's send instants.
+    pub(crate) send_file: Option<super::SendFile>,
 }
 
 impl ServerState {
@@ -70,8 +72,8 @@ impl ServerState {
         tokenizer: PromptTokenizer,
         cluster: Cluster,
         faults: watch::Receiver<Arc<FaultSpec>>,
-        send_log: Mutex<SendLog>,
         request_log: Option<std::fs::File>,
+        send_file: Option<super::SendFile>,
     ) -> Self {
         ServerState {
             model: spec.model.clone(),
@@ -79,14 +81,15 @@ impl ServerState {
             tokenizer,
             cluster,
             faults,
-            send_log,
+            send_log: Mutex::new(SendLog::default()),
             frontend: FrontendMetrics::default(),
-            record_send_times: spec.profile == "fixed",
+            record_send_times: spec.profile == "fixed" || send_file.is_some(),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             reject_unknown_fields: spec.reject_unknown_fields,
             request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
+            send_file,
         }
     }
 }
@@ -625,6 +628,9 @@ impl RequestTracker {
             completion.map(|c| (c.prompt_tokens, c.completion_tokens, c.cached_tokens, itl)),
         );
         if let Some(times) = self.send_times.take() {
+            if let Some(f) = &self.state.send_file {
+                f.write(&self.log_key, self.received, &times, success);
+            }
             self.state
                 .send_log
                 .lock()
