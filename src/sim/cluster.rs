@@ -49,21 +49,38 @@ pub struct RequestStream {
     pub id: u64,
     /// First word of the output text (see [`super::text::output_word`]).
     pub word_offset: u32,
-    rx: mpsc::UnboundedReceiver<StreamEvent>,
+    source: Source,
+}
+
+/// Where a request's events come from.
+#[derive(Debug)]
+enum Source {
+    /// A worker's engine loop (or the front door's immediate rejection).
+    Engine(mpsc::UnboundedReceiver<StreamEvent>),
+    /// The `fixed` profile's clock, run by whoever polls the stream: no task and no channel
+    /// between the clock and the connection, so the send instants the accuracy benchmarks compare
+    /// against carry one wake-up less of the simulator's own scheduling.
+    Fixed(Box<FixedClock>),
 }
 
 impl RequestStream {
     pub async fn next(&mut self) -> Option<StreamEvent> {
-        self.rx.recv().await
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
-        self.rx.poll_recv(cx)
+        match &mut self.source {
+            Source::Engine(rx) => rx.poll_recv(cx),
+            Source::Fixed(clock) => clock.poll_next(cx),
+        }
     }
 
     /// An event that is already there, without waiting.
     pub fn try_next(&mut self) -> Option<StreamEvent> {
-        self.rx.try_recv().ok()
+        match &mut self.source {
+            Source::Engine(rx) => rx.try_recv().ok(),
+            Source::Fixed(_) => None,
+        }
     }
 }
 
@@ -295,29 +312,25 @@ impl Cluster {
         let inner = &self.inner;
         let id = self.next_request_id();
         let received = Instant::now();
-        let (tx, rx) = mpsc::unbounded_channel();
         let word_offset = (id as u32).wrapping_mul(7);
+        let (output_len, finish_reason) = self.output_length(&req);
+        let prompt_len = req.prompt.len() as u32;
+        if let Some((ttft, itl)) = inner.fixed.filter(|_| prompt_len > 0) {
+            let clock = FixedClock::new(received, ttft, itl, prompt_len, output_len, finish_reason);
+            return RequestStream {
+                id,
+                word_offset,
+                source: Source::Fixed(Box::new(clock)),
+            };
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
         let stream = RequestStream {
             id,
             word_offset,
-            rx,
+            source: Source::Engine(rx),
         };
-        let (output_len, finish_reason) = self.output_length(&req);
-        let prompt_len = req.prompt.len() as u32;
         if prompt_len == 0 {
             let _ = tx.send(StreamEvent::Rejected("the prompt is empty".into()));
-            return stream;
-        }
-        if let Some((ttft, itl)) = inner.fixed {
-            tokio::spawn(fixed_clock(
-                tx,
-                received,
-                ttft,
-                itl,
-                prompt_len,
-                output_len,
-                finish_reason,
-            ));
             return stream;
         }
         let bs = inner.block_size;
@@ -452,41 +465,67 @@ async fn handoffs(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver
     }
 }
 
-/// The `fixed` profile: a per-request clock independent of batching and KV.
-async fn fixed_clock(
-    tx: mpsc::UnboundedSender<StreamEvent>,
-    received: Instant,
-    ttft: Duration,
+/// The `fixed` profile: a per-request clock independent of batching and KV. Token `i` is due at
+/// `received + ttft + i × itl`; the completion follows the last token.
+#[derive(Debug)]
+struct FixedClock {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    first: Instant,
     itl: Duration,
-    prompt_tokens: u32,
+    next: u32,
     output_len: u32,
-    finish_reason: FinishReason,
-) {
-    let first = received + ttft;
-    for i in 0..output_len {
-        let at = first + itl * i;
-        tokio::time::sleep_until(at).await;
-        if tx.send(StreamEvent::Token { at }).is_err() {
-            return;
+    done: Option<Box<Completion>>,
+}
+
+impl FixedClock {
+    fn new(
+        received: Instant,
+        ttft: Duration,
+        itl: Duration,
+        prompt_tokens: u32,
+        output_len: u32,
+        finish_reason: FinishReason,
+    ) -> Self {
+        let first = received + ttft;
+        let finished = first + itl * output_len.saturating_sub(1);
+        let completion = Completion {
+            prompt_tokens,
+            completion_tokens: output_len,
+            cached_tokens: 0,
+            finish_reason,
+            worker_id: 0,
+            prefill_worker_id: None,
+            preemptions: 0,
+            timing: ServerTiming {
+                received,
+                first_scheduled: received,
+                prefill_done: first,
+                first_token: first,
+                finished,
+                kv_transfer: Duration::ZERO,
+            },
+        };
+        FixedClock {
+            sleep: Box::pin(tokio::time::sleep_until(first)),
+            first,
+            itl,
+            next: 0,
+            output_len,
+            done: Some(Box::new(completion)),
         }
     }
-    let finished = first + itl * output_len.saturating_sub(1);
-    let completion = Completion {
-        prompt_tokens,
-        completion_tokens: output_len,
-        cached_tokens: 0,
-        finish_reason,
-        worker_id: 0,
-        prefill_worker_id: None,
-        preemptions: 0,
-        timing: ServerTiming {
-            received,
-            first_scheduled: received,
-            prefill_done: first,
-            first_token: first,
-            finished,
-            kv_transfer: Duration::ZERO,
-        },
-    };
-    let _ = tx.send(StreamEvent::Done(Box::new(completion)));
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
+        if self.next < self.output_len {
+            std::task::ready!(self.sleep.as_mut().poll(cx));
+            let at = self.first + self.itl * self.next;
+            self.next += 1;
+            if self.next < self.output_len {
+                let due = self.first + self.itl * self.next;
+                self.sleep.as_mut().reset(due);
+            }
+            return Poll::Ready(Some(StreamEvent::Token { at }));
+        }
+        Poll::Ready(self.done.take().map(StreamEvent::Done))
+    }
 }
