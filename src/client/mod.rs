@@ -668,14 +668,27 @@ impl StreamClient {
         let body_limit = response_limit(&self.config, request.osl);
         let mut body_bytes = 0usize;
         let mut last_read = rec.sent;
+        // One timer for the whole body, moved only when it fires: a timeout per read would
+        // insert and remove a timer-wheel entry per token, a lock and a wake-up the stamps of
+        // every other stream wait behind. When it fires, the limit that applies now decides:
+        // until the first content chunk the first-token limit, then the stall limit since the
+        // last read; either way never past the request's own deadline.
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(first_token_deadline));
         loop {
-            // Until the first content chunk: the first-token limit; then: the stall limit
-            // since the last read. Either way never past the request's own deadline.
-            let read_deadline = match rec.first_token_at() {
-                None => first_token_deadline,
-                Some(_) => deadline.min(last_read + self.config.stall_timeout),
+            let read = tokio::select! {
+                biased;
+                read = response.chunk() => Some(read),
+                () = &mut timer => None,
             };
-            let Ok(read) = tokio::time::timeout_at(read_deadline, response.chunk()).await else {
+            let Some(read) = read else {
+                let read_deadline = match rec.first_token_at() {
+                    None => first_token_deadline,
+                    Some(_) => deadline.min(last_read + self.config.stall_timeout),
+                };
+                if Instant::now() < read_deadline {
+                    timer.as_mut().reset(read_deadline);
+                    continue;
+                }
                 let mut why = self.silence(rec, read_deadline);
                 if read_deadline == deadline {
                     why = format!(
