@@ -6,7 +6,9 @@
 use tokio::time::Instant;
 
 use super::record::Outcome;
-use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN};
+use reqwest::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+
+use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN, StreamClient, plain};
 
 /// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
 /// scraping): installs the TLS crypto provider reqwest needs, ignores environment proxies,
@@ -201,9 +203,133 @@ pub(super) fn rejected_fields_hint(
     (!fixes.is_empty()).then(|| fixes.join("; "))
 }
 
+/// A response from either transport: reqwest (TLS targets, and targets with TLS settings of their
+/// own) or the plain-HTTP one ([`super::plain`]).
+#[derive(Debug)]
+pub(super) enum Reply {
+    Pooled(reqwest::Response),
+    Plain(super::plain::Response),
+}
+
+impl Reply {
+    pub(super) fn status(&self) -> reqwest::StatusCode {
+        match self {
+            Reply::Pooled(r) => r.status(),
+            Reply::Plain(r) => r.status(),
+        }
+    }
+
+    pub(super) fn headers(&self) -> &reqwest::header::HeaderMap {
+        match self {
+            Reply::Pooled(r) => r.headers(),
+            Reply::Plain(r) => r.headers(),
+        }
+    }
+
+    pub(super) fn content_length(&self) -> Option<u64> {
+        match self {
+            Reply::Pooled(r) => r.content_length(),
+            Reply::Plain(r) => r.content_length(),
+        }
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub(super) async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, ExchangeError> {
+        match self {
+            Reply::Pooled(r) => r.chunk().await.map_err(ExchangeError::Pooled),
+            Reply::Plain(r) => r.chunk().await.map_err(ExchangeError::Plain),
+        }
+    }
+}
+
+/// Why an exchange failed, from either transport.
+#[derive(Debug)]
+pub(super) enum ExchangeError {
+    Pooled(reqwest::Error),
+    Plain(super::plain::PlainError),
+    /// The request could not be formed; nothing reached the server.
+    Request(String),
+}
+
+impl ExchangeError {
+    /// The outcome of a request that got no response head.
+    pub(super) fn send_outcome(&self) -> Outcome {
+        match self {
+            ExchangeError::Pooled(e) => classify_send_error(e),
+            ExchangeError::Plain(e) => e.outcome(),
+            ExchangeError::Request(_) => Outcome::BadResponse,
+        }
+    }
+
+    /// The outcome of a stream whose body failed.
+    pub(super) fn body_outcome(&self) -> Outcome {
+        match self {
+            ExchangeError::Pooled(e) if e.is_timeout() => Outcome::Timeout,
+            ExchangeError::Plain(e) => e.outcome(),
+            _ => Outcome::StreamTruncated,
+        }
+    }
+
+    /// The error as one line, without credentials.
+    pub(super) fn text(&self) -> String {
+        match self {
+            ExchangeError::Pooled(e) => error_text(e),
+            ExchangeError::Plain(e) => e.to_string(),
+            ExchangeError::Request(message) => message.clone(),
+        }
+    }
+}
+
+/// POSTs `body` to `endpoint`: over the plain-HTTP transport for an `http://` target
+/// without TLS settings of its own, else through reqwest.
+pub(super) async fn post(
+    client: &StreamClient,
+    endpoint: &Endpoint,
+    request_id: &str,
+    body: bytes::Bytes,
+) -> Result<Reply, ExchangeError> {
+    let json = HeaderValue::from_static("application/json");
+    let sse = HeaderValue::from_static("text/event-stream");
+    // Token arrival is stamped as bytes arrive: a compressed stream would delay them.
+    let identity = HeaderValue::from_static("identity");
+    let id = HeaderValue::from_str(request_id).map_err(|_| {
+        ExchangeError::Request(format!("request id {request_id:?} is not a header value"))
+    })?;
+    let mut headers: Vec<(&str, &HeaderValue)> = vec![
+        (CONTENT_TYPE.as_str(), &json),
+        (ACCEPT.as_str(), &sse),
+        (ACCEPT_ENCODING.as_str(), &identity),
+        ("x-request-id", &id),
+    ];
+    if let Some(authorization) = &endpoint.authorization {
+        headers.push((AUTHORIZATION.as_str(), authorization));
+    }
+    if let Some((name, value)) = &client.config.marker.header {
+        headers.push((name.as_str(), value));
+    }
+    if endpoint.http.is_none() && endpoint.url.scheme() == "http" {
+        let reply = plain::post(&client.plain, &endpoint.url, &headers, body).await;
+        return reply.map(Reply::Plain).map_err(ExchangeError::Plain);
+    }
+    let mut builder = endpoint
+        .http
+        .as_ref()
+        .unwrap_or(&client.http)
+        .post(endpoint.url.clone())
+        .body(body);
+    for (name, value) in headers {
+        builder = builder.header(name, value.clone());
+    }
+    builder
+        .send()
+        .await
+        .map(Reply::Pooled)
+        .map_err(ExchangeError::Pooled)
+}
+
 /// Up to `limit` bytes of an error body, read until `deadline`.
 pub(super) async fn read_error_body(
-    response: &mut reqwest::Response,
+    response: &mut Reply,
     deadline: Instant,
     limit: usize,
 ) -> String {
@@ -221,7 +347,7 @@ pub(super) async fn read_error_body(
 }
 
 /// Reads and discards the rest of a body until it ends or `deadline` passes.
-pub(super) async fn drain(response: &mut reqwest::Response, deadline: Instant) {
+pub(super) async fn drain(response: &mut Reply, deadline: Instant) {
     while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
 }
 

@@ -8,6 +8,7 @@
 
 mod body;
 mod http;
+mod plain;
 mod record;
 mod sse;
 mod stream;
@@ -16,9 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reqwest::header::{
-    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderValue,
-};
+use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use tokio::time::Instant;
 use url::Url;
 
@@ -34,9 +33,9 @@ pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 
 pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_client_builder};
 use http::{
-    MAX_TAIL_BYTES, classify_send_error, drain, read_error_body, rejected_fields_hint,
-    response_limit, sleep_until_some,
+    MAX_TAIL_BYTES, drain, read_error_body, rejected_fields_hint, response_limit, sleep_until_some,
 };
+pub use plain::Prewarmed;
 use stream::{Flow, StreamDecoder, sanitize};
 
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
@@ -372,6 +371,8 @@ pub enum Cancel {
 #[derive(Clone)]
 pub struct StreamClient {
     http: reqwest::Client,
+    /// Connections of `http://` targets (see [`plain`]).
+    plain: Arc<plain::Pool>,
     config: ClientConfig,
     counter: Option<Arc<dyn TokenCounter>>,
 }
@@ -389,8 +390,10 @@ impl StreamClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         config.validate()?;
         let http = Self::builder(&config).build()?;
+        let plain = plain::Pool::new(config.connect_timeout, config.pool_idle_timeout);
         Ok(Self {
             http,
+            plain: Arc::new(plain),
             config,
             counter: None,
         })
@@ -472,6 +475,16 @@ impl StreamClient {
             .await
     }
 
+    /// Opens connections to `endpoint` until `n` are idle, `ramp` at a time, so a step's first
+    /// requests neither pay for connects nor flood the server's accept queue. `None` for a
+    /// target reached through reqwest (TLS), whose pool opens connections on demand.
+    pub async fn prewarm(&self, endpoint: &Endpoint, n: usize, ramp: usize) -> Option<Prewarmed> {
+        if endpoint.http.is_some() || endpoint.url.scheme() != "http" {
+            return None;
+        }
+        Some(self.plain.prewarm(&endpoint.url, n, ramp).await)
+    }
+
     /// Like [`StreamClient::send`], but when `cutoff` completes first (a step's drain deadline,
     /// a shutdown) the request is abandoned and counts as `timeout`, with everything received
     /// until then kept: a request still in flight is never silently dropped.
@@ -548,25 +561,9 @@ impl StreamClient {
         rec: &mut RequestRecord,
     ) {
         let body_bytes_sent = body.len();
-        let mut builder = endpoint
-            .http
-            .as_ref()
-            .unwrap_or(&self.http)
-            .post(endpoint.url.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            // Token arrival is stamped as bytes arrive: a compressed stream would delay them.
-            .header(ACCEPT_ENCODING, "identity")
-            .header("x-request-id", request.request_id.as_str())
-            .body(body);
-        if let Some(authorization) = &endpoint.authorization {
-            builder = builder.header(AUTHORIZATION, authorization.clone());
-        }
-        if let Some((name, value)) = &self.config.marker.header {
-            builder = builder.header(name.clone(), value.clone());
-        }
         let first_token_deadline = deadline.min(rec.sent + self.config.first_token_timeout);
-        let sent = tokio::time::timeout_at(first_token_deadline, builder.send()).await;
+        let post = http::post(self, endpoint, &request.request_id, body);
+        let sent = tokio::time::timeout_at(first_token_deadline, post).await;
         let Ok(sent) = sent else {
             let mut why = self.silence(rec, first_token_deadline);
             if first_token_deadline == deadline {
@@ -582,8 +579,8 @@ impl StreamClient {
             Ok(response) => response,
             Err(err) => {
                 let at = Instant::now();
-                let message = self.message(&err);
-                rec.settle(classify_send_error(&err), at, Some(message));
+                let message = sanitize(&err.text(), self.config.max_error_bytes);
+                rec.settle(err.send_outcome(), at, Some(message));
                 return;
             }
         };
@@ -734,14 +731,10 @@ impl StreamClient {
                     }
                 }
                 Ok(None) => decoder.on_eof(rec, at),
-                Err(err) => {
-                    let outcome = if err.is_timeout() {
-                        Outcome::Timeout
-                    } else {
-                        Outcome::StreamTruncated
-                    };
-                    Flow::Finished(outcome, Some(self.message(&err)))
-                }
+                Err(err) => Flow::Finished(
+                    err.body_outcome(),
+                    Some(sanitize(&err.text(), self.config.max_error_bytes)),
+                ),
             };
             if let Flow::Finished(outcome, message) = flow {
                 let (outcome, message) = match rec.implausible(request.osl, body_bytes_sent) {
@@ -784,10 +777,6 @@ impl StreamClient {
                 gave_up.saturating_duration_since(last)
             ),
         }
-    }
-
-    fn message(&self, err: &reqwest::Error) -> String {
-        sanitize(&error_text(err), self.config.max_error_bytes)
     }
 }
 

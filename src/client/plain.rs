@@ -1,0 +1,663 @@
+//! HTTP/1.1 over plain TCP for the measurement path (`http://` targets without TLS settings of
+//! their own). The task that sends a request owns its connection and reads the stream itself,
+//! into a buffer of fixed size, with chunked framing decoded in place: a token costs one wake-up
+//! and one read, with no connection task and no channel between the socket and the stamp, and a
+//! server that outpaces the client cannot grow the buffer. A [`Pool`] keeps idle keep-alive
+//! connections per host and opens them ahead of a step, ramped (docs/DESIGN.md §4). TLS targets
+//! go through reqwest.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use url::Url;
+
+use super::record::Outcome;
+
+/// What one read may fill, and all a connection ever buffers of a body: a read hands its bytes
+/// on before the next, so the buffer is reclaimed instead of grown.
+pub const READ_BUF_BYTES: usize = 16 << 10;
+/// The largest response head accepted.
+const MAX_HEAD_BYTES: usize = 64 << 10;
+const MAX_HEADERS: usize = 96;
+/// The longest chunk-size line (hex digits and extensions).
+const MAX_CHUNK_LINE: usize = 1024;
+
+/// Why an exchange failed before or while reading its response.
+#[derive(Debug, thiserror::Error)]
+pub enum PlainError {
+    #[error("cannot resolve {authority}: {source}")]
+    Resolve {
+        authority: String,
+        source: std::io::Error,
+    },
+    #[error("tcp connect to {authority} failed: {source}")]
+    Connect {
+        authority: String,
+        source: std::io::Error,
+    },
+    #[error("tcp connect to {authority} timed out after {timeout:?}")]
+    ConnectTimeout {
+        authority: String,
+        timeout: Duration,
+    },
+    #[error("the response head is not HTTP/1.1: {0}")]
+    Head(String),
+    #[error("the connection closed before a complete response head")]
+    ClosedBeforeHead,
+    #[error("the connection closed mid-body")]
+    ClosedMidBody,
+    #[error("bad chunked framing: {0}")]
+    Framing(&'static str),
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl PlainError {
+    /// The outcome of a request that ended with this error.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            PlainError::Resolve { .. }
+            | PlainError::Connect { .. }
+            | PlainError::ConnectTimeout { .. } => Outcome::Connect,
+            // The server answered, but not in HTTP.
+            PlainError::Head(_) => Outcome::BadResponse,
+            PlainError::ClosedBeforeHead
+            | PlainError::ClosedMidBody
+            | PlainError::Framing(_)
+            | PlainError::Io(_) => Outcome::StreamTruncated,
+        }
+    }
+}
+
+/// Idle keep-alive connections per `host:port`, newest last; shared by every request of a client.
+#[derive(Debug)]
+pub struct Pool {
+    idle: Mutex<HashMap<String, VecDeque<(TcpStream, Instant)>>>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// What [`Pool::prewarm`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Prewarmed {
+    /// Connections opened now (the rest were idle already).
+    pub opened: usize,
+    /// How long each new connection took to establish.
+    pub connect_times: Vec<Duration>,
+    /// The first connect error, when some could not be opened.
+    pub error: Option<String>,
+}
+
+impl Pool {
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
+        Pool {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            idle_timeout,
+        }
+    }
+
+    /// The newest idle connection to `authority` that is still open. An idle connection the
+    /// server has closed (its keep-alive timeout) reads as end-of-file; one past the idle
+    /// timeout is closed here, before the server's own timeout races a request.
+    fn checkout(&self, authority: &str) -> Option<TcpStream> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = idle.get_mut(authority)?;
+        while let Some((stream, since)) = conns.pop_back() {
+            if now.saturating_duration_since(since) >= self.idle_timeout {
+                // The rest are older still.
+                conns.clear();
+                return None;
+            }
+            // Asked of the socket itself (a peek that never blocks), not of the runtime's
+            // readiness, which may not have seen the server's FIN yet.
+            let mut probe = [0u8; 1];
+            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+            // Anything else (closed by the server, bytes nobody asked for) is not reusable.
+            if let Err(rustix::io::Errno::AGAIN) = rustix::net::recv(&stream, &mut probe[..], flags)
+            {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, authority: &str, stream: TcpStream) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = idle.entry(authority.to_owned()).or_default();
+        // The oldest are in front: whatever has idled too long there is closed.
+        while conns
+            .front()
+            .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= self.idle_timeout)
+        {
+            conns.pop_front();
+        }
+        conns.push_back((stream, now));
+    }
+
+    /// Idle connections to `authority` now.
+    pub fn idle_count(&self, authority: &str) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.get(authority).map_or(0, VecDeque::len)
+    }
+
+    async fn connect(&self, authority: &str) -> Result<TcpStream, PlainError> {
+        let connect = async {
+            let mut last = None;
+            let addrs =
+                tokio::net::lookup_host(authority)
+                    .await
+                    .map_err(|source| PlainError::Resolve {
+                        authority: authority.to_owned(),
+                        source,
+                    })?;
+            for addr in addrs {
+                match TcpStream::connect(addr).await {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(PlainError::Connect {
+                authority: authority.to_owned(),
+                source: last.unwrap_or_else(|| std::io::Error::other("no address")),
+            })
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| PlainError::ConnectTimeout {
+                authority: authority.to_owned(),
+                timeout: self.connect_timeout,
+            })??;
+        // Tokens are small writes: never let Nagle hold the request's tail.
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+
+    /// Opens connections to `url`'s host until `n` are idle, at most `ramp` connects at a time,
+    /// so a step's first requests neither pay for the handshake nor flood the server's accept
+    /// queue with `n` connects at once.
+    pub async fn prewarm(&self, url: &Url, n: usize, ramp: usize) -> Prewarmed {
+        let authority = authority(url);
+        let mut done = Prewarmed::default();
+        let missing = n.saturating_sub(self.idle_count(&authority));
+        let mut left = missing;
+        while left > 0 && done.error.is_none() {
+            let batch = left.min(ramp.max(1));
+            let opened = futures_util::future::join_all((0..batch).map(|_| async {
+                let started = Instant::now();
+                self.connect(&authority)
+                    .await
+                    .map(|s| (s, started.elapsed()))
+            }))
+            .await;
+            for result in opened {
+                match result {
+                    Ok((stream, took)) => {
+                        done.opened += 1;
+                        done.connect_times.push(took);
+                        self.checkin(&authority, stream);
+                    }
+                    Err(e) => {
+                        done.error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            left -= batch;
+        }
+        done
+    }
+}
+
+/// `host:port` of `url` (the port its scheme implies when it names none).
+pub fn authority(url: &Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    let port = url.port_or_known_default().unwrap_or(80);
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Sends a POST of `body` to `url` with `headers` and reads the response head. A reused
+/// connection is checked for a close before the request is written; once written, a request is
+/// never sent twice.
+pub async fn post(
+    pool: &std::sync::Arc<Pool>,
+    url: &Url,
+    headers: &[(&str, &HeaderValue)],
+    body: Bytes,
+) -> Result<Response, PlainError> {
+    let authority = authority(url);
+    let mut head = Vec::with_capacity(256 + headers.len() * 48);
+    head.extend_from_slice(b"POST ");
+    head.extend_from_slice(url.path().as_bytes());
+    if let Some(q) = url.query() {
+        head.push(b'?');
+        head.extend_from_slice(q.as_bytes());
+    }
+    head.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    head.extend_from_slice(authority.as_bytes());
+    for (name, value) in headers {
+        head.extend_from_slice(b"\r\n");
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+    }
+    head.extend_from_slice(b"\r\ncontent-length: ");
+    head.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+    head.extend_from_slice(b"\r\n\r\n");
+    head.extend_from_slice(&body);
+
+    let mut stream = match pool.checkout(&authority) {
+        Some(stream) => stream,
+        None => pool.connect(&authority).await?,
+    };
+    stream.write_all(&head).await?;
+    let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    let (status, headers) = read_head(&mut stream, &mut buf).await?;
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let chunked = header(http::header::TRANSFER_ENCODING)
+        .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
+    let content_length = header(http::header::CONTENT_LENGTH).and_then(|v| v.trim().parse().ok());
+    let keep_alive =
+        !header(http::header::CONNECTION).is_some_and(|c| c.to_ascii_lowercase().contains("close"));
+    let framing = match (chunked, content_length) {
+        (true, _) => Framing::Chunked(ChunkState::Size),
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::Close,
+    };
+    let keep_alive = keep_alive && !matches!(framing, Framing::Close);
+    Ok(Response {
+        status,
+        headers,
+        content_length,
+        stream: Some(stream),
+        buf,
+        framing,
+        keep_alive,
+        pool: std::sync::Arc::clone(pool),
+        authority,
+    })
+}
+
+async fn read_head(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<(StatusCode, HeaderMap), PlainError> {
+    loop {
+        let mut parsed = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut parsed);
+        match resp.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => {
+                let status = resp
+                    .code
+                    .and_then(|c| StatusCode::from_u16(c).ok())
+                    .ok_or_else(|| PlainError::Head("no status code".into()))?;
+                let mut headers = HeaderMap::with_capacity(resp.headers.len());
+                for h in resp.headers.iter() {
+                    let name = HeaderName::from_bytes(h.name.as_bytes())
+                        .map_err(|e| PlainError::Head(e.to_string()))?;
+                    let value = HeaderValue::from_bytes(h.value)
+                        .map_err(|e| PlainError::Head(e.to_string()))?;
+                    headers.append(name, value);
+                }
+                buf.advance(len);
+                // An interim 1xx answer (100 Continue) is followed by the real head.
+                if status.is_informational() {
+                    continue;
+                }
+                return Ok((status, headers));
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(PlainError::Head(e.to_string())),
+        }
+        if buf.len() >= MAX_HEAD_BYTES {
+            return Err(PlainError::Head(format!(
+                "the head is over {} KiB",
+                MAX_HEAD_BYTES >> 10
+            )));
+        }
+        buf.reserve(READ_BUF_BYTES);
+        if stream.read_buf(buf).await? == 0 {
+            return Err(PlainError::ClosedBeforeHead);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Chunked(ChunkState),
+    /// Content-Length: bytes left.
+    Length(u64),
+    /// Until the server closes.
+    Close,
+    /// The body is complete.
+    Done,
+}
+
+/// A response whose body is read by the task that sent the request.
+#[derive(Debug)]
+pub struct Response {
+    status: StatusCode,
+    headers: HeaderMap,
+    content_length: Option<u64>,
+    /// `None` once the body ended and the connection went back to the pool.
+    stream: Option<TcpStream>,
+    buf: BytesMut,
+    framing: Framing,
+    keep_alive: bool,
+    pool: std::sync::Arc<Pool>,
+    authority: String,
+}
+
+impl Response {
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    pub fn content_length(&self) -> Option<u64> {
+        self.content_length
+    }
+
+    /// The next piece of the body (`None` at its end), reading the socket only when nothing
+    /// complete is buffered. Bytes are handed out without a copy; the buffer they came from is
+    /// reused once they are dropped.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, PlainError> {
+        loop {
+            if let Some(piece) = self.decode()? {
+                return Ok(Some(piece));
+            }
+            if self.framing == Framing::Done {
+                self.release();
+                return Ok(None);
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                return Ok(None);
+            };
+            if self.buf.capacity() - self.buf.len() < READ_BUF_BYTES / 4 {
+                self.buf.reserve(READ_BUF_BYTES);
+            }
+            if stream.read_buf(&mut self.buf).await? == 0 {
+                self.stream = None;
+                if self.framing == Framing::Close {
+                    self.framing = Framing::Done;
+                    return Ok(None);
+                }
+                return Err(PlainError::ClosedMidBody);
+            }
+        }
+    }
+
+    /// Takes the next complete piece of body out of the buffer, advancing the framing.
+    fn decode(&mut self) -> Result<Option<Bytes>, PlainError> {
+        loop {
+            match self.framing {
+                Framing::Done => return Ok(None),
+                Framing::Close => {
+                    return Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze()));
+                }
+                Framing::Length(0) => {
+                    self.framing = Framing::Done;
+                    return Ok(None);
+                }
+                Framing::Length(left) => {
+                    if self.buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (left as usize).min(self.buf.len());
+                    self.framing = Framing::Length(left - n as u64);
+                    return Ok(Some(self.buf.split_to(n).freeze()));
+                }
+                Framing::Chunked(ChunkState::Data(left)) => {
+                    if self.buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (left as usize).min(self.buf.len());
+                    let rest = left - n as u64;
+                    self.framing = Framing::Chunked(if rest == 0 {
+                        ChunkState::DataEnd
+                    } else {
+                        ChunkState::Data(rest)
+                    });
+                    return Ok(Some(self.buf.split_to(n).freeze()));
+                }
+                Framing::Chunked(state) => {
+                    let Some(end) = memchr::memmem::find(&self.buf, b"\r\n") else {
+                        if self.buf.len() > MAX_CHUNK_LINE {
+                            return Err(PlainError::Framing("a chunk line over 1 KiB"));
+                        }
+                        return Ok(None);
+                    };
+                    let line = self.buf.split_to(end + 2);
+                    let line = &line[..end];
+                    self.framing = match state {
+                        ChunkState::Size => {
+                            let hex = line.split(|&b| b == b';').next().unwrap_or(b"");
+                            let hex = std::str::from_utf8(hex)
+                                .map_err(|_| PlainError::Framing("a chunk size is not text"))?;
+                            let size = u64::from_str_radix(hex.trim(), 16)
+                                .map_err(|_| PlainError::Framing("a chunk size is not hex"))?;
+                            Framing::Chunked(if size == 0 {
+                                ChunkState::Trailer
+                            } else {
+                                ChunkState::Data(size)
+                            })
+                        }
+                        ChunkState::DataEnd if line.is_empty() => {
+                            Framing::Chunked(ChunkState::Size)
+                        }
+                        ChunkState::DataEnd => {
+                            return Err(PlainError::Framing("no CRLF after a chunk's data"));
+                        }
+                        ChunkState::Trailer if line.is_empty() => Framing::Done,
+                        ChunkState::Trailer => Framing::Chunked(ChunkState::Trailer),
+                        ChunkState::Data(_) => unreachable!("handled above"),
+                    };
+                }
+            }
+        }
+    }
+
+    /// At the body's end: the connection goes back to the pool when the server keeps it and
+    /// sent nothing past the body.
+    fn release(&mut self) {
+        if let Some(stream) = self.stream.take()
+            && self.keep_alive
+            && self.buf.is_empty()
+        {
+            self.pool.checkin(&self.authority, stream);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::net::TcpListener;
+
+    /// A server that answers each request on a connection with `reply`, written in `pieces`
+    /// byte-sized writes, and counts the connections it accepted.
+    async fn server(
+        reply: &'static [u8],
+        pieces: usize,
+    ) -> (Url, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    loop {
+                        let mut got = Vec::new();
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let step = reply.len().div_ceil(pieces.max(1));
+                        for piece in reply.chunks(step) {
+                            if s.write_all(piece).await.is_err() {
+                                return;
+                            }
+                            s.flush().await.unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}/v1/x").parse().unwrap(), accepted)
+    }
+
+    fn pool() -> Arc<Pool> {
+        Arc::new(Pool::new(Duration::from_secs(5), Duration::from_secs(90)))
+    }
+
+    async fn body(resp: &mut Response) -> Result<Vec<u8>, PlainError> {
+        let mut all = Vec::new();
+        while let Some(piece) = resp.chunk().await? {
+            all.extend_from_slice(&piece);
+        }
+        Ok(all)
+    }
+
+    const CHUNKED: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
+
+    #[tokio::test]
+    async fn chunked_bodies_decode_split_anywhere_and_the_connection_is_reused() {
+        for pieces in [1, 7, CHUNKED.len()] {
+            let (url, accepted) = server(CHUNKED, pieces).await;
+            let pool = pool();
+            for _ in 0..3 {
+                let mut resp = post(&pool, &url, &[], Bytes::from_static(b"{}"))
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                assert_eq!(resp.headers()["content-type"], "text/event-stream");
+                assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");
+            }
+            assert_eq!(
+                accepted.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "{pieces} pieces"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn content_length_and_close_delimited_bodies() {
+        let (url, _) = server(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", 2).await;
+        let mut resp = post(&pool(), &url, &[], Bytes::new()).await.unwrap();
+        assert_eq!(resp.content_length(), Some(3));
+        assert_eq!(body(&mut resp).await.unwrap(), b"abc");
+
+        let (url, _) = server(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end",
+            3,
+        )
+        .await;
+        let pool = pool();
+        let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
+        // The server keeps the socket open: the first piece arrives, the end would need a close.
+        let first = resp.chunk().await.unwrap().unwrap();
+        assert!(!first.is_empty());
+        assert!(!resp.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn broken_framing_and_heads_are_errors_with_their_outcome() {
+        let (url, _) = server(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+            1,
+        )
+        .await;
+        let mut resp = post(&pool(), &url, &[], Bytes::new()).await.unwrap();
+        let err = body(&mut resp).await.unwrap_err();
+        assert_eq!(err.outcome(), Outcome::StreamTruncated, "{err}");
+
+        let (url, _) = server(b"NOT HTTP AT ALL\r\n\r\n", 1).await;
+        let err = post(&pool(), &url, &[], Bytes::new()).await.unwrap_err();
+        assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
+
+        // Nothing listens on a port just released.
+        let free = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let url: Url = format!("http://{free}/").parse().unwrap();
+        let err = post(&pool(), &url, &[], Bytes::new()).await.unwrap_err();
+        assert_eq!(err.outcome(), Outcome::Connect, "{err}");
+    }
+
+    #[tokio::test]
+    async fn prewarm_opens_what_is_missing_in_ramps_and_requests_use_them() {
+        let (url, accepted) = server(CHUNKED, 1).await;
+        let pool = pool();
+        let done = pool.prewarm(&url, 10, 4).await;
+        assert_eq!(done.opened, 10);
+        assert_eq!(done.connect_times.len(), 10);
+        assert!(done.error.is_none());
+        assert_eq!(pool.idle_count(&authority(&url)), 10);
+        // Already warm: nothing more to open.
+        assert_eq!(pool.prewarm(&url, 10, 4).await.opened, 0);
+        let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
+        assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_while_idle_is_not_reused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: Url = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let pool = pool();
+        assert_eq!(pool.prewarm(&url, 2, 2).await.opened, 2);
+        // The server closes one, as its keep-alive timeout would, and keeps the other.
+        let (first, _) = listener.accept().await.unwrap();
+        let (second, _) = listener.accept().await.unwrap();
+        let closed_port = first.peer_addr().unwrap().port();
+        drop(first);
+        // Loopback delivers the FIN within the close; the pool checks the socket itself.
+        let kept = pool.checkout(&authority(&url));
+        let kept_port = kept.as_ref().map(|s| s.local_addr().unwrap().port());
+        assert_eq!(kept_port, Some(second.peer_addr().unwrap().port()));
+        assert_ne!(kept_port, Some(closed_port));
+        drop(kept);
+        assert!(pool.checkout(&authority(&url)).is_none());
+    }
+}
