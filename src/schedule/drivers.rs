@@ -41,7 +41,45 @@ async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
     }
 }
 
+/// Connections a step opens at a time before its clock starts: a server's accept queue (Linux's
+/// default backlog is 4096, tokio's listeners ask for 1024) takes a ramp of this size without
+/// dropping a SYN, whose retry would cost a second.
+const PREWARM_RAMP: usize = 64;
+
 impl Runner {
+    /// Before a closed-loop step's clock starts, opens every target's connections for its
+    /// workers, ramped, so its first requests measure the server and not a connection storm.
+    /// The connect times are the server's own figure, logged per target.
+    pub(super) async fn prewarm(&self, plan: &StepPlan, targets: &[usize]) {
+        if plan.rate.is_some() || matches!(plan.kind, StepKind::Trace { .. }) {
+            // Open-loop arrivals ramp up by themselves.
+            return;
+        }
+        let n = plan.concurrency() as usize;
+        let warm = targets.iter().map(|&t| async move {
+            let target = &self.targets[t];
+            let done = self.client.prewarm(&target.endpoint, n, PREWARM_RAMP).await;
+            (target, done)
+        });
+        for (target, done) in futures_util::future::join_all(warm).await {
+            let Some(done) = done.filter(|d| d.opened > 0 || d.error.is_some()) else {
+                continue;
+            };
+            let mut times = done.connect_times;
+            times.sort();
+            let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+            tracing::debug!(
+                target = %target.name,
+                step = %plan.name(),
+                opened = done.opened,
+                connect_p50_ms = ms(times.get(times.len() / 2)),
+                connect_max_ms = ms(times.last()),
+                error = done.error.as_deref().unwrap_or(""),
+                "connections opened before the step"
+            );
+        }
+    }
+
     /// Sends each shared prefix of the pool once per target (not measured), so the step measures
     /// cache hits rather than the first fill.
     /// `shared`: each target's index and its shared prefix length. Each prompt is bounded by

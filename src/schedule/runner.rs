@@ -416,6 +416,7 @@ impl Runner {
                 return Vec::new();
             }
         };
+        self.prewarm(plan, targets).await;
         let t0 = Instant::now();
         let send_end = t0 + plan.warmup + plan.steady;
         let ctx = Arc::new(StepCtx {
