@@ -81,6 +81,8 @@ pub struct Pool {
     idle: Mutex<HashMap<String, VecDeque<(TcpStream, Instant)>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
+    /// Whether the task that closes idle connections runs (started with the first one).
+    reaper: std::sync::atomic::AtomicBool,
 }
 
 /// What [`Pool::prewarm`] did.
@@ -100,7 +102,39 @@ impl Pool {
             idle: Mutex::new(HashMap::new()),
             connect_timeout,
             idle_timeout,
+            reaper: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Closes, every half idle timeout, the connections idle for longer: a canary that pauses
+    /// or stops sending to a target holds no connection to it (a server counts them, and a
+    /// proxy's idle timeout would break them anyway). The task ends with the pool.
+    fn start_reaper(self: &std::sync::Arc<Self>) {
+        if self.reaper.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let pool = std::sync::Arc::downgrade(self);
+        let every = (self.idle_timeout / 2).max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(pool) = pool.upgrade() else { return };
+                pool.expire(Instant::now());
+            }
+        });
+    }
+
+    fn expire(&self, now: Instant) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        for conns in idle.values_mut() {
+            // The oldest are in front.
+            while conns.front().is_some_and(|(_, since)| {
+                now.saturating_duration_since(*since) >= self.idle_timeout
+            }) {
+                conns.pop_front();
+            }
+        }
+        idle.retain(|_, conns| !conns.is_empty());
     }
 
     /// The newest idle connection to `authority` that is still open. An idle connection the
@@ -129,18 +163,11 @@ impl Pool {
         None
     }
 
-    fn checkin(&self, authority: &str, stream: TcpStream) {
-        let now = Instant::now();
+    fn checkin(self: &std::sync::Arc<Self>, authority: &str, stream: TcpStream) {
+        self.start_reaper();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let conns = idle.entry(authority.to_owned()).or_default();
-        // The oldest are in front: whatever has idled too long there is closed.
-        while conns
-            .front()
-            .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= self.idle_timeout)
-        {
-            conns.pop_front();
-        }
-        conns.push_back((stream, now));
+        conns.push_back((stream, Instant::now()));
     }
 
     /// Idle connections to `authority` now.
@@ -184,7 +211,12 @@ impl Pool {
     /// Opens connections to `url`'s host until `n` are idle, at most `ramp` connects at a time,
     /// so a step's first requests neither pay for the handshake nor flood the server's accept
     /// queue with `n` connects at once.
-    pub async fn prewarm(&self, url: &Url, n: usize, ramp: usize) -> Prewarmed {
+    pub async fn prewarm(
+        self: &std::sync::Arc<Self>,
+        url: &Url,
+        n: usize,
+        ramp: usize,
+    ) -> Prewarmed {
         let authority = authority(url);
         let mut done = Prewarmed::default();
         let missing = n.saturating_sub(self.idle_count(&authority));
@@ -637,6 +669,22 @@ mod tests {
         let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
         assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_connections_close_after_the_idle_timeout_without_traffic() {
+        let (url, _) = server(CHUNKED, 1).await;
+        let pool = Arc::new(Pool::new(Duration::from_secs(5), Duration::from_secs(10)));
+        assert_eq!(pool.prewarm(&url, 3, 3).await.opened, 3);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(
+            pool.idle_count(&authority(&url)),
+            3,
+            "still within the idle timeout"
+        );
+        // The reaper runs every 5 s: by 15 s every connection idle since 0 s is closed.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(pool.idle_count(&authority(&url)), 0);
     }
 
     #[tokio::test]
