@@ -307,7 +307,7 @@ pub(super) async fn post(
     if let Some((name, value)) = &client.config.marker.header {
         headers.push((name.as_str(), value));
     }
-    if endpoint.http.is_none() && endpoint.url.scheme() == "http" {
+    if endpoint.plain() {
         let reply = plain::post(&client.plain, &endpoint.url, &headers, body).await;
         return reply.map(Reply::Plain).map_err(ExchangeError::Plain);
     }

@@ -228,6 +228,18 @@ pub struct Endpoint {
     rejection_logged: Arc<AtomicBool>,
 }
 
+impl Endpoint {
+    /// Whether requests go over the plain-HTTP transport ([`plain`]): an `http://` URL without
+    /// TLS settings of its own and without credentials in it (reqwest turns those into a Basic
+    /// `Authorization` header; the plain transport sends no such header).
+    fn plain(&self) -> bool {
+        self.http.is_none()
+            && self.url.scheme() == "http"
+            && self.url.username().is_empty()
+            && self.url.password().is_none()
+    }
+}
+
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")
@@ -479,7 +491,7 @@ impl StreamClient {
     /// requests neither pay for connects nor flood the server's accept queue. `None` for a
     /// target reached through reqwest (TLS), whose pool opens connections on demand.
     pub async fn prewarm(&self, endpoint: &Endpoint, n: usize, ramp: usize) -> Option<Prewarmed> {
-        if endpoint.http.is_some() || endpoint.url.scheme() != "http" {
+        if !endpoint.plain() {
             return None;
         }
         Some(self.plain.prewarm(&endpoint.url, n, ramp).await)
