@@ -150,13 +150,7 @@ impl Pool {
                 conns.clear();
                 return None;
             }
-            // Asked of the socket itself (a peek that never blocks), not of the runtime's
-            // readiness, which may not have seen the server's FIN yet.
-            let mut probe = [0u8; 1];
-            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-            // Anything else (closed by the server, bytes nobody asked for) is not reusable.
-            if let Err(rustix::io::Errno::AGAIN) = rustix::net::recv(&stream, &mut probe[..], flags)
-            {
+            if still_open(&stream) {
                 return Some(stream);
             }
         }
@@ -246,6 +240,18 @@ impl Pool {
         }
         done
     }
+}
+
+/// Whether an idle connection can take a request: nothing to read yet. Asked of the socket itself
+/// (a peek that never blocks), not of the runtime's readiness, which may not have seen the
+/// server's FIN yet; a close, an error or bytes nobody asked for make it unusable.
+fn still_open(stream: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    matches!(
+        rustix::net::recv(stream, &mut probe[..], flags),
+        Err(rustix::io::Errno::AGAIN)
+    )
 }
 
 /// `host:port` of `url` (the port its scheme implies when it names none).
@@ -668,7 +674,9 @@ mod tests {
         assert_eq!(pool.prewarm(&url, 10, 4).await.opened, 0);
         let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
         assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 10);
+        // It took a warm connection and gave it back: still 10, none opened for it.
+        assert_eq!(pool.idle_count(&authority(&url)), 10);
+        assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) <= 10);
     }
 
     #[tokio::test(start_paused = true)]
@@ -693,19 +701,27 @@ mod tests {
         let url: Url = format!("http://{}/", listener.local_addr().unwrap())
             .parse()
             .unwrap();
+        let authority = authority(&url);
         let pool = pool();
-        assert_eq!(pool.prewarm(&url, 2, 2).await.opened, 2);
-        // The server closes one, as its keep-alive timeout would, and keeps the other.
-        let (first, _) = listener.accept().await.unwrap();
-        let (second, _) = listener.accept().await.unwrap();
-        let closed_port = first.peer_addr().unwrap().port();
-        drop(first);
-        // Loopback delivers the FIN within the close; the pool checks the socket itself.
-        let kept = pool.checkout(&authority(&url));
-        let kept_port = kept.as_ref().map(|s| s.local_addr().unwrap().port());
-        assert_eq!(kept_port, Some(second.peer_addr().unwrap().port()));
-        assert_ne!(kept_port, Some(closed_port));
-        drop(kept);
-        assert!(pool.checkout(&authority(&url)).is_none());
+        let closed = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server_side, _) = listener.accept().await.unwrap();
+        let open = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (_kept, _) = listener.accept().await.unwrap();
+        assert!(still_open(&closed) && still_open(&open));
+        // The server closes one, as its keep-alive timeout would; readable once its FIN is in.
+        drop(server_side);
+        closed.readable().await.unwrap();
+        assert!(!still_open(&closed));
+        let open_port = open.local_addr().unwrap().port();
+        // The closed one is the newest idle connection: it is passed over, the open one is taken.
+        pool.checkin(&authority, open);
+        pool.checkin(&authority, closed);
+        let taken = pool.checkout(&authority).expect("the open connection");
+        assert_eq!(taken.local_addr().unwrap().port(), open_port);
+        assert!(pool.checkout(&authority).is_none());
     }
 }
