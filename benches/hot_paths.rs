@@ -231,6 +231,7 @@ fn slo_tick(c: &mut Criterion) {
                 measurements,
                 request_labels: labels.clone(),
                 server: None,
+                connections: None,
             }]);
         }
     }

@@ -215,6 +215,24 @@ fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Vec<T> {
         .collect()
 }
 
+/// The connections the run's step opened, from `summary.json`: opened, and the connect time's p50,
+/// p99 and max in ms.
+fn connections(out: &Path) -> Option<(u64, f64, f64, f64)> {
+    let text = std::fs::read_to_string(out.join("summary.json")).ok()?;
+    let summary: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let c = summary["steps"]
+        .as_array()?
+        .iter()
+        .find_map(|s| s.get("connections"))?;
+    let ms = |k: &str| c[k].as_f64().map_or(f64::NAN, |s| s * 1e3);
+    Some((
+        c["opened"].as_u64()?,
+        ms("connect_p50_seconds"),
+        ms("connect_p99_seconds"),
+        ms("connect_max_seconds"),
+    ))
+}
+
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
@@ -326,6 +344,11 @@ async fn paced(root: &Path, streams: u32, secs: u64, json: &Option<String>) {
         p(&connect, 0.5),
         p(&connect, 0.99),
     );
+    if let Some((opened, p50, p99, max)) = connections(&out) {
+        println!(
+            "  connections opened before the step: {opened}, connect p50 {p50:.3} / p99 {p99:.3} / max {max:.3} ms (the server's figure, kept out of TTFT)"
+        );
+    }
     println!(
         "  client: {:.2} CPU-s over {:.1} s, {cpu_per_m:.2} CPU-s per 1M tokens, peak RSS {:.1} MiB (goal <= 64 MiB: {}); simulator {:.2} CPU-s",
         cost.cpu_s,

@@ -334,6 +334,34 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
         }
     }
 
+    // Each sweep step opens what its workers lack before its clock starts: over the sweep, one
+    // connection per worker of its largest level, each timed, but for the one the start-up
+    // probe left idle (it may serve the first step).
+    let conns = table(&s, "connections");
+    for mode in MODES {
+        let rows = rows_where(conns, "mode", &mode.into());
+        let sweep_opened: f64 = rows
+            .iter()
+            .filter(|r| {
+                r[col(conns, "step")]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("concurrency_sweep")
+            })
+            .map(|r| num(r, conns, "opened"))
+            .sum();
+        assert!(sweep_opened >= 15.0, "{mode}: {rows:?}");
+        for r in rows {
+            let (p50, p99, max) = (
+                num(r, conns, "connect p50"),
+                num(r, conns, "connect p99"),
+                num(r, conns, "connect max"),
+            );
+            assert!(num(r, conns, "opened") >= 1.0, "{r:?}");
+            assert!(p50 <= p99 && p99 <= max, "{r:?}");
+        }
+    }
+
     let q = table(&s, "questions");
     assert_eq!(q["rows"].as_array().unwrap().len(), 4);
     for r in q["rows"].as_array().unwrap() {
@@ -488,6 +516,7 @@ fn requests_jsonl_follows_the_per_record_contract() {
             "server_kv_transfer_ms",
             "prefill_worker_id",
             "decode_worker_id",
+            "connect_ms",
         ] {
             assert!(r.get(key).is_some(), "{key} missing in {line}");
         }
@@ -525,6 +554,10 @@ fn requests_jsonl_follows_the_per_record_contract() {
             (ttft - (first - intended) as f64 / 1e6).abs() < 0.01,
             "{line}"
         );
+        // A connect this request opened itself is part of its TTFT.
+        if let Some(connect) = r["connect_ms"].as_f64() {
+            assert!(connect > 0.0 && connect <= ttft, "{line}");
+        }
         assert!(r["response_id"].is_string());
         assert!(n("completion_tokens") > 0);
         if r["workload"] == "concurrency_sweep" && r["phase"] == "steady" {

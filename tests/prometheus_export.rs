@@ -98,6 +98,13 @@ async fn prometheus_scrapes_every_workload_of_both_modes() {
         let series = prom.query(&whole).await.unwrap();
         assert_eq!(series.len(), 1, "one multi-turn series per mode: {whole}");
     }
+    // Before the 32-worker sweep step's clock started, each target had a connection per worker:
+    // those the start-up probe left idle (one per check it sent) and, timed, the rest.
+    let opened = prom
+        .query("sum by (target) (llm_canary_connect_seconds_count) >= 28")
+        .await
+        .unwrap();
+    assert_eq!(label_values(&opened, "target"), ["sim-agg", "sim-disagg"]);
     let ok = prom
         .query(r#"sum by (serving_mode) (llm_canary_requests_total{outcome="ok"}) > 0"#)
         .await

@@ -226,6 +226,15 @@ impl Reply {
         }
     }
 
+    /// How long opening the connection took, when this request opened it (the plain transport's
+    /// connections; reqwest does not say).
+    pub(super) fn connect_time(&self) -> Option<std::time::Duration> {
+        match self {
+            Reply::Pooled(_) => None,
+            Reply::Plain(r) => r.connect_time(),
+        }
+    }
+
     pub(super) fn content_length(&self) -> Option<u64> {
         match self {
             Reply::Pooled(r) => r.content_length(),

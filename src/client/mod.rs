@@ -598,6 +598,7 @@ impl StreamClient {
         };
         let at = Instant::now();
         rec.first_byte = Some(at);
+        rec.connect = response.connect_time();
         let status = response.status();
         rec.http_status = Some(status.as_u16());
         if !status.is_success() {

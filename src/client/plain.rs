@@ -295,9 +295,13 @@ pub async fn post(
     head.extend_from_slice(b"\r\n\r\n");
     head.extend_from_slice(&body);
 
-    let mut stream = match pool.checkout(&authority) {
-        Some(stream) => stream,
-        None => pool.connect(&authority).await?,
+    let (mut stream, connect) = match pool.checkout(&authority) {
+        Some(stream) => (stream, None),
+        None => {
+            let started = Instant::now();
+            let stream = pool.connect(&authority).await?;
+            (stream, Some(started.elapsed()))
+        }
     };
     stream.write_all(&head).await?;
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
@@ -328,6 +332,7 @@ pub async fn post(
         keep_alive,
         pool: std::sync::Arc::clone(pool),
         authority,
+        connect,
     })
 }
 
@@ -411,9 +416,16 @@ pub struct Response {
     keep_alive: bool,
     pool: std::sync::Arc<Pool>,
     authority: String,
+    /// How long opening the connection took, when this request opened it.
+    connect: Option<Duration>,
 }
 
 impl Response {
+    /// How long opening the connection took, when this request found none idle and opened it.
+    pub fn connect_time(&self) -> Option<Duration> {
+        self.connect
+    }
+
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -599,10 +611,12 @@ mod tests {
         for pieces in [1, 7, CHUNKED.len()] {
             let (url, accepted) = server(CHUNKED, pieces).await;
             let pool = pool();
-            for _ in 0..3 {
+            for i in 0..3 {
                 let mut resp = post(&pool, &url, &[], Bytes::from_static(b"{}"))
                     .await
                     .unwrap();
+                // Only the request that opened the connection paid for (and times) a connect.
+                assert_eq!(resp.connect_time().is_some(), i == 0);
                 assert_eq!(resp.status(), StatusCode::OK);
                 assert_eq!(resp.headers()["content-type"], "text/event-stream");
                 assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");

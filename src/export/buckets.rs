@@ -92,6 +92,16 @@ pub fn latency_buckets(extra_thresholds: &[f64]) -> Vec<f64> {
 /// every resolution: it tells a step that kept up from one that fell behind, and by how far.
 const QUEUE_GRID: [f64; 7] = [0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0];
 
+/// The connect-time grid, at every resolution: loopback and in-cluster connects (0.1–1 ms) apart
+/// from a slow network (10–50 ms), and 2 s and 5 s above the connects that waited for one or two
+/// SYN retransmissions (Linux retries after 1 s, then 3 s more).
+const CONNECT_GRID: [f64; 8] = [0.00025, 0.001, 0.0025, 0.01, 0.05, 0.25, 2.0, 5.0];
+
+/// The connect-time bucket bounds ([`CONNECT_GRID`]).
+pub fn connect_buckets() -> Vec<f64> {
+    CONNECT_GRID.to_vec()
+}
+
 /// The client-queue bucket bounds ([`QUEUE_GRID`]).
 pub fn client_queue_buckets() -> Vec<f64> {
     QUEUE_GRID.to_vec()

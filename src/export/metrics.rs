@@ -35,7 +35,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::buckets::{
-    Latency, Resolution, client_queue_buckets, family_buckets, schedule_lag_buckets,
+    Latency, Resolution, client_queue_buckets, connect_buckets, family_buckets,
+    schedule_lag_buckets,
 };
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
 use super::labels::*;
@@ -148,6 +149,7 @@ pub struct Metrics {
     pub(super) target_up: Family<TargetLabels, Gauge>,
     pub(super) schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
     pub(super) client_queue: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) connect: Family<TargetLabels, AtomicHistogram, SharedBuckets>,
     pub(super) inflight: Family<TargetLabels, Gauge>,
     pub(super) config_last_reload_successful: Gauge,
     pub(super) config_last_reload_success_timestamp: GaugeF64,
@@ -242,6 +244,7 @@ impl Metrics {
             target_up: Family::default(),
             schedule_lag: Family::new_with_constructor(lag),
             client_queue: Family::new_with_constructor(queue),
+            connect: Family::new_with_constructor(SharedBuckets(connect_buckets().into())),
             inflight: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
@@ -415,6 +418,14 @@ impl Metrics {
             s.lags.insert(labels);
         });
         histogram.observe(seconds);
+    }
+
+    /// Observes the time one new connection to `target` took to open.
+    pub fn observe_connect(&self, target: &str, seconds: f64) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        self.connect.get_or_create(&labels).observe(seconds);
     }
 
     /// Moves `llm_canary_requests_in_flight{target}` by `delta` (1 at a send, -1 at its end).
@@ -627,6 +638,7 @@ impl Metrics {
         self.server_cancellations.remove(&labels);
         self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
+        self.connect.remove(&labels);
         self.inflight.remove(&labels);
         self.probe_success.remove(&labels);
         let scope = ScopeLabels {

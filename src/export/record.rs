@@ -100,6 +100,10 @@ impl Sink for Metrics {
         }
     }
 
+    fn connected(&self, target: &str, took: Duration) {
+        self.observe_connect(target, took.as_secs_f64());
+    }
+
     fn in_flight(&self, target: &str, delta: i64) {
         self.add_inflight(target, delta);
     }

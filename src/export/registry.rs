@@ -260,6 +260,12 @@ impl Metrics {
             s(),
             self.client_queue.clone(),
         );
+        r.register_with_unit(
+            "llm_canary_connect",
+            "TCP connect time of the connections the canary opened to the target: before each closed-loop step (one per worker) and for requests that found none idle; the server's and the network's own figure, apart from TTFT (TLS targets are not timed)",
+            s(),
+            self.connect.clone(),
+        );
         r.register(
             "llm_canary_inflight_requests",
             "Requests sent and not yet finished",

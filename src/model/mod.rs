@@ -12,4 +12,4 @@ pub use sink::{
     BudgetAction, BudgetReport, BudgetUsage, PauseState, Phase, RecordContext, Sink, StepInfo,
     TargetChange, TargetInfo,
 };
-pub use step::{Quantiles, ServerSnapshot, ServerStep, StepResult, StepSummary};
+pub use step::{Quantiles, ServerSnapshot, ServerStep, StepConnections, StepResult, StepSummary};

@@ -161,6 +161,10 @@ pub trait Sink: Send + Sync {
     /// A cycle of the schedule completed.
     fn cycle_finished(&self, _cycle: u64) {}
 
+    /// A TCP connection to `target` was opened in `took`: before a step, or by a request that
+    /// found none idle (then also in its record's `connect`).
+    fn connected(&self, _target: &str, _took: Duration) {}
+
     /// A request to `target` was sent (`delta` 1) or finished (`delta` -1).
     fn in_flight(&self, _target: &str, _delta: i64) {}
 

@@ -32,6 +32,9 @@ pub struct StepResult {
     /// What the server's own metrics said about the step, where they are scraped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerStep>,
+    /// The connections the step opened to the target; `None` when it opened none it could time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<StepConnections>,
 }
 
 impl StepResult {
@@ -162,4 +165,58 @@ pub struct ServerStep {
     pub kvbm_disk_cache_hit_ratio: Option<f64>,
     /// Successful scrapes of the target during the step, both ends included.
     pub scrapes: u32,
+}
+
+/// The TCP connections a step opened to one target: before its clock started (a closed-loop
+/// step opens one per worker) and for requests that found none idle. The connect time is the
+/// server's and the network's own figure, kept apart from TTFT (docs/METRICS.md "Connections").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepConnections {
+    pub opened: u64,
+    pub connect_p50_seconds: f64,
+    pub connect_p99_seconds: f64,
+    pub connect_max_seconds: f64,
+}
+
+impl StepConnections {
+    /// The summary of these connect times; `None` for none.
+    pub fn of(mut times: Vec<std::time::Duration>) -> Option<Self> {
+        if times.is_empty() {
+            return None;
+        }
+        times.sort_unstable();
+        let n = times.len() as u64;
+        let rank =
+            |q: f64| times[(crate::measure::stats::point_rank(n, q) - 1) as usize].as_secs_f64();
+        Some(Self {
+            opened: times.len() as u64,
+            connect_p50_seconds: rank(0.5),
+            connect_p99_seconds: rank(0.99),
+            connect_max_seconds: rank(1.0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn connections_summarise_by_nearest_rank() {
+        assert_eq!(StepConnections::of(Vec::new()), None);
+        let ms = |n| Duration::from_millis(n);
+        let times: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        let c = StepConnections::of(times).unwrap();
+        assert_eq!(c.opened, 100);
+        assert_eq!(c.connect_p50_seconds, 0.05);
+        assert_eq!(c.connect_p99_seconds, 0.099);
+        assert_eq!(c.connect_max_seconds, 0.1);
+        let one = StepConnections::of(vec![ms(3)]).unwrap();
+        assert_eq!(
+            (one.opened, one.connect_p50_seconds, one.connect_max_seconds),
+            (1, 0.003, 0.003)
+        );
+    }
 }

@@ -83,6 +83,7 @@ impl Report {
             ix.distribution_table(),
             ix.prefix_table(&prefix_fits),
             ix.breakdown_table(),
+            ix.connections_table(),
             ix.cost_table(),
             ix.questions_table(&prefix_fits),
             ix.recommendations_table(),
@@ -94,7 +95,7 @@ impl Report {
                 .flatten(),
         );
         for (i, table) in extra.enumerate() {
-            tables.insert(5 + i, table);
+            tables.insert(6 + i, table);
         }
         tables.push(super::questions::slo_table(&data.slo));
         Report {

@@ -1,8 +1,9 @@
 //! The server's side of TTFT in the bench: where each step's mean TTFT went (the canary's own
 //! queue, the server's wait for prefill and its prefill, and the rest after the server's first
 //! token: network, and in disaggregated serving the prefill → decode handoff with its KV
-//! transfer), from Dynamo's per-request `nvext.timing`; and where each mode's observed cache hits
-//! came from (docs/METRICS.md, "Cache hits" and "TTFT taken apart").
+//! transfer), from Dynamo's per-request `nvext.timing`; where each mode's observed cache hits
+//! came from; and the connect time kept out of TTFT (docs/METRICS.md, "Cache hits", "TTFT taken
+//! apart" and "Connections").
 
 use std::collections::BTreeMap;
 
@@ -80,6 +81,40 @@ impl<'a> Index<'a> {
             t.notes.push("means over the step's successful steady requests that carried Dynamo's nvext.timing: client TTFT = client queue + server TTFT + handoff + network, and server TTFT = server queue + server prefill".into());
             t.notes.push("server TTFT is the first token at the worker (in disaggregated serving the prefill worker); handoff + network is the rest until the first token reached the canary: the network, HTTP and the frontend's own work outside the worker's timer (tokenizing, routing) in every mode, and in disaggregated serving the prefill → decode handoff with its KV transfer, of which Dynamo's router estimates the transfer part".into());
         }
+        t
+    }
+
+    /// The connections each step opened per target, and how long they took to open.
+    pub(super) fn connections_table(&self) -> Table {
+        let mut t = Table::new(
+            "connections",
+            "Connections opened",
+            vec![
+                Column::text("step"),
+                Column::text("mode"),
+                Column::count("opened"),
+                Column::num("connect p50", "ms", 3),
+                Column::num("connect p99", "ms", 3),
+                Column::num("connect max", "ms", 3),
+            ],
+        );
+        for r in self.step_totals() {
+            let (Some(c), Some(side)) = (
+                r.connections,
+                self.targets.iter().find(|s| s.info.name == r.target),
+            ) else {
+                continue;
+            };
+            t.push(vec![
+                Cell::text(&r.step),
+                Cell::text(&side.label),
+                Cell::Number(c.opened as f64),
+                Cell::num(Some(ms(c.connect_p50_seconds))),
+                Cell::num(Some(ms(c.connect_p99_seconds))),
+                Cell::num(Some(ms(c.connect_max_seconds))),
+            ]);
+        }
+        t.notes.push("TCP connects, before each closed-loop step (one connection per worker, 64 at a time) and for requests that found none idle: the server's and the network's own figure, kept out of TTFT where the connection was opened before the step. TLS targets connect inside their HTTP library and are not timed".into());
         t
     }
 

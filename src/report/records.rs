@@ -50,6 +50,9 @@ struct Line<'a> {
     client_queue_ms: f64,
     /// Open-loop steps: intended send → a slot free (`null` in closed-loop and multi-turn steps).
     slot_wait_ms: Option<f64>,
+    /// The TCP connect this request paid for inside its TTFT, when it found no idle connection
+    /// (`null` on a reused connection, and for TLS targets, which are not timed).
+    connect_ms: Option<f64>,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -219,6 +222,7 @@ impl BenchSink {
             slot_wait_ms: rec
                 .slot_at
                 .map(|s| ms(s.saturating_duration_since(rec.intended))),
+            connect_ms: rec.connect.map(ms),
             requested_osl: ctx.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),

@@ -49,7 +49,7 @@ const PREWARM_RAMP: usize = 64;
 impl Runner {
     /// Before a closed-loop step's clock starts, opens every target's connections for its
     /// workers, ramped, so its first requests measure the server and not a connection storm.
-    /// The connect times are the server's own figure, logged per target.
+    /// The connect times are the server's own figure, recorded per target.
     pub(super) async fn prewarm(&self, plan: &StepPlan, targets: &[usize]) {
         if plan.rate.is_some() || matches!(plan.kind, StepKind::Trace { .. }) {
             // Open-loop arrivals ramp up by themselves.
@@ -59,12 +59,15 @@ impl Runner {
         let warm = targets.iter().map(|&t| async move {
             let target = &self.targets[t];
             let done = self.client.prewarm(&target.endpoint, n, PREWARM_RAMP).await;
-            (target, done)
+            (t, target, done)
         });
-        for (target, done) in futures_util::future::join_all(warm).await {
+        for (t, target, done) in futures_util::future::join_all(warm).await {
             let Some(done) = done.filter(|d| d.opened > 0 || d.error.is_some()) else {
                 continue;
             };
+            for &took in &done.connect_times {
+                self.recorder.connected(t, &target.name, took);
+            }
             let mut times = done.connect_times;
             times.sort();
             let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);

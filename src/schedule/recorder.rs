@@ -1,6 +1,6 @@
 //! Where the schedule's data goes: every [`Sink`] (Prometheus, OTLP, the SLO engine, the bench's
 //! files, the status board, in the order given) and the current step's accumulators
-//! (steady-window requests only).
+//! (steady-window requests only, and the connections opened since the last step).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +19,8 @@ type Key = (usize, RequestLabels);
 pub struct Recorder {
     sinks: Vec<Arc<dyn Sink>>,
     step: Mutex<HashMap<Key, StepAccumulator>>,
+    /// Connect times per target index since the last step ended.
+    connections: Mutex<HashMap<usize, Vec<Duration>>>,
 }
 
 /// A request in flight to one target: every sink hears of its start and, on drop, of its end.
@@ -41,6 +43,7 @@ impl Recorder {
         Recorder {
             sinks,
             step: Mutex::new(HashMap::new()),
+            connections: Mutex::new(HashMap::new()),
         }
     }
 
@@ -104,11 +107,27 @@ impl Recorder {
         }
     }
 
+    /// A connection to target `index` (named `target`) was opened in `took`, for the step
+    /// under way or the next one.
+    pub fn connected(&self, index: usize, target: &str, took: Duration) {
+        for s in &self.sinks {
+            s.connected(target, took);
+        }
+        let mut connections = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        connections.entry(index).or_default().push(took);
+    }
+
     /// Records a request sent outside every step (the probe stream): every sink sees it, no
     /// step result counts it.
     pub fn record_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         for s in &self.sinks {
             s.request(ctx, rec);
+            if let Some(took) = rec.connect {
+                s.connected(&ctx.labels.target, took);
+            }
         }
     }
 
@@ -116,6 +135,9 @@ impl Recorder {
     pub fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         for s in &self.sinks {
             s.request(ctx, rec);
+        }
+        if let Some(took) = rec.connect {
+            self.connected(ctx.target_index, &ctx.labels.target, took);
         }
         if ctx.phase == Phase::Warmup {
             return;
@@ -154,6 +176,16 @@ impl Recorder {
     /// Takes the accumulators of the step that just ended, leaving the recorder empty.
     pub fn take_step(&self) -> HashMap<Key, StepAccumulator> {
         std::mem::take(&mut *self.step.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Takes the connect times per target index gathered since the last call.
+    pub fn take_connections(&self) -> HashMap<usize, Vec<Duration>> {
+        std::mem::take(
+            &mut *self
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 }
 

@@ -22,7 +22,7 @@ use crate::client::{
 use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, GoodputLimits, StepAccumulator};
-use crate::model::{Phase, RecordContext, RequestLabels, StepResult, TargetInfo};
+use crate::model::{Phase, RecordContext, RequestLabels, StepConnections, StepResult, TargetInfo};
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
@@ -521,9 +521,11 @@ impl Runner {
         (started_unix, ended_unix): (f64, f64),
     ) -> Vec<StepResult> {
         let accs = self.recorder.take_step();
+        let mut connections = self.recorder.take_connections();
         let mut out = Vec::new();
         for &t in targets {
             let target = &self.targets[t];
+            let opened = connections.remove(&t).and_then(StepConnections::of);
             let mut mine: Vec<(&RequestLabels, &StepAccumulator)> = accs
                 .iter()
                 .filter(|((ti, _), _)| *ti == t)
@@ -560,6 +562,7 @@ impl Runner {
                 },
                 request_labels: labels,
                 server: None,
+                connections: opened,
             };
             let several = mine.len() > 1;
             let mut total = StepAccumulator::default();

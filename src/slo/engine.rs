@@ -776,6 +776,7 @@ mod tests {
             measurements,
             request_labels: l,
             server: None,
+            connections: None,
         }
     }
 
