@@ -98,17 +98,21 @@ async fn run_case(handoff: &str, expect_state: &str) {
     prom.wait_for(&state_query, limit).await;
 
     // Both measured the same thing: the daemon's HDR p50 and Prometheus's histogram_quantile
-    // over the exported buckets (10 % apart) agree within their resolution.
-    let lhs = prom
+    // over the exported buckets (10 % apart) agree within their resolution. Both read at one
+    // evaluation instant (the daemon's value as Prometheus scraped it), so the windows match:
+    // values read apart in time would compare different windows.
+    let ratio = prom
         .wait_for(
-            &format!(r#"llm_canary:slo_side{{slo="{SLO}", side="lhs"}}"#),
+            &format!(
+                r#"llm_canary:slo_side{{slo="{SLO}", side="lhs"}} / on(slo) llm_canary_slo_value{{slo="{SLO}"}}"#
+            ),
             limit,
         )
         .await;
-    let prom_lhs = scalar(&lhs).unwrap();
+    let ratio = scalar(&ratio).unwrap();
     assert!(
-        (prom_lhs / value - 1.0).abs() < 0.3,
-        "Prometheus lhs {prom_lhs} vs daemon {value}"
+        (ratio - 1.0).abs() < 0.3,
+        "Prometheus's lhs is {ratio} times the daemon's value (daemon read earlier: {value})"
     );
 
     let alert_query =
