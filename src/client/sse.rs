@@ -11,7 +11,7 @@
 //! `event: error` followed by the message in a comment line and no `data:`; the browser algorithm
 //! would drop that frame, and the canary must see it.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// The default cap on one line and on one event's accumulated fields: 1 MiB. A completion chunk is
 /// a few hundred bytes; anything near this is a broken or hostile server.
@@ -241,6 +241,11 @@ impl SseParser {
             return Err(SseError::LineTooLong { limit });
         }
         self.after_cr = self.input[end] == b'\r';
+        if end == 0 && self.carry.is_empty() && !self.at_start {
+            // The blank line that ends every event: no slice of the read to count references to.
+            self.input.advance(1);
+            return Ok(Some(Bytes::new()));
+        }
         let mut line = self.input.split_to(end + 1);
         line.truncate(end);
         let mut line = if self.carry.is_empty() {
@@ -258,34 +263,32 @@ impl SseParser {
         Ok(Some(line))
     }
 
-    /// Applies one non-empty line to the pending event.
+    /// Applies one non-empty line to the pending event. A value is sliced out of the line only
+    /// where it is kept: every token passes through here.
     fn field(&mut self, mut line: Bytes) -> Result<(), SseError> {
         self.pending = true;
         if line[0] == b':' {
             if self.comment.is_none() {
-                let _ = line.split_to(1);
-                let value = strip_one_space(line);
-                self.grow(value.len())?;
-                self.comment = Some(value);
+                line.advance(value_start(&line, 1));
+                self.grow(line.len())?;
+                self.comment = Some(line);
             }
             return Ok(());
         }
-        let (name, value) = match memchr::memchr(b':', &line) {
-            Some(colon) => {
-                let mut value = line.split_off(colon);
-                let _ = value.split_to(1);
-                (line, strip_one_space(value))
-            }
-            None => (line, Bytes::new()),
+        let (name_end, value_at) = match memchr::memchr(b':', &line) {
+            Some(colon) => (colon, value_start(&line, colon + 1)),
+            None => (line.len(), line.len()),
         };
-        match &name[..] {
+        match &line[..name_end] {
             b"data" => {
-                self.grow(value.len() + 1)?;
-                self.data.push(value);
+                line.advance(value_at);
+                self.grow(line.len() + 1)?;
+                self.data.push(line);
             }
             b"event" => {
-                self.grow(value.len())?;
-                self.event = Some(value);
+                line.advance(value_at);
+                self.grow(line.len())?;
+                self.event = Some(line);
             }
             // `id` and `retry` steer browser reconnection, which a measurement client never does;
             // unknown fields are ignored by the standard.
@@ -328,11 +331,14 @@ impl SseParser {
     }
 }
 
-fn strip_one_space(mut value: Bytes) -> Bytes {
-    if value.first() == Some(&b' ') {
-        let _ = value.split_to(1);
+/// Where a field's value starts in `line`, its text beginning at `at`: one leading space is
+/// not part of it.
+fn value_start(line: &[u8], at: usize) -> usize {
+    if line.get(at) == Some(&b' ') {
+        at + 1
+    } else {
+        at
     }
-    value
 }
 
 #[cfg(test)]

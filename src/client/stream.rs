@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde::Deserialize;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::record::{Outcome, RequestRecord, ServerTiming, TokenCounter, Usage, WorkerId};
@@ -25,8 +26,10 @@ pub(crate) enum Flow {
 struct ChunkJson<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
+    /// One choice inline: the canary asks for one, and a heap allocation per token would cost
+    /// more than the rest of the chunk's bookkeeping.
     #[serde(borrow, default)]
-    choices: Option<Vec<ChoiceJson<'a>>>,
+    choices: Option<SmallVec<[ChoiceJson<'a>; 1]>>,
     #[serde(default)]
     usage: Option<UsageJson>,
     // Parsed into a Value only when present (the last chunk); kept lenient so an unexpected
