@@ -226,12 +226,10 @@ pub async fn start(
         Some(path) => Some(load_table(path)?),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| SimError::Bind {
-            addr: listen,
-            source,
-        })?;
+    let listener = server::bind(listen).map_err(|source| SimError::Bind {
+        addr: listen,
+        source,
+    })?;
     let addr = listener.local_addr().map_err(|source| SimError::Bind {
         addr: listen,
         source,

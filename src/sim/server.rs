@@ -94,6 +94,26 @@ impl ServerState {
     }
 }
 
+/// The accept queue the simulator's listener asks for (the kernel caps it at
+/// `net.core.somaxconn`). A client opens connections in ramps whose handshakes complete in the
+/// kernel, not in the accept loop, so several ramps can queue up: a short queue (the 128 that
+/// std's and tokio's `bind` ask for) overflows at 1024 connections and drops SYNs, each a
+/// second's retransmission for the client.
+const ACCEPT_BACKLOG: u32 = 4096;
+
+/// Binds `addr` for the simulator with an accept queue of [`ACCEPT_BACKLOG`].
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's bind does on Unix: a restarted simulator takes its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
+
 /// The accept loop: serves connections until `cancel`, honouring the connection-refusing faults,
 /// then drains open connections for at most [`DRAIN_LIMIT`].
 pub async fn serve(
@@ -131,7 +151,7 @@ pub async fn serve(
             continue;
         }
         let Some(l) = listener.as_ref() else {
-            match TcpListener::bind(addr).await {
+            match bind(addr) {
                 Ok(l) => listener = Some(l),
                 Err(e) => {
                     tracing::warn!(%addr, error = %e, "simulator cannot re-open its port, retrying");
@@ -644,5 +664,36 @@ impl Drop for RequestTracker {
     fn drop(&mut self) {
         // A client that hung up mid-stream: count it as an error, keep the gauges balanced.
         self.finish(false, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Handshakes complete in the kernel before the accept loop runs: 300 connections to a
+    /// listener nobody accepts on all complete at once, where a queue of 128 would drop the
+    /// SYNs past it (each then retried after a second).
+    #[tokio::test]
+    async fn the_accept_queue_takes_a_ramp_of_connections_nobody_accepted_yet() {
+        // The kernel caps the queue at net.core.somaxconn (4096 since Linux 5.4).
+        let cap = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let n = cap.min(300);
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connects = (0..n).map(|_| async move {
+            tokio::time::timeout(
+                Duration::from_millis(900),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+        });
+        let done = futures_util::future::join_all(connects).await;
+        let open = done.iter().filter(|c| matches!(c, Ok(Ok(_)))).count();
+        assert_eq!(open, n);
+        drop(listener);
     }
 }
