@@ -139,6 +139,9 @@ pub const FAMILIES: &[(&str, &str)] = &[
 /// KVBM tiers have none, and the simulator no KVBM hit rates), the SLO families (with the first
 /// evaluated SLO) and the budget's use (after the first step). Typed as here when present.
 pub const LATE_FAMILIES: &[(&str, &str)] = &[
+    // Connect times, once a connection to an `http://` target was opened (TLS ones are not
+    // timed).
+    ("llm_canary_connect_seconds", "histogram"),
     // The server's own timing, from servers that send Dynamo's `nvext.timing`.
     ("llm_canary_server_ttft_seconds", "histogram"),
     ("llm_canary_server_queue_seconds", "histogram"),
