@@ -91,6 +91,7 @@ fn fill(metrics: &Metrics) {
     metrics.record_osl_mismatch(&agg);
     metrics.record_token_count_mismatch(&disagg);
     metrics.observe_schedule_lag("agg", "concurrency_sweep", 0.0004);
+    metrics.observe_connect("agg", 0.0003);
     metrics.set_target_up("agg", true);
     metrics.set_target_up("disagg", false);
     // A request still in flight at scrape time.
@@ -202,7 +203,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 55);
+    assert_eq!(families.len(), 56);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());

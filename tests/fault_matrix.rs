@@ -211,15 +211,25 @@ async fn run_row(row: Row) {
     // The other target: unaffected.
     let good = &result(&faulted, "steady").measurements;
     let healthy_good = &result(&healthy, "steady").measurements;
+    // A failing neighbour backs off (50 ms, doubling to 1 s, per worker) instead of spinning:
+    // a handful of requests per worker where the steady target sends thousands.
+    if row.mid_run.is_none() {
+        assert!(
+            bad.requests * 10 <= good.requests,
+            "the failing target sent {} requests, the steady one {}",
+            bad.requests,
+            good.requests
+        );
+    }
     // The simulators run at zero delay, so a step's request count is the CPU the test got. With
-    // the rows taking turns (see `ONE_ROW_AT_A_TIME`) the steady target sent more requests in the
-    // faulted step than in the healthy one in every run seen, idle or under a two-process
-    // background load (it gets the CPU its failing neighbour no longer uses); half is the bound
-    // a neighbour that held it back (a shared lock, a failing target spinning) would break.
+    // the rows taking turns (see `ONE_ROW_AT_A_TIME`) the steady target usually sends more
+    // requests in the faulted step than in the healthy one (it gets the CPU its failing
+    // neighbour no longer uses), but the machine's own noise has halved it once (CI: 795 against
+    // 1,666); a quarter is the bound a neighbour that held it back (a shared lock) would break.
     assert_eq!(good.errors, 0, "{good:?}");
     assert!(!good.faulted && !good.degraded, "{good:?}");
     assert!(
-        good.requests * 2 >= healthy_good.requests,
+        good.requests * 4 >= healthy_good.requests,
         "steady target sent {} requests, {} when healthy",
         good.requests,
         healthy_good.requests
