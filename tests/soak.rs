@@ -225,6 +225,7 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     // At least `secs`, and long enough after the first cycle to compare memory: a busy machine
     // stretches the cycles. Bounded: a schedule that never completes a cycle fails below.
     let settled = |samples: &[Sample]| samples.iter().filter(|s| s.cycles >= 1).count();
+    let mut unanswered = 0;
     for k in 1u64.. {
         let elapsed = start.elapsed().as_secs_f64();
         if elapsed >= secs && (settled(&samples) >= 30 || elapsed >= 3.0 * secs) {
@@ -241,7 +242,18 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
             assert!(text.ends_with("# EOF\n"), "incomplete scrape");
             max_inflight = max_inflight.max(inflight(&text));
         }
-        let done = cycles().await.expect("/api/v1/status answers");
+        // The status answers within the client's 10 s timeout, but a saturated 2-core machine
+        // has once held one answer past it (CI): three missed in a row fail the soak.
+        let Some(done) = cycles().await else {
+            unanswered += 1;
+            assert!(
+                unanswered < 3,
+                "/api/v1/status did not answer three times in a row:\n{}",
+                daemon.log_text()
+            );
+            continue;
+        };
+        unanswered = 0;
         samples.push(sample(pid, start.elapsed().as_secs_f64(), done));
     }
 
