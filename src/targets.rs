@@ -265,7 +265,7 @@ pub async fn resolve_at(
         target: t.name.value.clone(),
         message,
     };
-    // The target's own TLS client (private CA, client certificate), also for the model lookup.
+    // The target's own TLS (private CA, client certificate), also for the model lookup.
     let tls = match &t.tls {
         Some(tls) => {
             let file = |f: &Option<crate::config::At<String>>| {
@@ -276,7 +276,7 @@ pub async fn resolve_at(
                 cert_file: file(&tls.cert_file),
                 key_file: file(&tls.key_file),
             };
-            Some(client.tls_client(&files).map_err(|e| fail(e.to_string()))?)
+            Some(crate::client::TargetTls::from_files(&files).map_err(|e| fail(e.to_string()))?)
         }
         None => None,
     };
@@ -291,8 +291,8 @@ pub async fn resolve_at(
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
         .with_nvext(t.dialect.supports_nvext());
-    if let Some(http) = tls {
-        endpoint = endpoint.with_http_client(http);
+    if let Some(tls) = tls {
+        endpoint = endpoint.with_tls(tls)?;
     }
     if let Some(key) = &key {
         endpoint = endpoint.with_api_key(key)?;
@@ -311,10 +311,10 @@ const MODEL_LIST_MAX_BYTES: usize = 1 << 20;
 /// Longest model id accepted from a server.
 const MODEL_ID_MAX_BYTES: usize = 512;
 
-/// How `GET /v1/models` is asked: as the target's requests are (its TLS client, its API key,
+/// How `GET /v1/models` is asked: as the target's requests are (its TLS, its API key,
 /// the canary's marker).
 struct ModelLookup<'a> {
-    tls: Option<reqwest::Client>,
+    tls: Option<std::sync::Arc<crate::client::TargetTls>>,
     key: Option<&'a ApiKey>,
     marker: &'a crate::client::Marker,
     attempts: u32,
@@ -332,12 +332,11 @@ async fn resolve_model(
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
     // What the messages show: the same URL without any credentials in it.
     let shown = crate::config::display_url_text(&url);
-    let http = match lookup.tls {
-        Some(http) => http,
-        None => crate::client::http_client_builder()
-            .build()
-            .map_err(|e| e.to_string())?,
-    };
+    let mut builder = crate::client::http_client_builder();
+    if let Some(tls) = &lookup.tls {
+        builder = tls.reqwest_builder(builder);
+    }
+    let http = builder.build().map_err(|e| e.to_string())?;
     // A deployment that is still starting answers after a while.
     let mut last = String::new();
     for attempt in 0..lookup.attempts.max(1) {

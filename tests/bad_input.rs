@@ -331,8 +331,8 @@ async fn oversized_heads_and_compressed_bodies_are_bad_responses() {
     assert!(head.contains("accept-encoding: identity"), "{head}");
 }
 
-/// Credentials in a target's URL reach the server as Basic authorization: such a URL goes
-/// through reqwest, which sends them, not the plain-HTTP transport, which would not.
+/// Credentials in a target's URL reach the server as Basic authorization, percent-decoded as
+/// curl and browsers do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_a_plain_http_url_are_sent() {
     let sse = support::sse_ok("m", 2);
@@ -350,6 +350,15 @@ async fn credentials_in_a_plain_http_url_are_sent() {
         head.contains("authorization: basic dxnlcjpzzwnyzxq="),
         "{head}"
     );
+    let url = format!("http://us%65r:p%40ss@{addr}");
+    let endpoint = Endpoint::new(&url, Api::Chat, "m", Dialect::Openai).unwrap();
+    let rec = client
+        .send(&endpoint, &request(2), tokio::time::Instant::now())
+        .await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    let head = heads.lock().unwrap()[1].to_ascii_lowercase();
+    // base64("user:p@ss")
+    assert!(head.contains("authorization: basic dxnlcjpwqhnz"), "{head}");
 }
 
 /// Issue 21, item 10: a stream that announces a huge Content-Length and sends less is not

@@ -1,13 +1,17 @@
 //! TLS to targets: a target's `tls: {ca_file, cert_file, key_file}` makes the canary trust a
-//! private CA and present a client certificate. The CA, the server's and the client's
-//! certificates are generated here; the server on loopback requires the client certificate.
+//! private CA and present a client certificate; a step's TLS connections are opened (handshake
+//! included) and timed before its clock starts, kept alive and reused, also after the server's
+//! TLS 1.3 session tickets, and one the server closed while idle is not reused. The CA, the
+//! server's and the client's certificates are generated here; the server on loopback (rustls)
+//! requires the client certificate.
 
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llm_canary::client::{
-    ClientConfig, Endpoint, Outcome, Prompt, StreamClient, StreamRequest, TlsFiles,
+    ClientConfig, Endpoint, Outcome, Prompt, StreamClient, StreamRequest, TargetTls, TlsFiles,
 };
 use llm_canary::config::{Api, Config, Dialect};
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
@@ -40,9 +44,42 @@ fn pki() -> Pki {
     }
 }
 
+/// How the test server ends each exchange.
+#[derive(Clone, Copy, PartialEq)]
+enum Ending {
+    /// `connection: close`, then a TLS close.
+    Close,
+    /// Keep-alive: the connection waits for the next request.
+    KeepAlive,
+    /// Keep-alive announced, then closed (close_notify and FIN) right after the response, as a
+    /// server's idle timeout would: a client must not send its next request there.
+    SilentClose,
+}
+
+/// What the server saw: handshakes completed (the server's session tickets written with them)
+/// and exchanges answered, with a notification after each.
+#[derive(Default)]
+struct Seen {
+    handshakes: AtomicUsize,
+    answered: AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+impl Seen {
+    async fn until(&self, what: impl Fn(&Seen) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            if what(self) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 /// A TLS server on loopback that requires a client certificate from the CA and answers every
-/// request with a short SSE completion.
-async fn tls_server(pki: &Pki) -> std::net::SocketAddr {
+/// request with a short SSE completion, ending each exchange as `ending` says.
+async fn tls_server(pki: &Pki, ending: Ending) -> (std::net::SocketAddr, Arc<Seen>) {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -65,60 +102,103 @@ async fn tls_server(pki: &Pki) -> std::net::SocketAddr {
             PrivateKeyDer::from_pem_slice(pki.server.1.as_bytes()).unwrap(),
         )
         .unwrap();
+    // TLS 1.3 session tickets follow every handshake (rustls sends them by default): bytes an
+    // idle client connection receives that are not a response.
+    assert!(config.send_tls13_tickets > 0);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let server_seen = Arc::clone(&seen);
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
+            let seen = Arc::clone(&server_seen);
             tokio::spawn(async move {
-                // A handshake without a valid client certificate fails here.
+                // A handshake without a valid client certificate fails here. Once it returns,
+                // the session tickets are written.
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
                 };
+                seen.handshakes.fetch_add(1, Ordering::SeqCst);
+                seen.changed.notify_waiters();
                 let mut buf = Vec::new();
                 let mut tmp = [0u8; 4096];
-                let head_end = loop {
-                    match tls.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match tls.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match tls.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
                     }
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
+                    buf.drain(..head_end + length);
+                    let mut reply = support::sse_ok("m", 4);
+                    if ending != Ending::Close {
+                        let text = String::from_utf8(reply).unwrap();
+                        reply = text.replace("connection: close\r\n", "").into_bytes();
                     }
-                };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while buf.len() < head_end + length {
-                    match tls.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    if tls.write_all(&reply).await.is_err() || tls.flush().await.is_err() {
+                        return;
+                    }
+                    if ending != Ending::KeepAlive {
+                        let _ = tls.shutdown().await;
+                    }
+                    seen.answered.fetch_add(1, Ordering::SeqCst);
+                    seen.changed.notify_waiters();
+                    if ending != Ending::KeepAlive {
+                        return;
                     }
                 }
-                let _ = tls.write_all(&support::sse_ok("m", 4)).await;
-                let _ = tls.shutdown().await;
             });
         }
     });
-    addr
+    (addr, seen)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_with_a_private_ca_and_a_client_certificate() {
-    let pki = pki();
-    let addr = tls_server(&pki).await;
-    let dir = tempfile::tempdir().unwrap();
+fn write_pki(pki: &Pki, dir: &std::path::Path) -> TlsFiles {
     for (name, text) in [
         ("ca.pem", &pki.ca_pem),
         ("client.pem", &pki.client.0),
         ("client.key", &pki.client.1),
     ] {
-        std::fs::write(dir.path().join(name), text).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
     }
+    TlsFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client.key")),
+    }
+}
+
+fn request(id: &str) -> StreamRequest {
+    StreamRequest {
+        request_id: id.into(),
+        prompt: Prompt::Text("hi".into()),
+        osl: 4,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_with_a_private_ca_and_a_client_certificate() {
+    let pki = pki();
+    let (addr, seen) = tls_server(&pki, Ending::KeepAlive).await;
+    let dir = tempfile::tempdir().unwrap();
+    write_pki(&pki, dir.path());
     // Through the config, as the daemon resolves targets (paths relative to the config).
     let cfg = Config::parse(
         &format!(
@@ -150,14 +230,17 @@ workloads:
     let results = runner.run_step(&plan, 0, &never, &never).await;
     let m = &results[0].measurements;
     assert!(m.ok_requests >= 4 && m.errors == 0, "{:?}", m.outcomes);
+    // The step's two workers got their connections, handshake included, before its clock
+    // started, timed as the target's connect figure; every request reused them.
+    let connections = results[0].connections.as_ref().expect("connections opened");
+    assert_eq!(connections.opened, 2, "{connections:?}");
+    assert!(connections.connect_max_seconds > 0.0);
+    assert_eq!(seen.handshakes.load(Ordering::SeqCst), 2);
+    assert!(seen.answered.load(Ordering::SeqCst) >= 4);
 
     // Without the client certificate, or without the CA, the same server is not reached.
     let client = StreamClient::new(ClientConfig::default()).unwrap();
-    let request = StreamRequest {
-        request_id: "tls-1".into(),
-        prompt: Prompt::Text("hi".into()),
-        osl: 4,
-    };
+    let request = request("tls-1");
     let url = format!("https://{addr}");
     let ca_only = TlsFiles {
         ca_file: Some(dir.path().join("ca.pem")),
@@ -165,7 +248,8 @@ workloads:
     };
     let with_ca = Endpoint::new(&url, Api::Chat, "m", Dialect::Openai)
         .unwrap()
-        .with_http_client(client.tls_client(&ca_only).unwrap());
+        .with_tls(TargetTls::from_files(&ca_only).unwrap())
+        .unwrap();
     let plain = Endpoint::new(&url, Api::Chat, "m", Dialect::Openai).unwrap();
     for endpoint in [with_ca, plain] {
         let rec = client
@@ -183,13 +267,74 @@ workloads:
         ca_file: Some(dir.path().join("nope.pem")),
         ..TlsFiles::default()
     };
-    let err = client.tls_client(&missing).unwrap_err().to_string();
+    let err = TargetTls::from_files(&missing).unwrap_err().to_string();
     assert!(err.contains("nope.pem"), "{err}");
     std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
     let junk = TlsFiles {
         ca_file: Some(dir.path().join("junk.pem")),
         ..TlsFiles::default()
     };
-    assert!(client.tls_client(&junk).is_err());
+    assert!(TargetTls::from_files(&junk).is_err());
     deployment.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tls_connections_survive_session_tickets_and_a_closed_one_is_not_reused() {
+    let pki = pki();
+    let dir = tempfile::tempdir().unwrap();
+    let tls = TargetTls::from_files(&write_pki(&pki, dir.path())).unwrap();
+    let client = StreamClient::new(ClientConfig::default()).unwrap();
+
+    // Three connections opened ahead; the server's tickets reach them while they are idle.
+    let (addr, seen) = tls_server(&pki, Ending::KeepAlive).await;
+    let endpoint = Endpoint::new(&format!("https://{addr}"), Api::Chat, "m", Dialect::Openai)
+        .unwrap()
+        .with_tls(Arc::clone(&tls))
+        .unwrap();
+    let done = client.prewarm(&endpoint, 3, 2).await;
+    assert_eq!((done.opened, done.error), (3, None));
+    seen.until(|s| s.handshakes.load(Ordering::SeqCst) == 3)
+        .await;
+    for i in 0..6 {
+        let rec = client
+            .send(
+                &endpoint,
+                &request(&format!("k{i}")),
+                tokio::time::Instant::now(),
+            )
+            .await;
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        // A reused connection: no connect inside this request's TTFT.
+        assert_eq!(rec.connect, None);
+    }
+    assert_eq!(
+        seen.handshakes.load(Ordering::SeqCst),
+        3,
+        "every request reused one"
+    );
+
+    // A server that closes right after answering: the idle connection it closed is seen as
+    // closed, and the next request opens (and times) a new one instead of failing on it.
+    let (addr, seen) = tls_server(&pki, Ending::SilentClose).await;
+    let endpoint = Endpoint::new(&format!("https://{addr}"), Api::Chat, "m", Dialect::Openai)
+        .unwrap()
+        .with_tls(tls)
+        .unwrap();
+    for i in 0..3 {
+        let rec = client
+            .send(
+                &endpoint,
+                &request(&format!("c{i}")),
+                tokio::time::Instant::now(),
+            )
+            .await;
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert!(
+            rec.connect.is_some(),
+            "request {i} opened its own connection"
+        );
+        seen.until(|s| s.answered.load(Ordering::SeqCst) == i + 1)
+            .await;
+    }
+    assert_eq!(seen.handshakes.load(Ordering::SeqCst), 3);
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::record::Outcome;
 use reqwest::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 
-use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN, StreamClient, plain};
+use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN, StreamClient, transport};
 
 /// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
 /// scraping): installs the TLS crypto provider reqwest needs, ignores environment proxies,
@@ -87,38 +87,6 @@ pub(super) fn response_limit(config: &ClientConfig, osl: u32) -> usize {
         .max_response_bytes
         .min(per_request)
         .max(config.max_event_bytes)
-}
-
-/// The outcome of a request that got no response head.
-pub(super) fn classify_send_error(err: &reqwest::Error) -> Outcome {
-    if err.is_connect() {
-        Outcome::Connect
-    } else if err.is_timeout() {
-        Outcome::Timeout
-    } else if err.is_builder() || unparseable_head(err) {
-        // The request could not be formed (an id that is not a header value): nothing valid
-        // reached the server. Or the server's response head was not HTTP (a header too large,
-        // a malformed status line): the server answered, wrongly.
-        Outcome::BadResponse
-    } else {
-        // Connected, but the connection ended before a complete response head: the server cut
-        // the exchange short.
-        Outcome::StreamTruncated
-    }
-}
-
-/// Whether hyper failed to parse the response head (too large, malformed).
-pub(super) fn unparseable_head(err: &reqwest::Error) -> bool {
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if let Some(h) = cause.downcast_ref::<hyper::Error>()
-            && h.is_parse()
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 /// Phrases with which servers reject request fields they do not know: `transformers serve`
@@ -203,59 +171,10 @@ pub(super) fn rejected_fields_hint(
     (!fixes.is_empty()).then(|| fixes.join("; "))
 }
 
-/// A response from either transport: reqwest (TLS targets, and targets with TLS settings of their
-/// own) or the plain-HTTP one ([`super::plain`]).
-#[derive(Debug)]
-pub(super) enum Reply {
-    Pooled(reqwest::Response),
-    Plain(super::plain::Response),
-}
-
-impl Reply {
-    pub(super) fn status(&self) -> reqwest::StatusCode {
-        match self {
-            Reply::Pooled(r) => r.status(),
-            Reply::Plain(r) => r.status(),
-        }
-    }
-
-    pub(super) fn headers(&self) -> &reqwest::header::HeaderMap {
-        match self {
-            Reply::Pooled(r) => r.headers(),
-            Reply::Plain(r) => r.headers(),
-        }
-    }
-
-    /// How long opening the connection took, when this request opened it (the plain transport's
-    /// connections; reqwest does not say).
-    pub(super) fn connect_time(&self) -> Option<std::time::Duration> {
-        match self {
-            Reply::Pooled(_) => None,
-            Reply::Plain(r) => r.connect_time(),
-        }
-    }
-
-    pub(super) fn content_length(&self) -> Option<u64> {
-        match self {
-            Reply::Pooled(r) => r.content_length(),
-            Reply::Plain(r) => r.content_length(),
-        }
-    }
-
-    /// The next piece of the body; `None` at its end.
-    pub(super) async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, ExchangeError> {
-        match self {
-            Reply::Pooled(r) => r.chunk().await.map_err(ExchangeError::Pooled),
-            Reply::Plain(r) => r.chunk().await.map_err(ExchangeError::Plain),
-        }
-    }
-}
-
-/// Why an exchange failed, from either transport.
+/// Why an exchange failed.
 #[derive(Debug)]
 pub(super) enum ExchangeError {
-    Pooled(reqwest::Error),
-    Plain(super::plain::PlainError),
+    Transport(transport::TransportError),
     /// The request could not be formed; nothing reached the server.
     Request(String),
 }
@@ -264,39 +183,45 @@ impl ExchangeError {
     /// The outcome of a request that got no response head.
     pub(super) fn send_outcome(&self) -> Outcome {
         match self {
-            ExchangeError::Pooled(e) => classify_send_error(e),
-            ExchangeError::Plain(e) => e.outcome(),
+            ExchangeError::Transport(e) => e.outcome(),
             ExchangeError::Request(_) => Outcome::BadResponse,
         }
     }
 
-    /// The outcome of a stream whose body failed.
-    pub(super) fn body_outcome(&self) -> Outcome {
-        match self {
-            ExchangeError::Pooled(e) if e.is_timeout() => Outcome::Timeout,
-            ExchangeError::Plain(e) => e.outcome(),
-            _ => Outcome::StreamTruncated,
-        }
-    }
-
-    /// The error as one line, without credentials.
+    /// The error as one line, without credentials (the transport's errors name `host:port`
+    /// only).
     pub(super) fn text(&self) -> String {
         match self {
-            ExchangeError::Pooled(e) => error_text(e),
-            ExchangeError::Plain(e) => e.to_string(),
+            ExchangeError::Transport(e) => e.to_string(),
             ExchangeError::Request(message) => message.clone(),
         }
     }
 }
 
-/// POSTs `body` to `endpoint`: over the plain-HTTP transport for an `http://` target
-/// without TLS settings of its own, else through reqwest.
+/// `Authorization: Basic` for credentials written in a target URL (`https://user:pass@host`),
+/// percent-decoded as browsers and curl do; `None` without them.
+pub(super) fn basic_authorization(url: &url::Url) -> Option<HeaderValue> {
+    use base64::Engine;
+    if url.username().is_empty() && url.password().is_none() {
+        return None;
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).collect::<Vec<u8>>();
+    let mut pair = decode(url.username());
+    pair.push(b':');
+    pair.extend(decode(url.password().unwrap_or("")));
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// POSTs `body` to `endpoint` over the client's own transport and reads the response head.
 pub(super) async fn post(
     client: &StreamClient,
     endpoint: &Endpoint,
     request_id: &str,
     body: bytes::Bytes,
-) -> Result<Reply, ExchangeError> {
+) -> Result<transport::Response, ExchangeError> {
     let json = HeaderValue::from_static("application/json");
     let sse = HeaderValue::from_static("text/event-stream");
     // Token arrival is stamped as bytes arrive: a compressed stream would delay them.
@@ -316,29 +241,20 @@ pub(super) async fn post(
     if let Some((name, value)) = &client.config.marker.header {
         headers.push((name.as_str(), value));
     }
-    if endpoint.plain() {
-        let reply = plain::post(&client.plain, &endpoint.url, &headers, body).await;
-        return reply.map(Reply::Plain).map_err(ExchangeError::Plain);
-    }
-    let mut builder = endpoint
-        .http
-        .as_ref()
-        .unwrap_or(&client.http)
-        .post(endpoint.url.clone())
-        .body(body);
-    for (name, value) in headers {
-        builder = builder.header(name, value.clone());
-    }
-    builder
-        .send()
-        .await
-        .map(Reply::Pooled)
-        .map_err(ExchangeError::Pooled)
+    transport::post(
+        &client.pool,
+        &endpoint.origin,
+        &endpoint.url,
+        &headers,
+        body,
+    )
+    .await
+    .map_err(ExchangeError::Transport)
 }
 
 /// Up to `limit` bytes of an error body, read until `deadline`.
 pub(super) async fn read_error_body(
-    response: &mut Reply,
+    response: &mut transport::Response,
     deadline: Instant,
     limit: usize,
 ) -> String {
@@ -356,7 +272,7 @@ pub(super) async fn read_error_body(
 }
 
 /// Reads and discards the rest of a body until it ends or `deadline` passes.
-pub(super) async fn drain(response: &mut Reply, deadline: Instant) {
+pub(super) async fn drain(response: &mut transport::Response, deadline: Instant) {
     while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, response.chunk()).await {}
 }
 

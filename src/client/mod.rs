@@ -2,16 +2,18 @@
 //! and returns its [`RequestRecord`] (docs/DESIGN.md §4). Server misbehaviour never surfaces as an `Err`:
 //! every failure becomes an [`Outcome`] with its error latency.
 //!
-//! One shared [`reqwest::Client`] (connection pool, `TCP_NODELAY`) serves every request. Each
-//! network read is stamped with `Instant::now()` the moment it arrives and before anything parses
-//! it; every SSE event in that read shares the stamp.
+//! One connection pool of the client's own HTTP/1.1 transport ([`transport`], TCP or TLS,
+//! `TCP_NODELAY`) serves every request. Each network read is stamped with `Instant::now()` the
+//! moment it arrives and before anything parses it; every SSE event in that read shares the
+//! stamp.
 
 mod body;
 mod http;
-mod plain;
 mod record;
 mod sse;
 mod stream;
+mod tls;
+mod transport;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,8 +37,9 @@ pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_cli
 use http::{
     MAX_TAIL_BYTES, drain, read_error_body, rejected_fields_hint, response_limit, sleep_until_some,
 };
-pub use plain::Prewarmed;
 use stream::{Flow, StreamDecoder, sanitize};
+pub use tls::{TargetTls, TlsFiles};
+pub use transport::Prewarmed;
 
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
 /// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
@@ -52,8 +55,8 @@ pub enum ClientError {
     InvalidApiKey,
     #[error("invalid client setting: {0}")]
     InvalidConfig(String),
-    #[error("cannot build the HTTP client: {0}")]
-    Build(#[from] reqwest::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("TLS: cannot read {path}: {source}")]
     TlsFile {
         path: String,
@@ -68,32 +71,10 @@ pub enum ClientError {
     },
 }
 
-/// TLS material for one target, read from files (a private CA, an optional client certificate).
-#[derive(Clone, Default)]
-pub struct TlsFiles {
-    /// PEM bundle of the CA certificates to trust; they replace the platform's roots for this
-    /// target, so a private CA cannot be bypassed by a public one.
-    pub ca_file: Option<std::path::PathBuf>,
-    /// PEM client certificate (chain) and its PEM private key, for mutual TLS.
-    pub cert_file: Option<std::path::PathBuf>,
-    pub key_file: Option<std::path::PathBuf>,
-}
-
-impl std::fmt::Debug for TlsFiles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Paths only: key material never reaches a log.
-        f.debug_struct("TlsFiles")
-            .field("ca_file", &self.ca_file)
-            .field("cert_file", &self.cert_file)
-            .field("key_file", &self.key_file)
-            .finish()
-    }
-}
-
 /// Client-wide settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientConfig {
-    /// Limit on establishing a TCP connection.
+    /// Limit on establishing a connection: the TCP connect and any TLS handshake.
     pub connect_timeout: Duration,
     /// Limit on one whole request, from the actual send to the end of the stream; at most
     /// [`MAX_RECORD_SPAN`].
@@ -220,24 +201,11 @@ pub struct Endpoint {
     /// The dialect ends streams after `finish_reason` without `[DONE]`.
     ends_at_finish_reason: bool,
     authorization: Option<HeaderValue>,
-    /// This target's own HTTP client when it needs TLS settings of its own (a private CA, a
-    /// client certificate); `None` uses the shared client.
-    http: Option<reqwest::Client>,
+    /// Where its connections go: `host:port`, and the TLS config of an `https://` target.
+    origin: Arc<transport::Origin>,
     /// Set once a rejection of the body's extension fields was logged, so a server that rejects
     /// every request logs the fix once, not at request rate.
     rejection_logged: Arc<AtomicBool>,
-}
-
-impl Endpoint {
-    /// Whether requests go over the plain-HTTP transport ([`plain`]): an `http://` URL without
-    /// TLS settings of its own and without credentials in it (reqwest turns those into a Basic
-    /// `Authorization` header; the plain transport sends no such header).
-    fn plain(&self) -> bool {
-        self.http.is_none()
-            && self.url.scheme() == "http"
-            && self.url.username().is_empty()
-            && self.url.password().is_none()
-    }
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -252,7 +220,7 @@ impl std::fmt::Debug for Endpoint {
                 "api_key",
                 &self.authorization.as_ref().map(|_| "<redacted>"),
             )
-            .field("own_tls", &self.http.is_some())
+            .field("tls", &self.origin.is_tls())
             .finish()
     }
 }
@@ -288,24 +256,35 @@ impl Endpoint {
             format!("{base_path}/v1/{suffix}")
         };
         url.set_path(&path);
+        let tls = match url.scheme() {
+            "https" => Some(TargetTls::platform()?),
+            _ => None,
+        };
+        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e))?;
         Ok(Self {
+            authorization: http::basic_authorization(&url),
             url,
             api,
             model: model.into(),
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
             ends_at_finish_reason: dialect.ends_at_finish_reason(),
-            authorization: None,
-            http: None,
+            origin: Arc::new(origin),
             rejection_logged: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    /// Sends this endpoint's requests through `client` (built by [`StreamClient::tls_client`])
-    /// instead of the shared one.
-    pub fn with_http_client(mut self, client: reqwest::Client) -> Self {
-        self.http = Some(client);
-        self
+    /// Connects to this `https://` endpoint with `tls` (built by [`TargetTls::from_files`])
+    /// instead of the platform's roots; an `http://` endpoint stays plain.
+    pub fn with_tls(mut self, tls: Arc<TargetTls>) -> Result<Self, ClientError> {
+        let origin = transport::Origin::new(&self.url, Some(tls)).map_err(|reason| {
+            ClientError::InvalidUrl {
+                url: crate::config::display_url(&self.url),
+                reason,
+            }
+        })?;
+        self.origin = Arc::new(origin);
+        Ok(self)
     }
 
     /// Overrides the dialect's length-control preset.
@@ -320,7 +299,8 @@ impl Endpoint {
         self
     }
 
-    /// Sends `Authorization: Bearer <key>` with every request.
+    /// Sends `Authorization: Bearer <key>` with every request (in place of the Basic
+    /// authorization of credentials in the URL).
     pub fn with_api_key(mut self, key: &ApiKey) -> Result<Self, ClientError> {
         self.authorization = Some(key.authorization()?);
         Ok(self)
@@ -382,9 +362,8 @@ pub enum Cancel {
 /// The measurement client, cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct StreamClient {
-    http: reqwest::Client,
-    /// Connections of `http://` targets (see [`plain`]).
-    plain: Arc<plain::Pool>,
+    /// Every target's connections (see [`transport`]).
+    pool: Arc<transport::Pool>,
     config: ClientConfig,
     counter: Option<Arc<dyn TokenCounter>>,
 }
@@ -401,67 +380,12 @@ impl std::fmt::Debug for StreamClient {
 impl StreamClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         config.validate()?;
-        let http = Self::builder(&config).build()?;
-        let plain = plain::Pool::new(config.connect_timeout, config.pool_idle_timeout);
+        let pool = transport::Pool::new(config.connect_timeout, config.pool_idle_timeout);
         Ok(Self {
-            http,
-            plain: Arc::new(plain),
+            pool: Arc::new(pool),
             config,
             counter: None,
         })
-    }
-
-    fn builder(config: &ClientConfig) -> reqwest::ClientBuilder {
-        http_client_builder()
-            .tcp_nodelay(true)
-            .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(config.pool_idle_timeout)
-            // A redirected POST turns into a GET elsewhere: report it instead of following it.
-            .redirect(reqwest::redirect::Policy::none())
-    }
-
-    /// An HTTP client with this client's settings and the TLS material of `tls`, for
-    /// [`Endpoint::with_http_client`]. Files are read now, so a missing or malformed one fails
-    /// at start-up (or reload), never at request time.
-    pub fn tls_client(&self, tls: &TlsFiles) -> Result<reqwest::Client, ClientError> {
-        let read = |path: &std::path::Path| {
-            crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES).map_err(|e| {
-                ClientError::TlsFile {
-                    path: path.display().to_string(),
-                    source: match e {
-                        crate::files::FileError::Io(source) => source,
-                        other => std::io::Error::other(other.to_string()),
-                    },
-                }
-            })
-        };
-        let pem_error = |path: &std::path::Path, what, e: reqwest::Error| ClientError::TlsPem {
-            path: path.display().to_string(),
-            what,
-            message: e.to_string(),
-        };
-        let mut builder = Self::builder(&self.config);
-        if let Some(ca) = &tls.ca_file {
-            let certs = reqwest::Certificate::from_pem_bundle(&read(ca)?)
-                .map_err(|e| pem_error(ca, "certificate", e))?;
-            if certs.is_empty() {
-                return Err(ClientError::TlsPem {
-                    path: ca.display().to_string(),
-                    what: "certificate",
-                    message: "no certificate found".into(),
-                });
-            }
-            builder = builder.tls_certs_only(certs);
-        }
-        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
-            let mut pem = read(cert)?;
-            pem.push(b'\n');
-            pem.extend_from_slice(&read(key)?);
-            let identity = reqwest::Identity::from_pem(&pem)
-                .map_err(|e| pem_error(cert, "certificate and key", e))?;
-            builder = builder.identity(identity);
-        }
-        Ok(builder.build()?)
     }
 
     /// Counts tokens per content chunk with `counter` instead of one per chunk.
@@ -487,14 +411,11 @@ impl StreamClient {
             .await
     }
 
-    /// Opens connections to `endpoint` until `n` are idle, `ramp` at a time, so a step's first
-    /// requests neither pay for connects nor flood the server's accept queue. `None` for a
-    /// target reached through reqwest (TLS), whose pool opens connections on demand.
-    pub async fn prewarm(&self, endpoint: &Endpoint, n: usize, ramp: usize) -> Option<Prewarmed> {
-        if !endpoint.plain() {
-            return None;
-        }
-        Some(self.plain.prewarm(&endpoint.url, n, ramp).await)
+    /// Opens connections to `endpoint` until `n` are idle, `ramp` at a time (TLS handshakes
+    /// included), so a step's first requests neither pay for connects nor flood the server's
+    /// accept queue.
+    pub async fn prewarm(&self, endpoint: &Endpoint, n: usize, ramp: usize) -> Prewarmed {
+        self.pool.prewarm(&endpoint.origin, n, ramp).await
     }
 
     /// Like [`StreamClient::send`], but when `cutoff` completes first (a step's drain deadline,
@@ -745,8 +666,8 @@ impl StreamClient {
                 }
                 Ok(None) => decoder.on_eof(rec, at),
                 Err(err) => Flow::Finished(
-                    err.body_outcome(),
-                    Some(sanitize(&err.text(), self.config.max_error_bytes)),
+                    err.outcome(),
+                    Some(sanitize(&err.to_string(), self.config.max_error_bytes)),
                 ),
             };
             if let Flow::Finished(outcome, message) = flow {

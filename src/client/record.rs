@@ -202,8 +202,8 @@ pub struct RequestRecord {
     /// `None` in closed-loop and multi-turn steps, which have no slots to wait for. The wait from
     /// `intended` to here is the server's (it had every slot busy), not the canary's.
     pub slot_at: Option<Instant>,
-    /// How long opening the TCP connection took, when this request found none idle and opened
-    /// it (plain-HTTP targets: reqwest opens TLS connections out of sight). Inside TTFT.
+    /// How long opening the connection took (TCP, and the TLS handshake of an `https://`
+    /// target), when this request found none idle and opened it. Inside TTFT.
     pub connect: Option<Duration>,
     /// When the response head arrived (the first byte of the response is no later than this).
     pub first_byte: Option<Instant>,

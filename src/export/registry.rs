@@ -262,7 +262,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "llm_canary_connect",
-            "TCP connect time of the connections the canary opened to the target: before each closed-loop step (one per worker) and for requests that found none idle; the server's and the network's own figure, apart from TTFT (TLS targets are not timed)",
+            "Connect time (TCP, and the TLS handshake of an https:// target) of the connections the canary opened to the target: before each closed-loop step (one per worker) and for requests that found none idle; the server's and the network's own figure, apart from TTFT",
             s(),
             self.connect.clone(),
         );

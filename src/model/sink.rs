@@ -161,7 +161,7 @@ pub trait Sink: Send + Sync {
     /// A cycle of the schedule completed.
     fn cycle_finished(&self, _cycle: u64) {}
 
-    /// A TCP connection to `target` was opened in `took`: before a step, or by a request that
+    /// A connection to `target` was opened (TCP, and TLS for `https://`) in `took`: before a step, or by a request that
     /// found none idle (then also in its record's `connect`).
     fn connected(&self, _target: &str, _took: Duration) {}
 

@@ -167,7 +167,7 @@ pub struct ServerStep {
     pub scrapes: u32,
 }
 
-/// The TCP connections a step opened to one target: before its clock started (a closed-loop
+/// The connections a step opened to one target (TCP connect and any TLS handshake): before its clock started (a closed-loop
 /// step opens one per worker) and for requests that found none idle. The connect time is the
 /// server's and the network's own figure, kept apart from TTFT (docs/METRICS.md "Connections").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

@@ -114,7 +114,7 @@ impl<'a> Index<'a> {
                 Cell::num(Some(ms(c.connect_max_seconds))),
             ]);
         }
-        t.notes.push("TCP connects, before each closed-loop step (one connection per worker, 64 at a time) and for requests that found none idle: the server's and the network's own figure, kept out of TTFT where the connection was opened before the step. TLS targets connect inside their HTTP library and are not timed".into());
+        t.notes.push("connects (TCP, and the TLS handshake of a TLS target), before each closed-loop step (one connection per worker, 64 at a time) and for requests that found none idle: the server's and the network's own figure, kept out of TTFT where the connection was opened before the step".into());
         t
     }
 

@@ -50,8 +50,8 @@ struct Line<'a> {
     client_queue_ms: f64,
     /// Open-loop steps: intended send → a slot free (`null` in closed-loop and multi-turn steps).
     slot_wait_ms: Option<f64>,
-    /// The TCP connect this request paid for inside its TTFT, when it found no idle connection
-    /// (`null` on a reused connection, and for TLS targets, which are not timed).
+    /// The connect (TCP, and TLS for `https://`) this request paid for inside its TTFT, when it
+    /// found no idle connection (`null` on a reused connection).
     connect_ms: Option<f64>,
     requested_osl: u32,
     prompt_tokens: Option<u64>,

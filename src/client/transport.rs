@@ -1,23 +1,27 @@
-//! HTTP/1.1 over plain TCP for the measurement path (`http://` targets without TLS settings of
-//! their own). The task that sends a request owns its connection and reads the stream itself,
-//! into a buffer of fixed size, with chunked framing decoded in place: a token costs one wake-up
-//! and one read, with no connection task and no channel between the socket and the stamp, and a
-//! server that outpaces the client cannot grow the buffer. A [`Pool`] keeps idle keep-alive
-//! connections per host and opens them ahead of a step, ramped (docs/DESIGN.md §4). TLS targets
-//! go through reqwest.
+//! The measurement path's own HTTP/1.1 transport, over TCP for `http://` targets and over TLS
+//! (rustls) for `https://` ones. The task that sends a request owns its connection and reads the
+//! stream itself, into a buffer of fixed size, with chunked framing decoded in place: a token
+//! costs one wake-up and one read, with no connection task and no channel between the socket and
+//! the stamp, and a server that outpaces the client cannot grow the buffer. A [`Pool`] keeps idle
+//! keep-alive connections per origin and opens them, TLS handshake included, ahead of a step,
+//! ramped (docs/DESIGN.md §4).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use url::Url;
 
 use super::record::Outcome;
+use super::tls::TargetTls;
 
 /// What one read may fill, and all a connection ever buffers of a body: a read hands its bytes
 /// on before the next, so the buffer is reclaimed instead of grown.
@@ -30,7 +34,7 @@ const MAX_CHUNK_LINE: usize = 1024;
 
 /// Why an exchange failed before or while reading its response.
 #[derive(Debug, thiserror::Error)]
-pub enum PlainError {
+pub enum TransportError {
     #[error("cannot resolve {authority}: {source}")]
     Resolve {
         authority: String,
@@ -41,7 +45,12 @@ pub enum PlainError {
         authority: String,
         source: std::io::Error,
     },
-    #[error("tcp connect to {authority} timed out after {timeout:?}")]
+    #[error("TLS handshake with {authority} failed: {source}")]
+    Tls {
+        authority: String,
+        source: std::io::Error,
+    },
+    #[error("connect to {authority} timed out after {timeout:?}")]
     ConnectTimeout {
         authority: String,
         timeout: Duration,
@@ -58,27 +67,172 @@ pub enum PlainError {
     Io(#[from] std::io::Error),
 }
 
-impl PlainError {
+impl TransportError {
     /// The outcome of a request that ended with this error.
     pub fn outcome(&self) -> Outcome {
         match self {
-            PlainError::Resolve { .. }
-            | PlainError::Connect { .. }
-            | PlainError::ConnectTimeout { .. } => Outcome::Connect,
+            TransportError::Resolve { .. }
+            | TransportError::Connect { .. }
+            | TransportError::Tls { .. }
+            | TransportError::ConnectTimeout { .. } => Outcome::Connect,
             // The server answered, but not in HTTP.
-            PlainError::Head(_) => Outcome::BadResponse,
-            PlainError::ClosedBeforeHead
-            | PlainError::ClosedMidBody
-            | PlainError::Framing(_)
-            | PlainError::Io(_) => Outcome::StreamTruncated,
+            TransportError::Head(_) => Outcome::BadResponse,
+            TransportError::ClosedBeforeHead
+            | TransportError::ClosedMidBody
+            | TransportError::Framing(_)
+            | TransportError::Io(_) => Outcome::StreamTruncated,
         }
     }
 }
 
-/// Idle keep-alive connections per `host:port`, newest last; shared by every request of a client.
+/// Where a target's connections go and how they are made: `host:port`, and for an `https://`
+/// target the TLS config and the name the server's certificate must carry.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    authority: String,
+    /// The pool's key: connections of another TLS config (another CA, another client
+    /// certificate) to the same host are never handed out for this one.
+    key: String,
+    tls: Option<(Arc<TargetTls>, ServerName<'static>)>,
+}
+
+impl Origin {
+    /// The origin of `url`: TLS with `tls` for an `https://` URL (which then needs one), plain
+    /// TCP for `http://`.
+    pub fn new(url: &Url, tls: Option<Arc<TargetTls>>) -> Result<Self, String> {
+        let authority = authority(url);
+        let tls = match (url.scheme(), tls) {
+            ("https", Some(tls)) => {
+                let name = match url.host() {
+                    Some(url::Host::Domain(d)) => ServerName::try_from(d.to_owned())
+                        .map_err(|e| format!("{d:?} is not a TLS server name: {e}"))?,
+                    Some(url::Host::Ipv4(ip)) => ServerName::from(std::net::IpAddr::V4(ip)),
+                    Some(url::Host::Ipv6(ip)) => ServerName::from(std::net::IpAddr::V6(ip)),
+                    None => return Err("no host".into()),
+                };
+                Some((tls, name))
+            }
+            ("https", None) => return Err("an https:// URL needs a TLS config".into()),
+            _ => None,
+        };
+        let key = match &tls {
+            Some((tls, _)) => format!("tls{}:{authority}", tls.id()),
+            None => authority.clone(),
+        };
+        Ok(Origin {
+            authority,
+            key,
+            tls,
+        })
+    }
+
+    /// Whether connections to this origin are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+}
+
+/// One connection: TCP, or TLS over TCP.
+#[derive(Debug)]
+enum Conn {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// Whether an idle connection can take a request: nothing to read yet. Asked of the socket
+    /// itself (a peek that never blocks), not of the runtime's readiness, which may not have
+    /// seen the server's FIN yet; a close, an error or bytes nobody asked for make it unusable.
+    /// A TLS connection first hands what arrived to its TLS session: a TLS 1.3 server sends its
+    /// session tickets after the handshake, and those are not a reason to drop the connection.
+    fn still_open(&mut self) -> bool {
+        use rustix::io::Errno;
+        use rustix::net::RecvFlags;
+        match self {
+            Conn::Tcp(tcp) => {
+                let mut probe = [0u8; 1];
+                matches!(
+                    rustix::net::recv(&*tcp, &mut probe[..], RecvFlags::PEEK | RecvFlags::DONTWAIT),
+                    Err(Errno::AGAIN)
+                )
+            }
+            Conn::Tls(tls) => {
+                let (tcp, session) = tls.get_mut();
+                // Usable while the session holds no plaintext nobody asked for (what arrived
+                // after a response, also from before it was idle) and no close from the peer.
+                let quiet = |session: &mut rustls::ClientConnection| {
+                    session.process_new_packets().is_ok_and(|state| {
+                        state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed()
+                    })
+                };
+                let mut records = [0u8; 4096];
+                loop {
+                    if !quiet(session) {
+                        return false;
+                    }
+                    match rustix::net::recv(&*tcp, &mut records[..], RecvFlags::DONTWAIT) {
+                        Err(Errno::AGAIN) => return true,
+                        // The server closed, or the socket failed.
+                        Ok((_, 0)) | Err(_) => return false,
+                        Ok((got, _)) => {
+                            let mut rest = &records[..got];
+                            while !rest.is_empty() {
+                                if session.read_tls(&mut rest).is_err() || !quiet(session) {
+                                    return false;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Idle keep-alive connections per origin, newest last; shared by every request of a client.
 #[derive(Debug)]
 pub struct Pool {
-    idle: Mutex<HashMap<String, VecDeque<(TcpStream, Instant)>>>,
+    idle: Mutex<HashMap<String, VecDeque<(Conn, Instant)>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     /// Whether the task that closes idle connections runs (started with the first one).
@@ -137,99 +291,107 @@ impl Pool {
         idle.retain(|_, conns| !conns.is_empty());
     }
 
-    /// The newest idle connection to `authority` that is still open. An idle connection the
+    /// The newest idle connection to `origin` that is still open. An idle connection the
     /// server has closed (its keep-alive timeout) reads as end-of-file; one past the idle
     /// timeout is closed here, before the server's own timeout races a request.
-    fn checkout(&self, authority: &str) -> Option<TcpStream> {
+    fn checkout(&self, origin: &Origin) -> Option<Conn> {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = idle.get_mut(authority)?;
-        while let Some((stream, since)) = conns.pop_back() {
+        let conns = idle.get_mut(&origin.key)?;
+        while let Some((mut conn, since)) = conns.pop_back() {
             if now.saturating_duration_since(since) >= self.idle_timeout {
                 // The rest are older still.
                 conns.clear();
                 return None;
             }
-            if still_open(&stream) {
-                return Some(stream);
+            if conn.still_open() {
+                return Some(conn);
             }
         }
         None
     }
 
-    fn checkin(self: &std::sync::Arc<Self>, authority: &str, stream: TcpStream) {
+    fn checkin(self: &Arc<Self>, origin: &Origin, conn: Conn) {
         self.start_reaper();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = idle.entry(authority.to_owned()).or_default();
-        conns.push_back((stream, Instant::now()));
+        let conns = idle.entry(origin.key.clone()).or_default();
+        conns.push_back((conn, Instant::now()));
     }
 
-    /// Idle connections to `authority` now.
-    pub fn idle_count(&self, authority: &str) -> usize {
+    /// Idle connections to `origin` now.
+    pub fn idle_count(&self, origin: &Origin) -> usize {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.get(authority).map_or(0, VecDeque::len)
+        idle.get(&origin.key).map_or(0, VecDeque::len)
     }
 
-    async fn connect(&self, authority: &str) -> Result<TcpStream, PlainError> {
+    /// A new connection to `origin`, ready for a request: the TCP connect, and for TLS the
+    /// handshake, both within the connect timeout.
+    async fn connect(&self, origin: &Origin) -> Result<Conn, TransportError> {
+        let authority = &origin.authority;
         let connect = async {
             let mut last = None;
-            let addrs =
-                tokio::net::lookup_host(authority)
-                    .await
-                    .map_err(|source| PlainError::Resolve {
-                        authority: authority.to_owned(),
-                        source,
-                    })?;
+            let addrs = tokio::net::lookup_host(authority).await.map_err(|source| {
+                TransportError::Resolve {
+                    authority: authority.to_owned(),
+                    source,
+                }
+            })?;
+            let mut tcp = None;
             for addr in addrs {
                 match TcpStream::connect(addr).await {
-                    Ok(stream) => return Ok(stream),
+                    Ok(stream) => {
+                        tcp = Some(stream);
+                        break;
+                    }
                     Err(e) => last = Some(e),
                 }
             }
-            Err(PlainError::Connect {
+            let tcp = tcp.ok_or_else(|| TransportError::Connect {
                 authority: authority.to_owned(),
                 source: last.unwrap_or_else(|| std::io::Error::other("no address")),
-            })
+            })?;
+            // Tokens are small writes: never let Nagle hold the request's tail.
+            tcp.set_nodelay(true)?;
+            let Some((tls, name)) = &origin.tls else {
+                return Ok(Conn::Tcp(tcp));
+            };
+            let handshake = tokio_rustls::TlsConnector::from(Arc::clone(tls.config()))
+                .connect(name.clone(), tcp)
+                .await
+                .map_err(|source| TransportError::Tls {
+                    authority: authority.to_owned(),
+                    source,
+                })?;
+            Ok(Conn::Tls(Box::new(handshake)))
         };
-        let stream = tokio::time::timeout(self.connect_timeout, connect)
+        tokio::time::timeout(self.connect_timeout, connect)
             .await
-            .map_err(|_| PlainError::ConnectTimeout {
+            .map_err(|_| TransportError::ConnectTimeout {
                 authority: authority.to_owned(),
                 timeout: self.connect_timeout,
-            })??;
-        // Tokens are small writes: never let Nagle hold the request's tail.
-        stream.set_nodelay(true)?;
-        Ok(stream)
+            })?
     }
 
-    /// Opens connections to `url`'s host until `n` are idle, at most `ramp` connects at a time,
-    /// so a step's first requests neither pay for the handshake nor flood the server's accept
-    /// queue with `n` connects at once.
-    pub async fn prewarm(
-        self: &std::sync::Arc<Self>,
-        url: &Url,
-        n: usize,
-        ramp: usize,
-    ) -> Prewarmed {
-        let authority = authority(url);
+    /// Opens connections to `origin` until `n` are idle, at most `ramp` connects (and TLS
+    /// handshakes) at a time, so a step's first requests neither pay for them nor flood the
+    /// server's accept queue with `n` connects at once.
+    pub async fn prewarm(self: &Arc<Self>, origin: &Origin, n: usize, ramp: usize) -> Prewarmed {
         let mut done = Prewarmed::default();
-        let missing = n.saturating_sub(self.idle_count(&authority));
+        let missing = n.saturating_sub(self.idle_count(origin));
         let mut left = missing;
         while left > 0 && done.error.is_none() {
             let batch = left.min(ramp.max(1));
             let opened = futures_util::future::join_all((0..batch).map(|_| async {
                 let started = Instant::now();
-                self.connect(&authority)
-                    .await
-                    .map(|s| (s, started.elapsed()))
+                self.connect(origin).await.map(|s| (s, started.elapsed()))
             }))
             .await;
             for result in opened {
                 match result {
-                    Ok((stream, took)) => {
+                    Ok((conn, took)) => {
                         done.opened += 1;
                         done.connect_times.push(took);
-                        self.checkin(&authority, stream);
+                        self.checkin(origin, conn);
                     }
                     Err(e) => {
                         done.error.get_or_insert_with(|| e.to_string());
@@ -240,18 +402,6 @@ impl Pool {
         }
         done
     }
-}
-
-/// Whether an idle connection can take a request: nothing to read yet. Asked of the socket itself
-/// (a peek that never blocks), not of the runtime's readiness, which may not have seen the
-/// server's FIN yet; a close, an error or bytes nobody asked for make it unusable.
-fn still_open(stream: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-    matches!(
-        rustix::net::recv(stream, &mut probe[..], flags),
-        Err(rustix::io::Errno::AGAIN)
-    )
 }
 
 /// `host:port` of `url` (the port its scheme implies when it names none).
@@ -265,16 +415,17 @@ pub fn authority(url: &Url) -> String {
     }
 }
 
-/// Sends a POST of `body` to `url` with `headers` and reads the response head. A reused
-/// connection is checked for a close before the request is written; once written, a request is
-/// never sent twice.
+/// Sends a POST of `body` to `url` at `origin` with `headers` and reads the response head. A
+/// reused connection is checked for a close before the request is written; once written, a
+/// request is never sent twice.
 pub async fn post(
-    pool: &std::sync::Arc<Pool>,
+    pool: &Arc<Pool>,
+    origin: &Arc<Origin>,
     url: &Url,
     headers: &[(&str, &HeaderValue)],
     body: Bytes,
-) -> Result<Response, PlainError> {
-    let authority = authority(url);
+) -> Result<Response, TransportError> {
+    let authority = &origin.authority;
     let mut head = Vec::with_capacity(256 + headers.len() * 48);
     head.extend_from_slice(b"POST ");
     head.extend_from_slice(url.path().as_bytes());
@@ -295,15 +446,17 @@ pub async fn post(
     head.extend_from_slice(b"\r\n\r\n");
     head.extend_from_slice(&body);
 
-    let (mut stream, connect) = match pool.checkout(&authority) {
+    let (mut stream, connect) = match pool.checkout(origin) {
         Some(stream) => (stream, None),
         None => {
             let started = Instant::now();
-            let stream = pool.connect(&authority).await?;
+            let stream = pool.connect(origin).await?;
             (stream, Some(started.elapsed()))
         }
     };
     stream.write_all(&head).await?;
+    // TLS holds what it encrypted until flushed; for TCP this does nothing.
+    stream.flush().await?;
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     let (status, headers) = read_head(&mut stream, &mut buf).await?;
     let header = |name| {
@@ -330,16 +483,16 @@ pub async fn post(
         buf,
         framing,
         keep_alive,
-        pool: std::sync::Arc::clone(pool),
-        authority,
+        pool: Arc::clone(pool),
+        origin: Arc::clone(origin),
         connect,
     })
 }
 
 async fn read_head(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     buf: &mut BytesMut,
-) -> Result<(StatusCode, HeaderMap), PlainError> {
+) -> Result<(StatusCode, HeaderMap), TransportError> {
     loop {
         let mut parsed = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut parsed);
@@ -348,13 +501,13 @@ async fn read_head(
                 let status = resp
                     .code
                     .and_then(|c| StatusCode::from_u16(c).ok())
-                    .ok_or_else(|| PlainError::Head("no status code".into()))?;
+                    .ok_or_else(|| TransportError::Head("no status code".into()))?;
                 let mut headers = HeaderMap::with_capacity(resp.headers.len());
                 for h in resp.headers.iter() {
                     let name = HeaderName::from_bytes(h.name.as_bytes())
-                        .map_err(|e| PlainError::Head(e.to_string()))?;
+                        .map_err(|e| TransportError::Head(e.to_string()))?;
                     let value = HeaderValue::from_bytes(h.value)
-                        .map_err(|e| PlainError::Head(e.to_string()))?;
+                        .map_err(|e| TransportError::Head(e.to_string()))?;
                     headers.append(name, value);
                 }
                 buf.advance(len);
@@ -365,17 +518,17 @@ async fn read_head(
                 return Ok((status, headers));
             }
             Ok(httparse::Status::Partial) => {}
-            Err(e) => return Err(PlainError::Head(e.to_string())),
+            Err(e) => return Err(TransportError::Head(e.to_string())),
         }
         if buf.len() >= MAX_HEAD_BYTES {
-            return Err(PlainError::Head(format!(
+            return Err(TransportError::Head(format!(
                 "the head is over {} KiB",
                 MAX_HEAD_BYTES >> 10
             )));
         }
         buf.reserve(READ_BUF_BYTES);
         if stream.read_buf(buf).await? == 0 {
-            return Err(PlainError::ClosedBeforeHead);
+            return Err(TransportError::ClosedBeforeHead);
         }
     }
 }
@@ -410,12 +563,12 @@ pub struct Response {
     headers: HeaderMap,
     content_length: Option<u64>,
     /// `None` once the body ended and the connection went back to the pool.
-    stream: Option<TcpStream>,
+    stream: Option<Conn>,
     buf: BytesMut,
     framing: Framing,
     keep_alive: bool,
-    pool: std::sync::Arc<Pool>,
-    authority: String,
+    pool: Arc<Pool>,
+    origin: Arc<Origin>,
     /// How long opening the connection took, when this request opened it.
     connect: Option<Duration>,
 }
@@ -441,7 +594,7 @@ impl Response {
     /// The next piece of the body (`None` at its end), reading the socket only when nothing
     /// complete is buffered. Bytes are handed out without a copy; the buffer they came from is
     /// reused once they are dropped.
-    pub async fn chunk(&mut self) -> Result<Option<Bytes>, PlainError> {
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
         loop {
             if let Some(piece) = self.decode()? {
                 return Ok(Some(piece));
@@ -462,13 +615,13 @@ impl Response {
                     self.framing = Framing::Done;
                     return Ok(None);
                 }
-                return Err(PlainError::ClosedMidBody);
+                return Err(TransportError::ClosedMidBody);
             }
         }
     }
 
     /// Takes the next complete piece of body out of the buffer, advancing the framing.
-    fn decode(&mut self) -> Result<Option<Bytes>, PlainError> {
+    fn decode(&mut self) -> Result<Option<Bytes>, TransportError> {
         loop {
             match self.framing {
                 Framing::Done => return Ok(None),
@@ -503,7 +656,7 @@ impl Response {
                 Framing::Chunked(state) => {
                     let Some(end) = memchr::memmem::find(&self.buf, b"\r\n") else {
                         if self.buf.len() > MAX_CHUNK_LINE {
-                            return Err(PlainError::Framing("a chunk line over 1 KiB"));
+                            return Err(TransportError::Framing("a chunk line over 1 KiB"));
                         }
                         return Ok(None);
                     };
@@ -513,9 +666,9 @@ impl Response {
                         ChunkState::Size => {
                             let hex = line.split(|&b| b == b';').next().unwrap_or(b"");
                             let hex = std::str::from_utf8(hex)
-                                .map_err(|_| PlainError::Framing("a chunk size is not text"))?;
+                                .map_err(|_| TransportError::Framing("a chunk size is not text"))?;
                             let size = u64::from_str_radix(hex.trim(), 16)
-                                .map_err(|_| PlainError::Framing("a chunk size is not hex"))?;
+                                .map_err(|_| TransportError::Framing("a chunk size is not hex"))?;
                             Framing::Chunked(if size == 0 {
                                 ChunkState::Trailer
                             } else {
@@ -526,7 +679,7 @@ impl Response {
                             Framing::Chunked(ChunkState::Size)
                         }
                         ChunkState::DataEnd => {
-                            return Err(PlainError::Framing("no CRLF after a chunk's data"));
+                            return Err(TransportError::Framing("no CRLF after a chunk's data"));
                         }
                         ChunkState::Trailer if line.is_empty() => Framing::Done,
                         ChunkState::Trailer => Framing::Chunked(ChunkState::Trailer),
@@ -544,7 +697,7 @@ impl Response {
             && self.keep_alive
             && self.buf.is_empty()
         {
-            self.pool.checkin(&self.authority, stream);
+            self.pool.checkin(&self.origin, stream);
         }
     }
 }
@@ -592,11 +745,15 @@ mod tests {
         (format!("http://{addr}/v1/x").parse().unwrap(), accepted)
     }
 
+    fn origin(url: &Url) -> Arc<Origin> {
+        Arc::new(Origin::new(url, None).unwrap())
+    }
+
     fn pool() -> Arc<Pool> {
         Arc::new(Pool::new(Duration::from_secs(5), Duration::from_secs(90)))
     }
 
-    async fn body(resp: &mut Response) -> Result<Vec<u8>, PlainError> {
+    async fn body(resp: &mut Response) -> Result<Vec<u8>, TransportError> {
         let mut all = Vec::new();
         while let Some(piece) = resp.chunk().await? {
             all.extend_from_slice(&piece);
@@ -612,7 +769,7 @@ mod tests {
             let (url, accepted) = server(CHUNKED, pieces).await;
             let pool = pool();
             for i in 0..3 {
-                let mut resp = post(&pool, &url, &[], Bytes::from_static(b"{}"))
+                let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::from_static(b"{}"))
                     .await
                     .unwrap();
                 // Only the request that opened the connection paid for (and times) a connect.
@@ -632,7 +789,9 @@ mod tests {
     #[tokio::test]
     async fn content_length_and_close_delimited_bodies() {
         let (url, _) = server(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", 2).await;
-        let mut resp = post(&pool(), &url, &[], Bytes::new()).await.unwrap();
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(resp.content_length(), Some(3));
         assert_eq!(body(&mut resp).await.unwrap(), b"abc");
 
@@ -642,7 +801,9 @@ mod tests {
         )
         .await;
         let pool = pool();
-        let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
+        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap();
         // The server keeps the socket open: the first piece arrives, the end would need a close.
         let first = resp.chunk().await.unwrap().unwrap();
         assert!(!first.is_empty());
@@ -656,12 +817,16 @@ mod tests {
             1,
         )
         .await;
-        let mut resp = post(&pool(), &url, &[], Bytes::new()).await.unwrap();
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap();
         let err = body(&mut resp).await.unwrap_err();
         assert_eq!(err.outcome(), Outcome::StreamTruncated, "{err}");
 
         let (url, _) = server(b"NOT HTTP AT ALL\r\n\r\n", 1).await;
-        let err = post(&pool(), &url, &[], Bytes::new()).await.unwrap_err();
+        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap_err();
         assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
 
         // Nothing listens on a port just released.
@@ -671,7 +836,9 @@ mod tests {
             .local_addr()
             .unwrap();
         let url: Url = format!("http://{free}/").parse().unwrap();
-        let err = post(&pool(), &url, &[], Bytes::new()).await.unwrap_err();
+        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap_err();
         assert_eq!(err.outcome(), Outcome::Connect, "{err}");
     }
 
@@ -679,17 +846,19 @@ mod tests {
     async fn prewarm_opens_what_is_missing_in_ramps_and_requests_use_them() {
         let (url, accepted) = server(CHUNKED, 1).await;
         let pool = pool();
-        let done = pool.prewarm(&url, 10, 4).await;
+        let done = pool.prewarm(&origin(&url), 10, 4).await;
         assert_eq!(done.opened, 10);
         assert_eq!(done.connect_times.len(), 10);
         assert!(done.error.is_none());
-        assert_eq!(pool.idle_count(&authority(&url)), 10);
+        assert_eq!(pool.idle_count(&origin(&url)), 10);
         // Already warm: nothing more to open.
-        assert_eq!(pool.prewarm(&url, 10, 4).await.opened, 0);
-        let mut resp = post(&pool, &url, &[], Bytes::new()).await.unwrap();
+        assert_eq!(pool.prewarm(&origin(&url), 10, 4).await.opened, 0);
+        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap();
         assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");
         // It took a warm connection and gave it back: still 10, none opened for it.
-        assert_eq!(pool.idle_count(&authority(&url)), 10);
+        assert_eq!(pool.idle_count(&origin(&url)), 10);
         assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) <= 10);
     }
 
@@ -697,16 +866,16 @@ mod tests {
     async fn idle_connections_close_after_the_idle_timeout_without_traffic() {
         let (url, _) = server(CHUNKED, 1).await;
         let pool = Arc::new(Pool::new(Duration::from_secs(5), Duration::from_secs(10)));
-        assert_eq!(pool.prewarm(&url, 3, 3).await.opened, 3);
+        assert_eq!(pool.prewarm(&origin(&url), 3, 3).await.opened, 3);
         tokio::time::sleep(Duration::from_secs(9)).await;
         assert_eq!(
-            pool.idle_count(&authority(&url)),
+            pool.idle_count(&origin(&url)),
             3,
             "still within the idle timeout"
         );
         // The reaper runs every 5 s: by 15 s every connection idle since 0 s is closed.
         tokio::time::sleep(Duration::from_secs(6)).await;
-        assert_eq!(pool.idle_count(&authority(&url)), 0);
+        assert_eq!(pool.idle_count(&origin(&url)), 0);
     }
 
     #[tokio::test]
@@ -715,7 +884,7 @@ mod tests {
         let url: Url = format!("http://{}/", listener.local_addr().unwrap())
             .parse()
             .unwrap();
-        let authority = authority(&url);
+        let origin = origin(&url);
         let pool = pool();
         let closed = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -725,17 +894,23 @@ mod tests {
             .await
             .unwrap();
         let (_kept, _) = listener.accept().await.unwrap();
-        assert!(still_open(&closed) && still_open(&open));
+        let open_port = open.local_addr().unwrap().port();
+        let (mut closed, mut open) = (Conn::Tcp(closed), Conn::Tcp(open));
+        assert!(closed.still_open() && open.still_open());
         // The server closes one, as its keep-alive timeout would; readable once its FIN is in.
         drop(server_side);
-        closed.readable().await.unwrap();
-        assert!(!still_open(&closed));
-        let open_port = open.local_addr().unwrap().port();
+        let Conn::Tcp(tcp) = &closed else {
+            unreachable!()
+        };
+        tcp.readable().await.unwrap();
+        assert!(!closed.still_open());
         // The closed one is the newest idle connection: it is passed over, the open one is taken.
-        pool.checkin(&authority, open);
-        pool.checkin(&authority, closed);
-        let taken = pool.checkout(&authority).expect("the open connection");
+        pool.checkin(&origin, open);
+        pool.checkin(&origin, closed);
+        let Some(Conn::Tcp(taken)) = pool.checkout(&origin) else {
+            panic!("the open connection")
+        };
         assert_eq!(taken.local_addr().unwrap().port(), open_port);
-        assert!(pool.checkout(&authority).is_none());
+        assert!(pool.checkout(&origin).is_none());
     }
 }
