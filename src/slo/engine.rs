@@ -17,7 +17,7 @@ use super::baseline::{BaselineStore, Entry};
 use super::eval::{self, Ctx, RequestSample, Side, StepRecord, Store};
 use super::reading::{baseline_terms, empty_reading, evaluate_one, side_json, wants_of};
 use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
-use super::verdict::Verdict;
+use super::verdict::{Raw, Verdict};
 use super::{LabelDomain, SloDef, SloKind};
 
 /// How often the daemon evaluates every SLO.
@@ -35,6 +35,11 @@ pub trait SloPublisher: Send + Sync {
 pub trait StateChangeHook: Send + Sync {
     fn on_state_change(&self, slo: &str, old: SloState, new: SloState, reading: &SloReading);
 }
+
+/// The reason of an SLO whose evaluations have all been borderline so far.
+const BORDERLINE: &str = "borderline: the sides' confidence intervals overlap (see `comparisons`), \
+     so neither pass nor fail is clear yet; the state changes at the first clear verdict that \
+     holds for `for`";
 
 /// The last evaluation of one SLO, as `/api/v1/status` shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -513,6 +518,12 @@ impl SloEngine {
                     .entry(d.name.clone())
                     .or_insert_with(|| Verdict::new(now, now_unix));
                 let old = verdict.update(raw, d.for_, now, now_unix);
+                // No verdict yet although the data suffices: say so, or the status would read
+                // like an SLO waiting for samples.
+                let reason = reason.or_else(|| {
+                    (verdict.state == SloState::InsufficientData && raw == Raw::Borderline)
+                        .then(|| BORDERLINE.to_owned())
+                });
                 let reading = SloReading {
                     state: verdict.state,
                     ..reading
@@ -930,6 +941,24 @@ mod tests {
                 ("gain".into(), SloState::Fail, SloState::InsufficientData),
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_slo_borderline_from_its_first_evaluation_says_why_it_has_no_verdict() {
+        let engine = in_memory_engine(vec![def(GAIN, 0)]);
+        let mut rng = StdRng::seed_from_u64(9);
+        // 0.8 × 1.0 against 0.8: enough samples, overlapping intervals.
+        step(&engine, &mut rng, 200, 1.0, 0.8, false);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        let status = &engine.status_json()[0];
+        assert_eq!(status["comparisons"][0]["verdict"], "undecided", "{status}");
+        let reason = status["reason"].as_str().unwrap_or_default();
+        assert!(reason.starts_with("borderline"), "{status}");
+        // A clear verdict replaces it.
+        advance(Duration::from_secs(130)).await;
+        step(&engine, &mut rng, 200, 1.0, 0.5, false);
+        assert_eq!(state(&engine), SloState::Pass);
+        assert!(engine.status_json()[0]["reason"].is_null());
     }
 
     #[tokio::test(start_paused = true)]
