@@ -234,8 +234,9 @@ impl Endpoint {
         model: impl Into<String>,
         dialect: Dialect,
     ) -> Result<Self, ClientError> {
+        // Shown without any credentials in it, as every URL the canary prints.
         let invalid = |reason: &str| ClientError::InvalidUrl {
-            url: base_url.to_owned(),
+            url: crate::config::display_url_text(base_url),
             reason: reason.to_owned(),
         };
         let mut url = Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
