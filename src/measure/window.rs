@@ -195,23 +195,49 @@ impl SlidingWindow {
         if clamped {
             self.clamped += u64::from(count);
         }
+        match self.slot_at(now) {
+            Some(histogram) => histogram.saturating_record_n(units, count),
+            None => self.late += u64::from(count),
+        }
+    }
+
+    /// Adds every value of `values`, all observed at `now` (a finished step's samples of one
+    /// series, folded as its requests ended).
+    pub fn add(&mut self, values: &WindowSnapshot, now: Instant) -> Result<(), WindowError> {
+        if values.scale != self.scale {
+            return Err(WindowError::ScaleMismatch);
+        }
+        let count = values.count();
+        if count == 0 {
+            return Ok(());
+        }
+        match self.slot_at(now) {
+            Some(histogram) => histogram
+                .add(&values.histogram)
+                .map_err(|_| WindowError::ScaleMismatch),
+            None => {
+                self.late += count;
+                Ok(())
+            }
+        }
+    }
+
+    /// The histogram of the slot that values observed at `now` go into, rotated into use; `None`
+    /// when that slot already serves a later period: such a value is older than the window (its
+    /// recording raced a rotation), and keeping it would misplace it in time.
+    fn slot_at(&mut self, now: Instant) -> Option<&mut Histogram<u32>> {
         let epoch = self.epoch(now);
         let ring = self.slots.len() as u64;
         let slot = &mut self.slots[(epoch % ring) as usize];
         match slot.epoch {
             Some(current) if current == epoch => {}
-            // The slot already serves a later period, so this sample is older than the window
-            // (its recording raced a rotation); keeping it would misplace it in time.
-            Some(current) if current > epoch => {
-                self.late += u64::from(count);
-                return;
-            }
+            Some(current) if current > epoch => return None,
             _ => {
                 slot.histogram.reset();
                 slot.epoch = Some(epoch);
             }
         }
-        slot.histogram.saturating_record_n(units, count);
+        Some(&mut slot.histogram)
     }
 
     /// The merged view of the samples inside the window at `now`.
@@ -320,6 +346,11 @@ impl WindowSnapshot {
                 .saturating_record_n(units.min(max), count.min(u64::from(u32::MAX)) as u32);
         }
         snapshot
+    }
+
+    /// Bytes held by the histogram's counters: fixed by the scale, whatever was recorded.
+    pub fn memory_bytes(&self) -> usize {
+        self.histogram.distinct_values() * std::mem::size_of::<u32>()
     }
 
     /// Adds one value (clamped to the scale, as a window does).
@@ -472,6 +503,37 @@ mod tests {
         window.record(1.0, start + Duration::from_secs(1)); // stamped in slot 0: too old
         assert_eq!(window.late(), 1);
         assert_eq!(window.snapshot(Instant::now()).count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn adding_a_snapshot_equals_recording_its_values_and_rotates_alike() {
+        let start = Instant::now();
+        let (mut added, mut recorded) = (minute_window(start), minute_window(start));
+        let mut step = WindowSnapshot::empty(ValueScale::SECONDS);
+        for i in 0..1000 {
+            let v = 0.05 + f64::from(i) * 1e-3;
+            step.record(v);
+            recorded.record(v, start);
+        }
+        added.add(&step, start).unwrap();
+        let (a, r) = (added.snapshot(start), recorded.snapshot(start));
+        assert_eq!(a.to_units(), r.to_units());
+        assert_eq!(a.count(), 1000);
+
+        // A later step lands in its own slot, and the first leaves the window on time.
+        advance(Duration::from_secs(30)).await;
+        added.add(&step, Instant::now()).unwrap();
+        assert_eq!(added.snapshot(Instant::now()).count(), 2000);
+        advance(Duration::from_secs(30)).await;
+        assert_eq!(added.snapshot(Instant::now()).count(), 1000);
+        // Stamped before the oldest slot (whose ring position now serves 60 s): counted as
+        // late, not misplaced.
+        added.record(1.0, Instant::now());
+        added.add(&step, start + Duration::from_secs(1)).unwrap();
+        assert_eq!(added.late(), 1000);
+        // Another scale is refused.
+        let ratios = WindowSnapshot::empty(ValueScale::RATIO);
+        assert!(added.add(&ratios, Instant::now()).is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,7 +14,7 @@ use crate::client::RequestRecord;
 use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
 use super::baseline::{BaselineStore, Entry};
-use super::eval::{self, Ctx, RequestSample, Side, StepRecord, Store};
+use super::eval::{self, Ctx, Folding, RequestSample, Side, StepRecord, StepSamples, Store};
 use super::reading::{baseline_terms, empty_reading, evaluate_one, side_json, wants_of};
 use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
 use super::verdict::{Raw, Verdict};
@@ -70,13 +70,24 @@ struct Inner {
 /// The SLO engine shared by the recorder, the scheduler, the evaluation task and the status page.
 pub struct SloEngine {
     inner: Mutex<Inner>,
-    /// Samples of the steps in progress, committed when the step ends (unless it is degraded).
-    pending: Mutex<HashMap<RequestLabels, Vec<RequestSample>>>,
+    /// The step in progress's requests, committed when the step ends (unless it is degraded).
+    pending: Mutex<Pending>,
     metrics: Option<Arc<dyn SloPublisher>>,
     hooks: RwLock<Vec<Arc<dyn StateChangeHook>>>,
     /// Where the state is saved; `None`: in memory only (the bench, tests).
     backend: RwLock<Option<Arc<dyn StateBackend>>>,
     clock: Mutex<ActiveClock>,
+}
+
+/// The step in progress's requests, folded per series as they finish.
+#[derive(Debug, Default)]
+struct Pending {
+    /// What the stores of the current definitions read.
+    folding: Arc<Folding>,
+    series: HashMap<RequestLabels, StepSamples>,
+    /// The definitions changed while the step was in progress: its requests before the change
+    /// were folded for the old ones, so the step is left out of the new stores.
+    straddled: bool,
 }
 
 /// The time the windows run on: time that passes while traffic is paused (an operator's pause,
@@ -131,17 +142,23 @@ impl SloEngine {
             .iter()
             .map(|d| (d.name.clone(), Verdict::new(now, now_unix)))
             .collect();
+        let store = Store::sliding(wants, objective_sets.clone());
+        let cycle_store = Store::accumulating(cycle_wants, objective_sets);
+        let pending = Pending {
+            folding: Arc::new(Folding::of(&[&store, &cycle_store])),
+            ..Pending::default()
+        };
         let engine = SloEngine {
             inner: Mutex::new(Inner {
-                store: Store::sliding(wants, objective_sets.clone()),
-                cycle_store: Store::accumulating(cycle_wants, objective_sets),
+                store,
+                cycle_store,
                 defs,
                 domain,
                 baselines,
                 verdicts,
                 status: BTreeMap::new(),
             }),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(pending),
             metrics,
             hooks: RwLock::new(Vec::new()),
             backend: RwLock::new(None),
@@ -364,6 +381,14 @@ impl SloEngine {
             // New windows start empty; a changed window or selector needs fresh samples anyway.
             inner.store = Store::sliding(wants, objective_sets.clone());
             inner.cycle_store = Store::accumulating(cycle_wants, objective_sets);
+            let folding = Folding::of(&[&inner.store, &inner.cycle_store]);
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            if *pending.folding != folding {
+                pending.straddled |= !pending.series.is_empty();
+                pending.series.clear();
+                pending.folding = Arc::new(folding);
+            }
+            drop(pending);
             inner.defs = defs;
             inner.domain = domain;
             inner.verdicts = verdicts;
@@ -373,12 +398,23 @@ impl SloEngine {
     /// One steady-window request of a step in progress.
     pub fn observe(&self, labels: &RequestLabels, sample: RequestSample) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        match pending.get_mut(labels) {
-            Some(list) => list.push(sample),
+        let Pending {
+            folding, series, ..
+        } = &mut *pending;
+        match series.get_mut(labels) {
+            Some(folded) => folded.add(&sample),
             None => {
-                pending.insert(labels.clone(), vec![sample]);
+                let mut folded = StepSamples::new(Arc::clone(folding));
+                folded.add(&sample);
+                series.insert(labels.clone(), folded);
             }
         }
+    }
+
+    /// Bytes held by the step in progress's folded requests (their histograms' counters).
+    pub fn pending_memory_bytes(&self) -> usize {
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.series.values().map(StepSamples::memory_bytes).sum()
     }
 
     /// One finished request, as the recorder sees it.
@@ -400,8 +436,21 @@ impl SloEngine {
     /// and thin data (`insufficient_data`, or the previous verdict), never as a latency verdict.
     pub fn step_finished(&self, results: &[StepResult]) {
         let now = self.now();
-        let mut pending =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        let (mut pending, straddled) = {
+            let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                std::mem::take(&mut p.series),
+                std::mem::replace(&mut p.straddled, false),
+            )
+        };
+        if straddled {
+            if !results.is_empty() {
+                tracing::info!(
+                    "the SLO definitions changed during this step: it is left out of SLO verdicts"
+                );
+            }
+            return;
+        }
         let flagged = |f: fn(&StepResult) -> bool| -> Vec<&str> {
             results
                 .iter()
@@ -816,6 +865,12 @@ mod tests {
         degraded: bool,
         saturated: bool,
     ) {
+        observe_step(engine, rng, n, agg, disagg);
+        finish_step(engine, n, degraded, saturated);
+    }
+
+    /// The requests of [`step`], without its end.
+    fn observe_step(engine: &SloEngine, rng: &mut StdRng, n: u64, agg: f64, disagg: f64) {
         for (mode, centre) in [
             (ServingMode::Aggregated, agg),
             (ServingMode::Disaggregated, disagg),
@@ -833,6 +888,10 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The end of [`step`].
+    fn finish_step(engine: &SloEngine, n: u64, degraded: bool, saturated: bool) {
         let mut results = [
             result(ServingMode::Aggregated, 0, n, degraded),
             result(ServingMode::Disaggregated, 0, n, degraded),
@@ -1087,5 +1146,57 @@ mod tests {
         advance(Duration::from_secs(130)).await;
         step(&engine, &mut rng, 200, 1.5, 1.0, false);
         assert_eq!(state(&engine), SloState::Fail);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_in_progress_holds_memory_fixed_by_the_definitions_not_by_its_requests() {
+        let engine = in_memory_engine(vec![def(GAIN, 0)]);
+        let l = labels(ServingMode::Aggregated);
+        let sample = |i: u32| RequestSample {
+            ok: true,
+            ttft: Some(0.1 + f64::from(i % 1000) * 1e-4),
+            latency: Some(1.0),
+            ..RequestSample::default()
+        };
+        for i in 0..10 {
+            engine.observe(&l, sample(i));
+        }
+        let ten = engine.pending_memory_bytes();
+        // One histogram: the only measure the SLO reads (ttft), for the one series observed.
+        assert!(ten > 0);
+        for i in 10..100_000 {
+            engine.observe(&l, sample(i));
+        }
+        assert_eq!(engine.pending_memory_bytes(), ten);
+        finish_step(&engine, 100_000, false, false);
+        assert_eq!(engine.pending_memory_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_that_straddles_a_change_of_what_the_slos_read_is_left_out_of_them() {
+        let latency = r#"p50(latency{serving_mode="disaggregated"}) <= p50(latency{serving_mode="aggregated"})"#;
+        let engine = in_memory_engine(vec![def(GAIN, 0)]);
+        let mut rng = StdRng::seed_from_u64(12);
+        // Half the step is folded for ttft; then the SLOs read latency instead.
+        observe_step(&engine, &mut rng, 100, 1.0, 0.5);
+        engine.set_definitions(vec![def(latency, 0)], LabelDomain::default());
+        observe_step(&engine, &mut rng, 100, 1.0, 0.5);
+        finish_step(&engine, 200, false, false);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        // The next step is folded for the new definitions from its start.
+        step(&engine, &mut rng, 200, 1.0, 0.5, false);
+        assert_eq!(state(&engine), SloState::Pass);
+
+        // A change that reads the same (only `for`) keeps the step in progress.
+        advance(Duration::from_secs(130)).await;
+        observe_step(&engine, &mut rng, 100, 1.0, 0.5);
+        engine.set_definitions(vec![def(latency, 1)], LabelDomain::default());
+        observe_step(&engine, &mut rng, 100, 1.0, 0.5);
+        finish_step(&engine, 200, false, false);
+        // A clear pass at once, held for the new `for` of 1 s.
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        assert!(engine.status_json()[0]["pending"]["state"] == "pass");
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(state(&engine), SloState::Pass);
     }
 }

@@ -13,7 +13,8 @@ use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
 use super::ast::*;
 use super::baseline::BaselineStore;
 pub use super::store::{
-    RequestSample, StepRecord, Store, Totals, Want, label_value, labels_match, objectives_key,
+    Folding, RequestSample, StepRecord, StepSamples, Store, Totals, Want, label_value,
+    labels_match, objectives_key,
 };
 use super::{LabelDomain, fit_groups, pin_label};
 

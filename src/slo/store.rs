@@ -1,8 +1,10 @@
-//! The measurements the SLOs read: each request's sample until its step ends, each step's
-//! totals, and the per-series sliding HDR windows of the distributions some SLO wants, with the
-//! held latest steps that keep a verdict steady across the cycle and across restarts.
+//! The measurements the SLOs read: a step in progress's requests folded per series until it
+//! ends, each step's totals, and the per-series sliding HDR windows of the distributions some SLO
+//! wants, with the held latest steps that keep a verdict steady across the cycle and across
+//! restarts.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -51,6 +53,94 @@ impl RequestSample {
             && objectives
                 .iter()
                 .all(|o| self.get(o.measure).is_some_and(|v| v <= o.seconds))
+    }
+}
+
+/// What a step in progress keeps of each request for the stores: the distribution measures
+/// some store reads, and the objective sets whose good requests some store counts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Folding {
+    measures: Vec<Measure>,
+    objective_sets: Vec<Vec<Objective>>,
+}
+
+impl Folding {
+    /// What `stores` read, together.
+    pub fn of(stores: &[&Store]) -> Folding {
+        let mut f = Folding::default();
+        for store in stores {
+            for w in &store.wants {
+                if !f.measures.contains(&w.measure) {
+                    f.measures.push(w.measure);
+                }
+            }
+            for set in &store.objective_sets {
+                if !f.objective_sets.contains(set) {
+                    f.objective_sets.push(set.clone());
+                }
+            }
+        }
+        f
+    }
+}
+
+/// One series' requests of a step in progress, folded as they finish: a histogram per measure of
+/// the [`Folding`], made at its first value, and the good requests per objective set. Its size is
+/// fixed by the SLO definitions, whatever the step's length or request rate, so a long step at a
+/// high rate costs no more memory than a short one (each request used to be held until the step
+/// ended, and the allocator kept the peak).
+#[derive(Debug, Clone, Default)]
+pub struct StepSamples {
+    folding: Arc<Folding>,
+    values: Vec<Option<WindowSnapshot>>,
+    good: Vec<u64>,
+}
+
+impl StepSamples {
+    pub fn new(folding: Arc<Folding>) -> StepSamples {
+        StepSamples {
+            values: vec![None; folding.measures.len()],
+            good: vec![0; folding.objective_sets.len()],
+            folding,
+        }
+    }
+
+    /// Folds one finished request in.
+    pub fn add(&mut self, sample: &RequestSample) {
+        for (measure, slot) in self.folding.measures.iter().zip(&mut self.values) {
+            if let Some(v) = sample.get(*measure) {
+                slot.get_or_insert_with(|| WindowSnapshot::empty(ValueScale::SECONDS))
+                    .record(v);
+            }
+        }
+        for (set, good) in self.folding.objective_sets.iter().zip(&mut self.good) {
+            *good += u64::from(sample.is_good(set));
+        }
+    }
+
+    /// The values of `measure`; `None` when no request had one or the folding leaves it out.
+    pub fn values(&self, measure: Measure) -> Option<&WindowSnapshot> {
+        let i = self.folding.measures.iter().position(|m| *m == measure)?;
+        self.values[i].as_ref()
+    }
+
+    /// The good requests of objective set `set`; `None` when the folding leaves it out.
+    pub fn good(&self, set: &[Objective]) -> Option<u64> {
+        let i = self
+            .folding
+            .objective_sets
+            .iter()
+            .position(|s| s.as_slice() == set)?;
+        Some(self.good[i])
+    }
+
+    /// Bytes held by the histograms' counters.
+    pub fn memory_bytes(&self) -> usize {
+        self.values
+            .iter()
+            .flatten()
+            .map(WindowSnapshot::memory_bytes)
+            .sum()
     }
 }
 
@@ -224,11 +314,12 @@ impl Store {
     /// Adds a finished, non-degraded step of one series: its requests' samples into the wanted
     /// windows, and its totals (with good-request counts) into the step list.
     /// With `distributions` false (a faulted step) the samples only count towards goodput and
-    /// burn-rate SLIs, not towards the latency windows.
+    /// burn-rate SLIs, not towards the latency windows. `samples` were folded for this store's
+    /// definitions (an objective set it leaves out would count no good request).
     pub fn commit(
         &mut self,
         mut record: StepRecord,
-        samples: &[RequestSample],
+        samples: &StepSamples,
         now: Instant,
         distributions: bool,
     ) {
@@ -259,16 +350,19 @@ impl Store {
                     }
                 }
             };
-            series.latest = WindowSnapshot::empty(ValueScale::SECONDS);
-            for s in samples {
-                if let Some(v) = s.get(measure) {
-                    series.window.record(v, now);
-                    series.latest.record(v);
+            series.latest = match samples.values(measure) {
+                Some(values) => {
+                    series
+                        .window
+                        .add(values, now)
+                        .expect("step samples and windows are both in seconds");
+                    values.clone()
                 }
-            }
+                None => WindowSnapshot::empty(ValueScale::SECONDS),
+            };
         }
         for set in &self.objective_sets {
-            let good = samples.iter().filter(|s| s.is_good(set)).count() as u64;
+            let good = samples.good(set).unwrap_or(0);
             record.good.insert(objectives_key(set), good);
         }
         record.at = now;
