@@ -25,6 +25,7 @@ const STEPS: f64 = 9.0;
 const DRAIN_GRACE_SECS: f64 = 2.0;
 /// Idle kept-alive connections close after this, so a paused canary holds none.
 const POOL_IDLE_SECS: f64 = 2.0;
+const HOUR: f64 = 3600.0;
 
 fn config(time_scale: f64, paused: bool) -> String {
     format!(
@@ -254,7 +255,15 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
             continue;
         };
         unanswered = 0;
-        samples.push(sample(pid, start.elapsed().as_secs_f64(), done));
+        let s = sample(pid, start.elapsed().as_secs_f64(), done);
+        // A line a minute as it goes: an hours-long run cut short still leaves its record.
+        if samples.len() % 60 == 0 {
+            eprintln!(
+                "soak progress: t={:.0}s cycles={} rss={}KiB fds={}",
+                s.at, s.cycles, s.rss_kib, s.fds
+            );
+        }
+        samples.push(s);
     }
 
     // Paused: the step in progress is cut and drained, then nothing may stay behind.
@@ -313,6 +322,25 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
         baseline.fds,
         end.fds
     );
+    // An hours-long run (`scripts/soak 14400`) also compares its first hour with its last.
+    let ran = start.elapsed().as_secs_f64();
+    if ran >= 2.0 * HOUR {
+        let hour = |from: f64, to: f64| {
+            let rss: Vec<u64> = samples
+                .iter()
+                .filter(|s| s.at >= from && s.at < to)
+                .map(|s| s.rss_kib)
+                .collect();
+            let peak = rss.iter().copied().max().unwrap_or(0);
+            (median(rss) / 1024, peak / 1024)
+        };
+        let (first, first_peak) = hour(0.0, HOUR);
+        let (last, last_peak) = hour(ran - HOUR, ran);
+        eprintln!(
+            "soak hours: RSS median (peak) {first} ({first_peak}) MiB in the first hour, \
+             {last} ({last_peak}) MiB in the last"
+        );
+    }
     for s in samples.iter().step_by(5) {
         eprintln!(
             "soak sample: t={:.0}s cycles={} rss={}KiB fds={}",
