@@ -207,6 +207,7 @@ impl SlidingWindow {
         if values.scale != self.scale {
             return Err(WindowError::ScaleMismatch);
         }
+        self.clamped += values.clamped;
         let count = values.count();
         if count == 0 {
             return Ok(());
@@ -258,6 +259,7 @@ impl SlidingWindow {
         WindowSnapshot {
             histogram: merged,
             scale: self.scale,
+            clamped: 0,
         }
     }
 
@@ -296,6 +298,9 @@ impl SlidingWindow {
 pub struct WindowSnapshot {
     histogram: Histogram<u32>,
     scale: ValueScale,
+    /// Values clamped as they were recorded into this snapshot (or into one merged into it); a
+    /// window's snapshot leaves them to the window's own count.
+    clamped: u64,
 }
 
 /// A quantile's point estimate with its 95 % confidence interval. A side is `None` when the
@@ -324,6 +329,7 @@ impl WindowSnapshot {
         Self {
             histogram: scale.histogram(),
             scale,
+            clamped: 0,
         }
     }
 
@@ -355,8 +361,14 @@ impl WindowSnapshot {
 
     /// Adds one value (clamped to the scale, as a window does).
     pub fn record(&mut self, value: f64) {
-        let (units, _) = self.scale.to_units(value);
+        let (units, clamped) = self.scale.to_units(value);
+        self.clamped += u64::from(clamped);
         self.histogram.saturating_record(units);
+    }
+
+    /// Values recorded (or merged in) that were outside the scale and were clamped.
+    pub fn clamped(&self) -> u64 {
+        self.clamped
     }
 
     /// Adds another snapshot's samples (same scale required).
@@ -364,6 +376,7 @@ impl WindowSnapshot {
         if self.scale != other.scale {
             return Err(WindowError::ScaleMismatch);
         }
+        self.clamped += other.clamped;
         self.histogram
             .add(&other.histogram)
             .map_err(|_| WindowError::ScaleMismatch)
@@ -511,14 +524,21 @@ mod tests {
         let (mut added, mut recorded) = (minute_window(start), minute_window(start));
         let mut step = WindowSnapshot::empty(ValueScale::SECONDS);
         for i in 0..1000 {
-            let v = 0.05 + f64::from(i) * 1e-3;
+            // Two of them outside the scale: clamped, and counted as the window counts them.
+            let v = match i {
+                0 => -1.0,
+                1 => f64::NAN,
+                _ => 0.05 + f64::from(i) * 1e-3,
+            };
             step.record(v);
             recorded.record(v, start);
         }
+        assert_eq!(step.clamped(), 2);
         added.add(&step, start).unwrap();
         let (a, r) = (added.snapshot(start), recorded.snapshot(start));
         assert_eq!(a.to_units(), r.to_units());
         assert_eq!(a.count(), 1000);
+        assert_eq!((added.clamped(), recorded.clamped()), (2, 2));
 
         // A later step lands in its own slot, and the first leaves the window on time.
         advance(Duration::from_secs(30)).await;
