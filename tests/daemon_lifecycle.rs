@@ -572,7 +572,8 @@ async fn a_sigterm_during_the_model_lookup_is_heard() {
 }
 
 /// Issue 19, item 3: the probe stream runs next to the steps, at its own rate, outside their
-/// concurrency, reported under `workload="probe"` for every target.
+/// concurrency, reported under `workload="probe"` for every target, and an SLO over it has its
+/// verdict while the step still runs (no step result ever holds a probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_stream_runs_at_its_rate_beside_the_steps() {
     let dir = tempfile::tempdir().unwrap();
@@ -587,6 +588,8 @@ probe_stream: { interval: 1s }
 workloads:
   # One long step at a high concurrency: the probe must not wait for it, nor count in it.
   concurrency_sweep: { levels: [16], isl: 64, osl: 8, step: 300s, warmup: 1s }
+slos:
+  - { name: probe-availability, objective: 50.0, sli: 'ttft{workload="probe"} < 5s', window: 10m, min_samples: 3 }
 "#,
     )
     .unwrap();
@@ -637,5 +640,18 @@ workloads:
         ),
         "no probe TTFT histogram"
     );
+    let slo = eventually(
+        "the probe SLO's verdict within the step",
+        Duration::from_secs(30),
+        || async {
+            let url = format!("http://{addr}/api/v1/status");
+            let status: serde_json::Value =
+                serde_json::from_str(&get_text(&client, &url).await.ok()?).ok()?;
+            let slo = status["slos"][0].clone();
+            (slo["state"] != "insufficient_data").then_some(slo)
+        },
+    )
+    .await;
+    assert_eq!(slo["state"], "pass", "{slo}");
     drop(daemon);
 }

@@ -109,6 +109,25 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// One request's counts, as a step counts it: a cancelled one counts nowhere (the canary's
+    /// own choice, not the server's answer), a failed one as an error, and tokens are those of
+    /// a successful one.
+    pub fn of(s: &Sample<'_>) -> Counts {
+        if s.outcome == OUTCOME_CANCELLED {
+            return Counts::default();
+        }
+        let ok = s.outcome == "ok";
+        let tokens = |n: u64| if ok { n } else { 0 };
+        Counts {
+            requests: 1,
+            ok: u64::from(ok),
+            errors: u64::from(!ok),
+            prompt_tokens: tokens(s.prompt_tokens),
+            cached_tokens: tokens(s.cached_tokens),
+            output_tokens: tokens(s.output_tokens),
+        }
+    }
+
     pub fn add(&mut self, other: &Counts) {
         // Saturating: no server-reported count can wrap a total around to a small number.
         self.requests = self.requests.saturating_add(other.requests);
@@ -330,13 +349,11 @@ impl StepAccumulator {
             self.cancelled += 1;
             return;
         }
-        self.counts.requests += 1;
+        self.counts.add(&Counts::of(s));
         record_secs(&mut self.lag, s.schedule_lag);
         if s.outcome != "ok" {
-            self.counts.errors += 1;
             return;
         }
-        self.counts.ok += 1;
         if let Some(t) = s.ttft {
             record_secs(&mut self.ttft, t);
         }
@@ -344,9 +361,6 @@ impl StepAccumulator {
             record_secs(&mut self.itl, i);
         }
         record_secs(&mut self.latency, s.latency);
-        self.counts.prompt_tokens = self.counts.prompt_tokens.saturating_add(s.prompt_tokens);
-        self.counts.cached_tokens = self.counts.cached_tokens.saturating_add(s.cached_tokens);
-        self.counts.output_tokens = self.counts.output_tokens.saturating_add(s.output_tokens);
         self.expected_cached_tokens += s.expected_cached_tokens;
         self.osl_mismatches += u64::from(s.osl_mismatch);
         if let Some(source) = s.cache_source {

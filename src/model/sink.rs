@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::client::{RequestRecord, StreamRequest};
 use crate::config::{Api, ServingMode};
+use crate::measure::step::Sample;
 
 use super::{RequestLabels, StepResult};
 
@@ -32,6 +33,29 @@ pub struct RecordContext<'a> {
     pub request: &'a StreamRequest,
     /// What a good request of this target stays within (goodput).
     pub goodput: crate::measure::step::GoodputLimits,
+}
+
+impl RecordContext<'_> {
+    /// What a step accumulates of `rec`, sent in this context.
+    pub fn sample<'r>(&self, rec: &'r RequestRecord) -> Sample<'r> {
+        let secs = |d: Duration| d.as_secs_f64();
+        let ok = rec.outcome.is_ok();
+        Sample {
+            outcome: rec.outcome.as_str(),
+            ttft: rec.ttft().map(secs),
+            itl: rec.itl().map(secs),
+            latency: secs(rec.latency()),
+            schedule_lag: secs(rec.schedule_lag()),
+            prompt_tokens: rec.prompt_tokens().unwrap_or(0),
+            cached_tokens: rec.cached_tokens().unwrap_or(0),
+            output_tokens: if ok { rec.output_tokens() } else { 0 },
+            expected_cached_tokens: self.shared_prefix_tokens,
+            cache_source: rec.cache_source().filter(|_| ok),
+            server: rec.server_split(),
+            good: ok && self.goodput.good(rec.ttft().map(secs), rec.itl().map(secs)),
+            osl_mismatch: rec.osl_mismatch(self.osl),
+        }
+    }
 }
 
 /// A target as the consumers know it: what its series and attributes are named after.
@@ -143,6 +167,13 @@ pub struct BudgetUsage {
 pub trait Sink: Send + Sync {
     /// A request finished, in warmup or in the steady window (`ctx.phase`).
     fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord);
+
+    /// A request sent outside every step finished (the probe stream): measured like a steady
+    /// one, but no step result will ever hold it. A sink that reads requests alike wherever they
+    /// come from leaves this to `request`.
+    fn request_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        self.request(ctx, rec);
+    }
 
     /// The targets traffic goes to from the next step on changed (at the start, or through a
     /// reload, discovery or leader election).

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::client::RequestRecord;
-use crate::measure::step::{Sample, StepAccumulator};
+use crate::measure::step::StepAccumulator;
 use crate::model::{
     BudgetReport, PauseState, Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult,
     TargetChange,
@@ -124,7 +124,7 @@ impl Recorder {
     /// step result counts it.
     pub fn record_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
         for s in &self.sinks {
-            s.request(ctx, rec);
+            s.request_outside_steps(ctx, rec);
             if let Some(took) = rec.connect {
                 s.connected(&ctx.labels.target, took);
             }
@@ -142,23 +142,7 @@ impl Recorder {
         if ctx.phase == Phase::Warmup {
             return;
         }
-        let secs = |d: Duration| d.as_secs_f64();
-        let ok = rec.outcome.is_ok();
-        let sample = Sample {
-            outcome: rec.outcome.as_str(),
-            ttft: rec.ttft().map(secs),
-            itl: rec.itl().map(secs),
-            latency: secs(rec.latency()),
-            schedule_lag: secs(rec.schedule_lag()),
-            prompt_tokens: rec.prompt_tokens().unwrap_or(0),
-            cached_tokens: rec.cached_tokens().unwrap_or(0),
-            output_tokens: if ok { rec.output_tokens() } else { 0 },
-            expected_cached_tokens: ctx.shared_prefix_tokens,
-            cache_source: rec.cache_source().filter(|_| ok),
-            server: rec.server_split(),
-            good: ok && ctx.goodput.good(rec.ttft().map(secs), rec.itl().map(secs)),
-            osl_mismatch: rec.osl_mismatch(ctx.osl),
-        };
+        let sample = ctx.sample(rec);
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
         step.entry((ctx.target_index, ctx.labels.clone()))
             .or_default()

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
+use crate::measure::step::Counts;
 use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
 use super::baseline::{BaselineStore, Entry};
@@ -404,7 +405,7 @@ impl SloEngine {
         match series.get_mut(labels) {
             Some(folded) => folded.add(&sample),
             None => {
-                let mut folded = StepSamples::new(Arc::clone(folding));
+                let mut folded = StepSamples::new(Arc::clone(folding), labels);
                 folded.add(&sample);
                 series.insert(labels.clone(), folded);
             }
@@ -412,6 +413,7 @@ impl SloEngine {
     }
 
     /// Bytes held by the step in progress's folded requests (their histograms' counters).
+    #[cfg(test)]
     pub fn pending_memory_bytes(&self) -> usize {
         let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.series.values().map(StepSamples::memory_bytes).sum()
@@ -424,7 +426,44 @@ impl SloEngine {
         if rec.outcome == crate::client::Outcome::Cancelled {
             return;
         }
-        self.observe(labels, sample_of(rec));
+        self.observe(labels, RequestSample::of(rec));
+    }
+
+    /// One request of the probe stream, which runs outside every step: committed at once as a
+    /// one-request step of its series, so an SLO over `workload="probe"` sees it at its next
+    /// evaluation, between steps and while they are paused. It adds no steady seconds (the
+    /// probe's pace is its interval, not a rate of the target's) and no cost.
+    pub fn observe_probe(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        if rec.outcome == crate::client::Outcome::Cancelled {
+            return;
+        }
+        let now = self.now();
+        let record = StepRecord {
+            labels: ctx.labels.clone(),
+            instance: format!("probe|{}", ctx.labels.target),
+            at: now,
+            counts: Counts::of(&ctx.sample(rec)),
+            steady_seconds: 0.0,
+            cost_usd: None,
+            good: BTreeMap::new(),
+            saturated: false,
+        };
+        self.with(|inner| {
+            // Under the stores' lock, which a reload holds while it changes the folding.
+            let folding = Arc::clone(
+                &self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .folding,
+            );
+            let mut samples = StepSamples::new(folding, ctx.labels);
+            samples.add(&RequestSample::of(rec));
+            inner
+                .cycle_store
+                .commit(record.clone(), &samples, now, true);
+            inner.store.commit(record, &samples, now, true);
+        });
     }
 
     /// A step ended: its label sets' samples go into the windows unless the step was degraded
@@ -683,11 +722,6 @@ impl SloEngine {
             Json::Array(list)
         })
     }
-
-    /// Windows held by the sliding store (for tests and memory accounting).
-    pub fn window_count(&self) -> usize {
-        self.with(|i| i.store.window_count())
-    }
 }
 
 /// The engine reads steady-window requests only: warmup measures nothing.
@@ -706,6 +740,10 @@ impl Sink for SloEngine {
         if ctx.phase == Phase::Steady {
             self.observe_record(ctx.labels, rec);
         }
+    }
+
+    fn request_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        self.observe_probe(ctx, rec);
     }
 
     /// A step cut short leaves its samples out of the windows.
@@ -757,26 +795,10 @@ pub async fn run_evaluations(engine: Arc<SloEngine>, stop: tokio_util::sync::Can
     }
 }
 
-/// What the engine keeps of a finished request.
-pub fn sample_of(rec: &RequestRecord) -> RequestSample {
-    let secs = |d: Duration| d.as_secs_f64();
-    let ms = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x / 1000.0);
-    let timing = rec.server_timing.as_ref();
-    RequestSample {
-        ok: rec.outcome.is_ok(),
-        ttft: rec.ttft().map(secs),
-        itl: rec.itl().map(secs),
-        latency: Some(secs(rec.latency())),
-        server_ttft: ms(timing.and_then(|t| t.ttft_ms)),
-        prefill_time: ms(timing.and_then(|t| t.prefill_time_ms)),
-        prefill_wait: ms(timing.and_then(|t| t.prefill_wait_time_ms)),
-        kv_transfer: ms(timing.and_then(|t| t.kv_transfer_estimated_latency_ms)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::Outcome;
     use crate::config::{SaturatedSteps, ServingMode, Severity};
     use crate::export::metrics::Metrics;
     use crate::measure::step::StepAccumulator;
@@ -1170,6 +1192,118 @@ mod tests {
         assert_eq!(engine.pending_memory_bytes(), ten);
         finish_step(&engine, 100_000, false, false);
         assert_eq!(engine.pending_memory_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_series_no_slo_reads_folds_no_histogram() {
+        let agg_only = r#"p50(ttft{target="agg"}) < 1s"#;
+        let engine = in_memory_engine(vec![def(agg_only, 0)]);
+        let mut rng = StdRng::seed_from_u64(13);
+        let sample = RequestSample {
+            ok: true,
+            ttft: Some(0.2),
+            ..RequestSample::default()
+        };
+        for _ in 0..100 {
+            engine.observe(&labels(ServingMode::Disaggregated), sample);
+        }
+        assert_eq!(engine.pending_memory_bytes(), 0, "disagg: no SLO reads it");
+        engine.observe(&labels(ServingMode::Aggregated), sample);
+        assert!(engine.pending_memory_bytes() > 0, "agg: the SLO reads it");
+        finish_step(&engine, 100, false, false);
+        // What is folded is what the SLO reads.
+        step(&engine, &mut rng, 100, 0.5, 5.0, false);
+        assert_eq!(state(&engine), SloState::Pass);
+    }
+
+    /// A probe of `target` sent at `t0` whose first (and only) token came `ttft` later.
+    fn probe(engine: &SloEngine, target: &str, ttft: Duration, outcome: Outcome) {
+        let labels = RequestLabels::new(target, ServingMode::Aggregated, "probe");
+        let request = crate::client::StreamRequest {
+            request_id: "p".into(),
+            prompt: crate::client::Prompt::Text("hi".into()),
+            osl: 1,
+        };
+        let ctx = RecordContext {
+            target_index: 0,
+            labels: &labels,
+            phase: Phase::Steady,
+            osl: 1,
+            shared_prefix_tokens: 0,
+            request: &request,
+            goodput: crate::measure::step::GoodputLimits {
+                ttft: 2.0,
+                itl: 0.1,
+            },
+        };
+        let t0 = Instant::now();
+        let mut rec = RequestRecord::new("p", t0, t0);
+        rec.push_content(t0 + ttft, 1);
+        rec.settle(outcome, t0 + ttft, None);
+        Sink::request_outside_steps(engine, &ctx, &rec);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probe_requests_reach_their_slos_at_once_without_a_step() {
+        let availability = SloDef {
+            name: "probe-availability".into(),
+            kind: SloKind::BurnRate {
+                selector: crate::slo::parse_sli(r#"ttft{workload="probe"} < 1s"#)
+                    .unwrap()
+                    .0,
+                threshold: 1.0,
+                objective: 90.0,
+                period: crate::slo::DEFAULT_PERIOD,
+            },
+            min_samples: 5,
+            ..def(GAIN, 0)
+        };
+        let engine = in_memory_engine(vec![availability]);
+        let fast = Duration::from_millis(200);
+        for _ in 0..4 {
+            probe(&engine, "agg", fast, Outcome::Ok);
+        }
+        // A probe the canary cut short counts nowhere.
+        probe(&engine, "agg", fast, Outcome::Cancelled);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        let reason = engine.status_json()[0]["reason"].clone();
+        assert_eq!(reason, "4 requests in the window, 5 needed");
+        // Enough good probes for the bad ratio's interval to sit below the 10 % budget.
+        for _ in 4..40 {
+            probe(&engine, "agg", fast, Outcome::Ok);
+        }
+        assert_eq!(state(&engine), SloState::Pass);
+        // Probes are not folded into the step in progress, which would drop them at its end.
+        assert_eq!(engine.pending_memory_bytes(), 0);
+        // Slow and failed probes are bad events.
+        for _ in 0..20 {
+            probe(&engine, "agg", Duration::from_secs(3), Outcome::Ok);
+            probe(&engine, "agg", fast, Outcome::Http5xx);
+        }
+        assert_eq!(state(&engine), SloState::Fail);
+        let bad = engine.status_json()[0]["value"].as_f64().unwrap();
+        assert!((bad - 40.0 / 80.0).abs() < 1e-9, "{bad}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_count_as_requests_but_not_towards_the_steps_rates() {
+        let value = |expr: &str| {
+            let engine = in_memory_engine(vec![def(expr, 0)]);
+            let mut rng = StdRng::seed_from_u64(14);
+            // 200 successful requests per mode in 30 steady seconds.
+            step(&engine, &mut rng, 200, 0.5, 0.5, false);
+            for outcome in [Outcome::Ok, Outcome::Http5xx] {
+                for _ in 0..50 {
+                    probe(&engine, "agg", Duration::from_millis(200), outcome);
+                }
+            }
+            engine.evaluate(Instant::now(), 0.0);
+            engine.status_json()[0]["value"].as_f64().unwrap()
+        };
+        let throughput = value(r#"throughput{target="agg"} > 1"#);
+        assert!((throughput - 200.0 / 30.0).abs() < 1e-9, "{throughput}");
+        let errors = value(r#"error_ratio{target="agg"} < 0.5"#);
+        assert!((errors - 50.0 / 300.0).abs() < 1e-9, "{errors}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -181,7 +181,7 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
                 ));
             }
             let good = t
-                .good
+                .timed_good
                 .get(&objectives_key(objectives))
                 .copied()
                 .unwrap_or(0);
@@ -297,7 +297,7 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
         ));
     }
     // Relative spread of a count of n independent completions.
-    let rel = Z_95 / (t.counts.ok.max(1) as f64).sqrt();
+    let rel = Z_95 / (t.timed.ok.max(1) as f64).sqrt();
     let scaled = |v: f64| Interval {
         estimate: v,
         lower: (v * (1.0 - rel)).max(0.0),
@@ -319,10 +319,10 @@ fn scalar(ctx: &Ctx<'_>, sel: &Selector) -> Result<Interval, Insufficient> {
             })
         }
         Measure::OutputTps if t.steady_seconds > 0.0 => {
-            Ok(scaled(t.counts.output_tokens as f64 / t.steady_seconds))
+            Ok(scaled(t.timed.output_tokens as f64 / t.steady_seconds))
         }
         Measure::Throughput if t.steady_seconds > 0.0 => {
-            Ok(poisson_rate(t.counts.ok, t.steady_seconds))
+            Ok(poisson_rate(t.timed.ok, t.steady_seconds))
         }
         Measure::CostPerMtok => {
             if t.priced_tokens == 0 {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::ast::*;
 use super::state::{Held, HeldSeries, HeldStep};
+use crate::client::RequestRecord;
 use crate::config::SaturatedSteps;
 use crate::measure::step::Counts;
 use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
@@ -30,6 +31,24 @@ pub struct RequestSample {
 }
 
 impl RequestSample {
+    /// What the SLOs read of one finished request: the client's timings, and the server's own
+    /// where it sent them (in milliseconds; a negative or non-finite one is left out).
+    pub fn of(rec: &RequestRecord) -> RequestSample {
+        let secs = |d: Duration| d.as_secs_f64();
+        let ms = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x / 1000.0);
+        let timing = rec.server_timing.as_ref();
+        RequestSample {
+            ok: rec.outcome.is_ok(),
+            ttft: rec.ttft().map(secs),
+            itl: rec.itl().map(secs),
+            latency: Some(secs(rec.latency())),
+            server_ttft: ms(timing.and_then(|t| t.ttft_ms)),
+            prefill_time: ms(timing.and_then(|t| t.prefill_time_ms)),
+            prefill_wait: ms(timing.and_then(|t| t.prefill_wait_time_ms)),
+            kv_transfer: ms(timing.and_then(|t| t.kv_transfer_estimated_latency_ms)),
+        }
+    }
+
     /// The request's value of a distribution measure (successful requests only).
     pub fn get(&self, m: Measure) -> Option<f64> {
         if !self.ok {
@@ -57,10 +76,11 @@ impl RequestSample {
 }
 
 /// What a step in progress keeps of each request for the stores: the distribution measures
-/// some store reads, and the objective sets whose good requests some store counts.
+/// some store reads, each with the matchers of the series it is read from, and the objective
+/// sets whose good requests some store counts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Folding {
-    measures: Vec<Measure>,
+    measures: Vec<(Measure, Vec<Vec<Matcher>>)>,
     objective_sets: Vec<Vec<Objective>>,
 }
 
@@ -70,8 +90,15 @@ impl Folding {
         let mut f = Folding::default();
         for store in stores {
             for w in &store.wants {
-                if !f.measures.contains(&w.measure) {
-                    f.measures.push(w.measure);
+                let readers = match f.measures.iter_mut().find(|(m, _)| *m == w.measure) {
+                    Some((_, readers)) => readers,
+                    None => {
+                        f.measures.push((w.measure, Vec::new()));
+                        &mut f.measures.last_mut().expect("just pushed").1
+                    }
+                };
+                if !readers.contains(&w.matchers) {
+                    readers.push(w.matchers.clone());
                 }
             }
             for set in &store.objective_sets {
@@ -84,21 +111,28 @@ impl Folding {
     }
 }
 
-/// One series' requests of a step in progress, folded as they finish: a histogram per measure of
-/// the [`Folding`], made at its first value, and the good requests per objective set. Its size is
-/// fixed by the SLO definitions, whatever the step's length or request rate, so a long step at a
-/// high rate costs no more memory than a short one (each request used to be held until the step
-/// ended, and the allocator kept the peak).
+/// One series' requests of a step in progress, folded as they finish: a histogram per measure
+/// of the [`Folding`] that some SLO reads from this series, made at its first value, and the good
+/// requests per objective set. Its size is fixed by the SLO definitions, whatever the step's
+/// length or request rate, so a long step at a high rate costs no more memory than a short one.
 #[derive(Debug, Clone, Default)]
 pub struct StepSamples {
     folding: Arc<Folding>,
+    /// Per measure of the folding: whether an SLO reads it from this series.
+    read: Vec<bool>,
     values: Vec<Option<WindowSnapshot>>,
     good: Vec<u64>,
 }
 
 impl StepSamples {
-    pub fn new(folding: Arc<Folding>) -> StepSamples {
+    /// The samples of the series `labels`, folded for `folding`.
+    pub fn new(folding: Arc<Folding>, labels: &RequestLabels) -> StepSamples {
         StepSamples {
+            read: folding
+                .measures
+                .iter()
+                .map(|(_, readers)| readers.iter().any(|m| labels_match(labels, m)))
+                .collect(),
             values: vec![None; folding.measures.len()],
             good: vec![0; folding.objective_sets.len()],
             folding,
@@ -107,8 +141,9 @@ impl StepSamples {
 
     /// Folds one finished request in.
     pub fn add(&mut self, sample: &RequestSample) {
-        for (measure, slot) in self.folding.measures.iter().zip(&mut self.values) {
-            if let Some(v) = sample.get(*measure) {
+        let measures = self.folding.measures.iter().zip(&self.read);
+        for (((measure, _), read), slot) in measures.zip(&mut self.values) {
+            if let Some(v) = sample.get(*measure).filter(|_| *read) {
                 slot.get_or_insert_with(|| WindowSnapshot::empty(ValueScale::SECONDS))
                     .record(v);
             }
@@ -120,7 +155,11 @@ impl StepSamples {
 
     /// The values of `measure`; `None` when no request had one or the folding leaves it out.
     pub fn values(&self, measure: Measure) -> Option<&WindowSnapshot> {
-        let i = self.folding.measures.iter().position(|m| *m == measure)?;
+        let i = self
+            .folding
+            .measures
+            .iter()
+            .position(|(m, _)| *m == measure)?;
         self.values[i].as_ref()
     }
 
@@ -440,6 +479,12 @@ impl Store {
         }
         for r in inside.into_iter().chain(held.into_values()) {
             t.counts.add(&r.counts);
+            if r.steady_seconds > 0.0 {
+                t.timed.add(&r.counts);
+                for (k, g) in &r.good {
+                    *t.timed_good.entry(k.clone()).or_default() += g;
+                }
+            }
             if let Some(c) = r.cost_usd {
                 t.cost_usd += c;
                 t.priced_tokens += r.counts.output_tokens;
@@ -574,17 +619,16 @@ impl Store {
             );
         }
     }
-
-    /// Number of windows held (memory is about 94 KiB per slot of each).
-    pub fn window_count(&self) -> usize {
-        self.windows.len()
-    }
 }
 
 /// Sums over matching steps.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Totals {
     pub counts: Counts,
+    /// The counts and good requests of the steps that have steady seconds, which rates divide:
+    /// the probe stream's requests have none.
+    pub timed: Counts,
+    pub timed_good: BTreeMap<String, u64>,
     pub cost_usd: f64,
     pub priced_tokens: u64,
     pub steady_seconds: f64,
