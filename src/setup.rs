@@ -6,7 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::{self, Config, ConfigError};
-use crate::slo::{LabelDomain, SloDef};
+use crate::measure::stats::Z_95;
+use crate::model::PROBE_WORKLOAD;
+use crate::slo::ast::{MatchOp, Selector};
+use crate::slo::{LabelDomain, SloDef, SloKind};
 
 /// A validated config and its compiled SLOs.
 #[derive(Debug, Clone)]
@@ -74,7 +77,8 @@ impl Setup {
             file: file.to_owned(),
             diagnostics: vec![config::Diagnostic::new(None, e.to_string())],
         })?;
-        let warnings = window_warnings(&cfg);
+        let mut warnings = window_warnings(&cfg);
+        warnings.extend(probe_warnings(&cfg, &slos));
         Ok(Setup {
             config: cfg,
             slos,
@@ -174,6 +178,98 @@ fn window_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
     out
 }
 
+/// An SLO that reads only the probe stream sees one request per target and probe interval. A
+/// window that holds fewer than the SLO needs (`min_samples`, and for a burn-rate SLO the
+/// requests without which a clear pass is impossible at its objective) leaves it
+/// `insufficient_data` for good, or unable ever to pass: said here, where the numbers are known.
+fn probe_warnings(cfg: &Config, slos: &[SloDef]) -> Vec<config::Diagnostic> {
+    let probe_only = |sel: &&Selector| {
+        sel.matchers
+            .iter()
+            .any(|m| m.label == "workload" && m.op == MatchOp::Eq && m.value == PROBE_WORKLOAD)
+    };
+    let mut out = Vec::new();
+    for (s, def) in cfg.slos.iter().zip(slos) {
+        let selectors = def.selectors();
+        if selectors.is_empty() || !selectors.iter().all(probe_only) {
+            continue;
+        }
+        let pos = s.window.pos.or(s.name.pos);
+        let probe = &cfg.probe_stream;
+        if !probe.enabled {
+            out.push(config::Diagnostic::new(
+                s.name.pos,
+                format!("warning: SLO `{}` reads only the probe stream, which `probe_stream.enabled: false` turns off", def.name),
+            ).hint("enable the probe stream, or select the steps' requests"));
+            continue;
+        }
+        // The static targets every selector accepts by name and serving mode (discovered ones
+        // are not known here: then one).
+        let targets = cfg
+            .targets
+            .iter()
+            .filter(|t| {
+                selectors.iter().all(|sel| {
+                    sel.matchers.iter().all(|m| match m.label.as_str() {
+                        "target" => crate::slo::matcher_accepts(m, &t.name),
+                        "serving_mode" => crate::slo::matcher_accepts(m, t.serving_mode.as_str()),
+                        _ => true,
+                    })
+                })
+            })
+            .count()
+            .max(1) as u64;
+        let interval = probe.interval.0.as_secs_f64();
+        let in_window = (def.window.as_secs_f64() / interval).floor() as u64 * targets;
+        let pass = match def.kind {
+            // With no bad request at all, the Wilson interval's upper end is z²/(n + z²): under
+            // the budget b only once n > z²(1 − b)/b.
+            SloKind::BurnRate { objective, .. } if objective < 100.0 => {
+                let budget = (100.0 - objective) / 100.0;
+                Some((
+                    objective,
+                    (Z_95 * Z_95 * (1.0 - budget) / budget).floor() as u64 + 1,
+                ))
+            }
+            _ => None,
+        };
+        let (needed, why) = match pass {
+            _ if in_window < def.min_samples => (
+                def.min_samples,
+                format!(
+                    "`min_samples` is {}, so it stays insufficient_data",
+                    def.min_samples
+                ),
+            ),
+            Some((objective, n)) if in_window < n => (
+                n,
+                format!(
+                    "a clear pass at {objective} % needs {n}, so it can never pass (it holds insufficient_data until a clear fail)"
+                ),
+            ),
+            _ => continue,
+        };
+        let window =
+            std::time::Duration::from_secs_f64((needed as f64 / targets as f64).ceil() * interval);
+        out.push(
+            config::Diagnostic::new(
+                pos,
+                format!(
+                    "warning: SLO `{}` reads only the probe stream: its window {} holds {in_window} probes ({targets} target(s), one each every {}), and {why}",
+                    def.name,
+                    humantime::format_duration(def.window),
+                    humantime::format_duration(probe.interval.0),
+                ),
+            )
+            .hint(format!(
+                "a window of at least {} holds {needed}; or a shorter `probe_stream.interval`",
+                humantime::format_duration(window)
+            )),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +300,76 @@ mod tests {
             "{lines:?}"
         );
         assert!(lines[0].contains("window 5m") && lines[0].contains("cycle (up to 21 min)"));
+    }
+
+    /// The probe-stream warnings of a config with two targets, a cycle of one minute (so no
+    /// window is shorter than it) and `slos`.
+    fn probe_warning_lines(probe: &str, slos: &str) -> Vec<String> {
+        let text = format!(
+            "targets:\n  - {{ name: a, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }}\n\
+             \x20 - {{ name: b, serving_mode: disaggregated, url: \"http://127.0.0.1:2\" }}\n\
+             workloads:\n  concurrency_sweep: {{ levels: [1], step: 1m }}\n\
+             probe_stream: {probe}\nslos:\n{slos}"
+        );
+        Setup::parse(&text, "t.yaml", Path::new("."))
+            .unwrap()
+            .warning_lines()
+    }
+
+    #[test]
+    fn an_slo_over_the_probe_stream_that_cannot_reach_a_verdict_is_a_warning() {
+        let burn = |window: &str, sel: &str| {
+            format!(
+                "  - name: avail\n    objective: 99.0\n    sli: ttft{{workload=\"probe\"{sel}}} < 2s\n    window: {window}\n"
+            )
+        };
+        // 1 h holds 180 probes per target, 360 of both; a clear pass at 99 % needs 381.
+        let lines = probe_warning_lines("{}", &burn("1h", ""));
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("t.yaml:11:13: warning: SLO `avail` reads only the probe stream"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[0].contains("holds 360 probes (2 target(s), one each every 20s)")
+                && lines[0].contains("a clear pass at 99 % needs 381, so it can never pass")
+                && lines[0].contains("a window of at least 1h 3m 40s holds 381"),
+            "{lines:?}"
+        );
+        // 6 h holds enough; so does 1 h at a probe every 5 s.
+        assert_eq!(
+            probe_warning_lines("{}", &burn("6h", "")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            probe_warning_lines("{ interval: 5s }", &burn("1h", "")),
+            Vec::<String>::new()
+        );
+        // One target selected: half the probes.
+        let lines = probe_warning_lines("{ interval: 5s }", &burn("30m", ", target=\"a\""));
+        assert!(
+            lines.len() == 1 && lines[0].contains("holds 360 probes (1 target(s)"),
+            "{lines:?}"
+        );
+        // Fewer than `min_samples` in the window.
+        let expr = "  - name: p99\n    expr: p99(ttft{workload=\"probe\"}) < 2s\n    window: 10m\n    min_samples: 100\n";
+        let lines = probe_warning_lines("{}", expr);
+        assert!(
+            lines.len() == 1
+                && lines[0].contains("holds 60 probes")
+                && lines[0].contains("`min_samples` is 100, so it stays insufficient_data"),
+            "{lines:?}"
+        );
+        // Steps' requests too: no warning.
+        let steps =
+            "  - name: p99\n    expr: p99(ttft) < 2s\n    window: 10m\n    min_samples: 100\n";
+        assert_eq!(probe_warning_lines("{}", steps), Vec::<String>::new());
+        // The probe stream off.
+        let lines = probe_warning_lines("{ enabled: false }", &burn("6h", ""));
+        assert!(
+            lines.len() == 1 && lines[0].contains("turns off"),
+            "{lines:?}"
+        );
     }
 
     #[test]

@@ -79,6 +79,9 @@ impl RequestLabels {
     }
 }
 
+/// The `workload` label of the probe stream's requests (they belong to no step).
+pub const PROBE_WORKLOAD: &str = "probe";
+
 /// The nine request-label names, in the order of [`RequestLabels`]' fields (and so of its
 /// derived encoding): the one place they are spelled.
 pub const REQUEST_LABELS: [&str; 9] = [

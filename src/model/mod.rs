@@ -7,7 +7,9 @@ mod labels;
 mod sink;
 mod step;
 
-pub use labels::{REQUEST_LABELS, RequestLabels, STEP_LABELS, STEP_LEVEL_LABELS, StepLabels};
+pub use labels::{
+    PROBE_WORKLOAD, REQUEST_LABELS, RequestLabels, STEP_LABELS, STEP_LEVEL_LABELS, StepLabels,
+};
 pub use sink::{
     BudgetAction, BudgetReport, BudgetUsage, PauseState, Phase, RecordContext, Sink, StepInfo,
     TargetChange, TargetInfo,

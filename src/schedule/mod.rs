@@ -26,7 +26,7 @@ use crate::model::{
     BudgetAction, BudgetReport, BudgetUsage, PauseState, RecordContext, Sink, StepInfo, StepResult,
 };
 pub use plan::{StepKind, StepPlan, plan_cycle};
-pub use probe_stream::{PROBE_WORKLOAD, ProbeStream};
+pub use probe_stream::ProbeStream;
 pub use recorder::{InFlight, Recorder};
 pub use runner::{CALIBRATION_TIMEOUT, Runner, Target};
 pub use scheduler::{RunSummary, Scheduler};

@@ -20,12 +20,9 @@ use super::runner::Target;
 use crate::client::{Prompt, StreamClient, StreamRequest};
 use crate::config::{Api, ProbeStreamConfig};
 use crate::measure::step::GoodputLimits;
-use crate::model::{Phase, RecordContext, RequestLabels};
+use crate::model::{PROBE_WORKLOAD, Phase, RecordContext, RequestLabels};
 use crate::workload::prompt::{PromptBuilder, PromptConfig};
 use crate::workload::tokenizer::TokenModel;
-
-/// The `workload` label of the probe stream's requests.
-pub const PROBE_WORKLOAD: &str = "probe";
 
 /// The probe stream of a run: what it sends and where its records go.
 pub struct ProbeStream {
