@@ -10,6 +10,7 @@
 mod body;
 mod http;
 mod record;
+mod skim;
 mod sse;
 mod stream;
 mod tls;

@@ -22,65 +22,65 @@ pub(crate) enum Flow {
 }
 
 // The chunk shapes, borrowing strings from the event data when they have no escapes.
-#[derive(Deserialize)]
-struct ChunkJson<'a> {
+#[derive(Deserialize, Default)]
+pub(super) struct ChunkJson<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    pub(super) id: Option<Cow<'a, str>>,
     /// One choice inline: the canary asks for one, and a heap allocation per token would cost
     /// more than the rest of the chunk's bookkeeping.
     #[serde(borrow, default)]
-    choices: Option<SmallVec<[ChoiceJson<'a>; 1]>>,
+    pub(super) choices: Option<SmallVec<[ChoiceJson<'a>; 1]>>,
     #[serde(default)]
-    usage: Option<UsageJson>,
+    pub(super) usage: Option<UsageJson>,
     // Parsed into a Value only when present (the last chunk); kept lenient so an unexpected
     // attribution field never turns a good stream into a bad response.
     #[serde(default)]
-    nvext: Option<serde_json::Value>,
+    pub(super) nvext: Option<serde_json::Value>,
     #[serde(default)]
-    error: Option<serde_json::Value>,
+    pub(super) error: Option<serde_json::Value>,
     /// vLLM reports a mid-stream failure as an error response object: `"object": "error"` with a
     /// `message`, instead of an `error` member.
     #[serde(borrow, default)]
-    object: Option<Cow<'a, str>>,
+    pub(super) object: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    message: Option<Cow<'a, str>>,
+    pub(super) message: Option<Cow<'a, str>>,
 }
 
-#[derive(Deserialize)]
-struct ChoiceJson<'a> {
+#[derive(Deserialize, Default)]
+pub(super) struct ChoiceJson<'a> {
     #[serde(borrow, default)]
-    delta: Option<DeltaJson<'a>>,
+    pub(super) delta: Option<DeltaJson<'a>>,
     /// The completions API streams `text` instead of `delta`.
     #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+    pub(super) text: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+    pub(super) finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct DeltaJson<'a> {
+    #[serde(borrow, default)]
+    pub(super) content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub(super) reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub(super) reasoning: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
-struct DeltaJson<'a> {
-    #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
+pub(super) struct UsageJson {
+    #[serde(default)]
+    pub(super) prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub(super) completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub(super) prompt_tokens_details: Option<PromptDetailsJson>,
 }
 
 #[derive(Deserialize)]
-struct UsageJson {
+pub(super) struct PromptDetailsJson {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetailsJson>,
-}
-
-#[derive(Deserialize)]
-struct PromptDetailsJson {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
+    pub(super) cached_tokens: Option<u64>,
 }
 
 /// The decoder of one response body.
@@ -168,8 +168,16 @@ impl<'c> StreamDecoder<'c> {
         if event.data.trim_ascii().is_empty() {
             return Flow::Continue;
         }
-        let chunk: ChunkJson<'_> = match serde_json::from_slice(&event.data) {
-            Ok(chunk) => chunk,
+        // Plain chunks take the fast path, decoded in place; serde_json decodes the rest, and says
+        // what is wrong.
+        let mut chunk = ChunkJson::default();
+        let decoded = match std::str::from_utf8(&event.data) {
+            Ok(text) if super::skim::chunk(text, &mut chunk) => Ok(()),
+            Ok(text) => serde_json::from_str(text).map(|c| chunk = c),
+            Err(_) => serde_json::from_slice(&event.data).map(|c| chunk = c),
+        };
+        match decoded {
+            Ok(()) => {}
             Err(err) => {
                 let preview = String::from_utf8_lossy(&event.data[..event.data.len().min(80)]);
                 let message = format!("unparseable chunk ({err}): {preview}");
@@ -190,11 +198,11 @@ impl<'c> StreamDecoder<'c> {
                 Some(sanitize(message, self.message_limit)),
             );
         }
-        self.apply(rec, chunk, at);
+        self.apply(rec, &mut chunk, at);
         Flow::Continue
     }
 
-    fn apply(&self, rec: &mut RequestRecord, chunk: ChunkJson<'_>, at: Instant) {
+    fn apply(&self, rec: &mut RequestRecord, chunk: &mut ChunkJson<'_>, at: Instant) {
         if rec.response_id.is_none() {
             // An id is an identifier, not a payload: a server's 900 KB id is kept cut, escaped.
             rec.response_id = chunk
@@ -230,7 +238,7 @@ impl<'c> StreamDecoder<'c> {
                 finished_here = true;
             }
         }
-        if let Some(usage) = chunk.usage {
+        if let Some(usage) = chunk.usage.take() {
             rec.usage = Some(Usage {
                 prompt_tokens: usage.prompt_tokens.unwrap_or(0),
                 completion_tokens: usage.completion_tokens.unwrap_or(0),
@@ -241,7 +249,7 @@ impl<'c> StreamDecoder<'c> {
             });
             rec.usage_at = Some(at);
         }
-        if let Some(nvext) = chunk.nvext {
+        if let Some(nvext) = chunk.nvext.take() {
             // Dynamo puts timing on the finish_reason chunk; a server that puts it elsewhere is
             // still heard, but the finish_reason chunk's copy is never overwritten.
             if finished_here || rec.server_timing.is_none() {
