@@ -128,6 +128,13 @@ async fn a_mooncake_trace_replays_exactly_with_the_prefix_hits_it_implies() {
             (observed - implied).abs() < 0.08,
             "{target}: observed {observed:.3}, the trace implies {implied:.3}"
         );
+        // The step carries what the trace implies as its expected hit ratio (the bench's
+        // "expected hit"): every row sent once, with the exact prompt length.
+        let expected = r.measurements.expected_cache_hit_ratio.unwrap();
+        assert!(
+            (expected - implied).abs() < 1e-3,
+            "{target}: expected {expected:.4}, the trace implies {implied:.4}"
+        );
     }
     deployment.stop().await;
 }
@@ -183,6 +190,9 @@ async fn a_dynamo_request_trace_replays_and_loops() {
             "{target}: cache hit observed {observed:.3} over the passes, implied {implied:.3}"
         );
         assert!((observed - implied).abs() < 0.08, "{observed} vs {implied}");
+        // Every pass can hit what the trace implies (the last one cut where the step ended).
+        let expected = r.measurements.expected_cache_hit_ratio.unwrap();
+        assert!((expected - implied).abs() < 0.08, "{expected} vs {implied}");
     }
     // Paired: both targets were sent the same number of rows.
     let count = |t: &str| seen.iter().filter(|s| s.0 == t).count();

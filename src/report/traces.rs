@@ -38,6 +38,7 @@ impl Index<'_> {
                         Column::num("throughput", "tok/s", 0),
                         Column::num("goodput", "req/s", 2),
                         Column::num("cache hit", "%", 1),
+                        Column::num("expected hit", "%", 1),
                         Column::num("server prefix hit", "%", 1),
                     ],
                 );
@@ -61,6 +62,7 @@ impl Index<'_> {
                         Cell::num(Some(m.output_tokens_per_second)),
                         Cell::num(Some(m.goodput)),
                         Cell::num(m.cache_hit_ratio.map(|h| h * 100.0)),
+                        Cell::num(m.expected_cache_hit_ratio.map(|h| h * 100.0)),
                         Cell::num(
                             r.server
                                 .and_then(|s| s.prefix_cache_hit_ratio)
@@ -69,7 +71,7 @@ impl Index<'_> {
                     ]);
                 }
                 t.notes.push(format!(
-                    "the rows of trace `{name}` sent at their timestamps (divided by `speed`, looped while the step sends), with prompts whose KV blocks repeat wherever the trace's block ids repeat; cache hit: cached over prompt tokens as the server reported them; server prefix hit: the server's own metrics over the step"
+                    "the rows of trace `{name}` sent at their timestamps (divided by `speed`, looped while the step sends), with prompts whose KV blocks repeat wherever the trace's block ids repeat; cache hit: cached over prompt tokens as the server reported them; expected hit: what a prefix cache without evictions could serve of the rows sent, from the trace's repeated leading blocks (the last prompt token never counts); server prefix hit: the server's own metrics over the step"
                 ));
                 t
             })

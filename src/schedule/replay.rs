@@ -49,6 +49,9 @@ pub(super) struct Replay {
     next: Vec<Option<usize>>,
     /// Rows that follow an earlier turn of their session: sent by that session, not the clock.
     follows: Vec<bool>,
+    /// Each row's tokens an infinite prefix cache could serve (every pass writes its blocks
+    /// afresh, so every pass can hit the same): the step's expected hit ratio.
+    hits: Vec<u64>,
 }
 
 impl Replay {
@@ -79,6 +82,7 @@ impl Replay {
             follows[n] = true;
         }
         let per_pass = trace.rows.iter().filter(|r| r.at.is_some()).count().max(1);
+        let hits = trace.expected_hits();
         let replay = Replay {
             salt: derive_seed(run_salt, &[PASS_DOMAIN, cycle]),
             trace,
@@ -89,6 +93,7 @@ impl Replay {
             max_inflight: *max_inflight,
             next,
             follows,
+            hits,
         };
         // The first pass's blocks, which also checks the block size once.
         replay.prompts_of(0)?;
@@ -231,9 +236,19 @@ impl Session {
                 prompt: as_prompt(self.target.endpoint.api(), prompt.text),
                 osl: r.output_length.max(1),
             };
+            let hits = replay.hits[row];
             let rec = self
                 .runner
-                .send_and_record(ctx, self.t, req, intended, Some(slot_at), &labels, 0, None)
+                .send_and_record(
+                    ctx,
+                    self.t,
+                    req,
+                    intended,
+                    Some(slot_at),
+                    &labels,
+                    hits,
+                    None,
+                )
                 .await;
             // The slot is held while the request is in flight, not while the user thinks.
             permit = None;

@@ -412,10 +412,17 @@ impl Trace {
     /// `input_length − 1` (the last prompt token is always computed) and rounded down to whole
     /// blocks. What a server's prefix cache can hit when the trace is replayed once.
     pub fn expected_hit_tokens(&self) -> (u64, u64) {
+        let reusable = self.expected_hits().iter().sum();
+        let prompt = self.rows.iter().map(|r| u64::from(r.input_length)).sum();
+        (reusable, prompt)
+    }
+
+    /// Each row's reusable tokens of [`Trace::expected_hit_tokens`], in row order.
+    pub fn expected_hits(&self) -> Vec<u64> {
         let block_size = u64::from(self.block_size.max(1));
         // A trie of cached block sequences: (parent node, block id) -> node; node 0 is the root.
         let mut children: HashMap<(usize, u64), usize> = HashMap::new();
-        let (mut reusable, mut prompt) = (0u64, 0u64);
+        let mut hits = Vec::with_capacity(self.rows.len());
         for row in &self.rows {
             let input = u64::from(row.input_length);
             let whole = usize::try_from(input / block_size).unwrap_or(usize::MAX);
@@ -436,10 +443,9 @@ impl Trace {
                 }
             }
             let cap = input.saturating_sub(1) / block_size * block_size;
-            reusable += (matched * block_size).min(cap);
-            prompt += input;
+            hits.push((matched * block_size).min(cap));
         }
-        (reusable, prompt)
+        hits
     }
 
     /// An endless iterator over (offset from the replay start, row index) for the rows with a
