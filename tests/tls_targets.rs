@@ -15,7 +15,7 @@ use llm_canary::client::{
 };
 use llm_canary::config::{Api, Config, Dialect};
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio_rustls::rustls;
 
 struct Pki {
@@ -123,30 +123,10 @@ async fn tls_server(pki: &Pki, ending: Ending) -> (std::net::SocketAddr, Arc<See
                 seen.handshakes.fetch_add(1, Ordering::SeqCst);
                 seen.changed.notify_waiters();
                 let mut buf = Vec::new();
-                let mut tmp = [0u8; 4096];
                 loop {
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match tls.read(&mut tmp).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + length {
-                        match tls.read(&mut tmp).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                        }
+                    if support::read_request(&mut tls, &mut buf).await.is_none() {
+                        return;
                     }
-                    buf.drain(..head_end + length);
                     let mut reply = support::sse_ok("m", 4);
                     if ending != Ending::Close {
                         let text = String::from_utf8(reply).unwrap();

@@ -34,7 +34,7 @@ pub use daemon::{Proc, start_daemon, start_daemon_with};
 #[allow(unused_imports)]
 pub use prometheus::Prometheus;
 #[allow(unused_imports)]
-pub use raw::{RawReply, raw_server, sse_ok};
+pub use raw::{RawReply, raw_server, read_request, sse_ok};
 
 /// How often the polling helpers probe.
 const POLL_EVERY: Duration = Duration::from_millis(100);

@@ -32,35 +32,9 @@ pub async fn raw_server(
             let seen = std::sync::Arc::clone(&seen);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                let mut tmp = [0u8; 4096];
-                // The head, then as much body as Content-Length says.
-                let head_end = loop {
-                    let Ok(n) = stream.read(&mut tmp).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&tmp[..n]);
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
+                let Some(head) = read_request(&mut stream, &mut buf).await else {
+                    return;
                 };
-                let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-                let length = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse::<usize>().ok())?
-                    })
-                    .unwrap_or(0);
-                while buf.len() < head_end + length {
-                    match stream.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
-                }
                 seen.lock().unwrap().push(head.clone());
                 match reply(&head) {
                     RawReply::Bytes(b) => {
@@ -77,6 +51,7 @@ pub async fn raw_server(
                             return;
                         }
                         // Read (and drop) until the client goes away.
+                        let mut tmp = [0u8; 4096];
                         while matches!(stream.read(&mut tmp).await, Ok(n) if n > 0) {}
                     }
                 }
@@ -85,6 +60,47 @@ pub async fn raw_server(
         }
     });
     (addr, heads)
+}
+
+/// Reads one HTTP/1.1 request from `stream`, after what `buf` already holds: its head, then as
+/// much body as its Content-Length says. Returns the head and leaves in `buf` what follows the
+/// request (a kept-alive connection's next one); `None` when the connection ends first.
+pub async fn read_request<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> Option<String> {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        read_more(stream, buf).await?;
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        read_more(stream, buf).await?;
+    }
+    buf.drain(..head_end + length);
+    Some(head)
+}
+
+/// One read from `stream` appended to `buf`; `None` at its end or on an error.
+async fn read_more<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> Option<()> {
+    use tokio::io::AsyncReadExt;
+    let mut tmp = [0u8; 4096];
+    let n = stream.read(&mut tmp).await.ok().filter(|n| *n > 0)?;
+    buf.extend_from_slice(&tmp[..n]);
+    Some(())
 }
 
 /// A complete SSE chat-completion response of `tokens` one-word chunks, with usage.
