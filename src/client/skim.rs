@@ -1,6 +1,6 @@
 //! The fast path of chunk decoding: one walk over a streamed chunk of the common shape (`id`,
 //! `object`, `choices` with their deltas, and fields nobody reads), borrowing its strings. It
-//! returns `None`, and the caller takes serde_json's full parse, on anything it would not decode
+//! gives up, and the caller takes serde_json's full parse, on anything it would not decode
 //! exactly as serde_json does: an escape in any string, a field read for something rarer
 //! (`usage`, `nvext`, `error`, `message`), a repeated field, an unexpected type, JSON it does not
 //! accept. So a chunk decodes to what serde_json gives it either way, only faster when it is
