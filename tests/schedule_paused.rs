@@ -40,11 +40,15 @@ targets:
 "#;
 
 fn plan(warmup: f64, steady: f64) -> StepPlan {
+    sweep(2, warmup, steady)
+}
+
+fn sweep(concurrency: u32, warmup: f64, steady: f64) -> StepPlan {
     StepPlan {
         workload: "concurrency_sweep",
         index: 0,
         kind: StepKind::Sweep {
-            concurrency: 2,
+            concurrency,
             isl: 64,
             osl: 50,
         },
@@ -56,13 +60,11 @@ fn plan(warmup: f64, steady: f64) -> StepPlan {
 }
 
 /// Runs one step with `drain` grace and returns what was recorded and the step's start.
-async fn run(
-    drain: Duration,
-) -> (
-    Vec<(Phase, Instant, Instant, &'static str, Duration)>,
-    Instant,
-    u64,
-) {
+async fn run(drain: Duration) -> (Vec<Seen>, Instant, u64) {
+    run_plan(&plan(1.0, 2.9), drain).await
+}
+
+async fn run_plan(plan: &StepPlan, drain: Duration) -> (Vec<Seen>, Instant, u64) {
     let mut cfg = Config::parse(CONFIG, "paused.yaml", Path::new(".")).unwrap();
     cfg.schedule.drain_grace = llm_canary::config::At::dflt(llm_canary::config::Dur(drain));
     let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
@@ -74,7 +76,7 @@ async fn run(
     let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
     let never = CancellationToken::new();
     let t0 = Instant::now();
-    let results = runner.run_step(&plan(1.0, 2.9), 0, &never, &never).await;
+    let results = runner.run_step(plan, 0, &never, &never).await;
     deployment.stop().await;
     let requests = results.iter().map(|r| r.measurements.requests).sum();
     let seen = capture.0.lock().unwrap().clone();
@@ -102,6 +104,27 @@ async fn warmup_is_excluded_and_the_drain_keeps_late_requests() {
     for s in &steady {
         let ttft_free = s.4.as_secs_f64();
         assert!((ttft_free - 0.590).abs() < 0.005, "latency {ttft_free}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn closed_loop_workers_start_eight_a_millisecond() {
+    // 20 workers, one request each (590 ms, the window 0.5 s): the first 8 send at the step's
+    // start, the next 8 a millisecond later, the last 4 another millisecond later, each
+    // measured from its own start.
+    let (seen, t0, _) = run_plan(&sweep(20, 0.1, 0.4), Duration::from_secs(1)).await;
+    let mut offsets: Vec<Duration> = seen.iter().map(|s| s.1 - t0).collect();
+    offsets.sort();
+    let ms = Duration::from_millis;
+    let expected: Vec<Duration> = (0..20u64).map(|w| ms(w / 8)).collect();
+    assert_eq!(offsets, expected, "{seen:?}");
+    for s in &seen {
+        assert_eq!(s.3, "ok");
+        assert!(
+            (s.4.as_secs_f64() - 0.590).abs() < 0.005,
+            "latency {:?}",
+            s.4
+        );
     }
 }
 

@@ -100,6 +100,8 @@ pub(super) struct StepCtx {
     pub(super) builder: PromptBuilder,
     /// Each target's prompt-overhead estimate at the step's start, by target name.
     pub(super) estimates: std::collections::HashMap<String, OverheadEstimate>,
+    /// When the step's clock started (after its connections were opened).
+    pub(super) start: Instant,
     pub(super) warmup_end: Instant,
     pub(super) send_end: Instant,
     pub(super) drain_end: Instant,
@@ -425,6 +427,7 @@ impl Runner {
             step_seed,
             builder,
             estimates,
+            start: t0,
             warmup_end: t0 + plan.warmup,
             send_end,
             drain_end: send_end + self.drain_grace,
