@@ -77,6 +77,9 @@ slos:
 struct Sample {
     at: f64,
     rss_kib: u64,
+    /// The anonymous part of `rss_kib` (heap, stacks): the rest is the binary's code and data
+    /// pages, which grow as paths run for the first time and the kernel may reclaim.
+    anon_kib: u64,
     fds: usize,
     /// Cycles the schedule had completed when the sample was taken.
     cycles: u64,
@@ -84,14 +87,17 @@ struct Sample {
 
 fn sample(pid: u32, at: f64, cycles: u64) -> Sample {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon alive");
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
     Sample {
         at,
-        rss_kib,
+        rss_kib: kib("VmRSS:"),
+        anon_kib: kib("RssAnon:"),
         fds: descriptors(pid).len(),
         cycles,
     }
@@ -259,8 +265,8 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
         // A line a minute as it goes: an hours-long run cut short still leaves its record.
         if samples.len() % 60 == 0 {
             eprintln!(
-                "soak progress: t={:.0}s cycles={} rss={}KiB fds={}",
-                s.at, s.cycles, s.rss_kib, s.fds
+                "soak progress: t={:.0}s cycles={} rss={}KiB anon={}KiB fds={}",
+                s.at, s.cycles, s.rss_kib, s.anon_kib, s.fds
             );
         }
         samples.push(s);
@@ -326,25 +332,42 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     let ran = start.elapsed().as_secs_f64();
     if ran >= 2.0 * HOUR {
         let hour = |from: f64, to: f64| {
-            let rss: Vec<u64> = samples
+            let hour: Vec<&Sample> = samples
                 .iter()
                 .filter(|s| s.at >= from && s.at < to)
-                .map(|s| s.rss_kib)
                 .collect();
+            let rss: Vec<u64> = hour.iter().map(|s| s.rss_kib).collect();
             let peak = rss.iter().copied().max().unwrap_or(0);
-            (median(rss) / 1024, peak / 1024)
+            let anon = median(hour.iter().map(|s| s.anon_kib).collect());
+            (median(rss) / 1024, peak / 1024, anon / 1024)
         };
-        let (first, first_peak) = hour(0.0, HOUR);
-        let (last, last_peak) = hour(ran - HOUR, ran);
+        let (first, first_peak, first_anon) = hour(0.0, HOUR);
+        let (last, last_peak, last_anon) = hour(ran - HOUR, ran);
         eprintln!(
             "soak hours: RSS median (peak) {first} ({first_peak}) MiB in the first hour, \
-             {last} ({last_peak}) MiB in the last"
+             {last} ({last_peak}) MiB in the last; anonymous median {first_anon} → {last_anon} MiB"
         );
     }
+    // Each cycle's peak, the same steps in the same order: a growth that levels off shows here,
+    // where a first-hour-against-last comparison also compares different steps.
+    let cycle_peaks: Vec<String> = (0..=samples.last().map_or(0, |s| s.cycles))
+        .filter_map(|c| {
+            let peak = samples
+                .iter()
+                .filter(|s| s.cycles == c)
+                .map(|s| s.rss_kib)
+                .max()?;
+            Some(format!("{:.1}", peak as f64 / 1024.0))
+        })
+        .collect();
+    eprintln!(
+        "soak cycles: peak RSS per cycle {} MiB",
+        cycle_peaks.join(", ")
+    );
     for s in samples.iter().step_by(5) {
         eprintln!(
-            "soak sample: t={:.0}s cycles={} rss={}KiB fds={}",
-            s.at, s.cycles, s.rss_kib, s.fds
+            "soak sample: t={:.0}s cycles={} rss={}KiB anon={}KiB fds={}",
+            s.at, s.cycles, s.rss_kib, s.anon_kib, s.fds
         );
     }
     assert!(requests > 1000.0, "only {requests} requests");
