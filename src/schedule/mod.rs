@@ -32,9 +32,6 @@ pub use runner::{CALIBRATION_TIMEOUT, Runner, Target};
 pub use scheduler::{RunSummary, Scheduler};
 pub use source::{Leadership, TargetSet, TargetSource};
 
-/// How many finished step results the board keeps (about a day of the default cycle).
-const RECENT_RESULTS: usize = 4096;
-
 /// What a workload is doing now.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadPhase {
@@ -65,7 +62,6 @@ struct BoardState {
     phases: BTreeMap<&'static str, WorkloadPhase>,
     /// Latest result per (workload, step, target, labels).
     latest: BTreeMap<String, StepResult>,
-    recent: VecDeque<StepResult>,
     cycles_completed: u64,
     pause: PauseState,
     budget: Vec<BudgetUsage>,
@@ -81,11 +77,6 @@ pub struct Board {
 impl Board {
     fn with<R>(&self, f: impl FnOnce(&mut BoardState) -> R) -> R {
         f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Every finished step result still kept, oldest first.
-    pub fn recent(&self) -> Vec<StepResult> {
-        self.with(|s| s.recent.iter().cloned().collect())
     }
 
     /// The JSON of `/api/v1/status`'s schedule part.
@@ -168,10 +159,6 @@ impl Sink for Board {
             for r in results.unwrap_or_default() {
                 let key = format!("{}|{}|{}|{:?}", r.workload, r.step, r.target, r.labels);
                 s.latest.insert(key, r.clone());
-                if s.recent.len() == RECENT_RESULTS {
-                    s.recent.pop_front();
-                }
-                s.recent.push_back(r.clone());
             }
         });
     }
