@@ -332,13 +332,13 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     let ran = start.elapsed().as_secs_f64();
     if ran >= 2.0 * HOUR {
         let hour = |from: f64, to: f64| {
-            let hour: Vec<&Sample> = samples
+            let within: Vec<&Sample> = samples
                 .iter()
                 .filter(|s| s.at >= from && s.at < to)
                 .collect();
-            let rss: Vec<u64> = hour.iter().map(|s| s.rss_kib).collect();
+            let rss: Vec<u64> = within.iter().map(|s| s.rss_kib).collect();
             let peak = rss.iter().copied().max().unwrap_or(0);
-            let anon = median(hour.iter().map(|s| s.anon_kib).collect());
+            let anon = median(within.iter().map(|s| s.anon_kib).collect());
             (median(rss) / 1024, peak / 1024, anon / 1024)
         };
         let (first, first_peak, first_anon) = hour(0.0, HOUR);
