@@ -86,6 +86,8 @@ pub(super) struct PromptDetailsJson {
 /// The decoder of one response body.
 pub(crate) struct StreamDecoder<'c> {
     parser: SseParser,
+    /// The stream's last plain chunk, which most of the next ones repeat around their token.
+    template: super::skim::Template,
     counter: Option<&'c dyn TokenCounter>,
     message_limit: usize,
     /// A clean end of the body after `finish_reason` completes the stream (see
@@ -101,6 +103,7 @@ impl<'c> StreamDecoder<'c> {
     ) -> Self {
         Self {
             parser: SseParser::new(max_event_bytes),
+            template: Default::default(),
             counter,
             message_limit,
             ends_at_finish_reason: false,
@@ -168,11 +171,15 @@ impl<'c> StreamDecoder<'c> {
         if event.data.trim_ascii().is_empty() {
             return Flow::Continue;
         }
-        // Plain chunks take the fast path, decoded in place; serde_json decodes the rest, and says
-        // what is wrong.
+        // Plain chunks take the fast paths, decoded in place: the last chunk's template, else one
+        // walk (which renews the template); serde_json decodes the rest, and says what is wrong.
         let mut chunk = ChunkJson::default();
         let decoded = match std::str::from_utf8(&event.data) {
-            Ok(text) if super::skim::chunk(text, &mut chunk) => Ok(()),
+            Ok(text) if self.template.decode(text, &mut chunk) => Ok(()),
+            Ok(text) if super::skim::chunk(text, &mut chunk) => {
+                self.template.learn(text, &chunk);
+                Ok(())
+            }
             Ok(text) => serde_json::from_str(text).map(|c| chunk = c),
             Err(_) => serde_json::from_slice(&event.data).map(|c| chunk = c),
         };
