@@ -159,6 +159,8 @@ impl SseBody {
             SseState::Streaming => {}
         }
         let mut buf = BytesMut::new();
+        // The tokens of one frame go out in one write: one instant stamps them all.
+        let mut now = None;
         loop {
             let event = match self.stream.poll_next(cx) {
                 Poll::Ready(e) => e,
@@ -167,7 +169,7 @@ impl SseBody {
             };
             match event {
                 Some(StreamEvent::Token { .. }) => {
-                    let now = Instant::now();
+                    let now = *now.get_or_insert_with(Instant::now);
                     if self.tracker.tokens == 0 && self.format.endpoint == Endpoint::Chat {
                         self.format.role_chunk(&mut buf);
                     }
