@@ -16,8 +16,11 @@
 //!   state is what was intended from 2 s after the step's first request; the first second is
 //!   reported on its own (the connection storm). Delivered = requests/s in steady state ÷ what
 //!   N streams at the configured 410 ms per request can send.
-//! - **zero-delay**, 512 and 1024 streams against the `fast` profile (OSL 256): streamed tokens/s
-//!   (every token of every successful request over the step) and CPU per 1M tokens.
+//! - **zero-delay**, 512 and 1024 streams against the `fast` profile (OSL 256) on one runtime
+//!   thread (`--threads 1`, the cheapest server, so the client under test has the most of the
+//!   shared cores; the paced cases keep one thread per core, which answers a burst of requests
+//!   sooner): streamed tokens/s (every token of every successful request over the step) and CPU
+//!   per 1M tokens.
 //!
 //! Cost is the `bench` process's own, sampled from `/proc/PID` every 20 ms until it exits: CPU
 //! seconds (user + system) over the whole run and the peak RSS (`VmHWM`). The simulator's CPU is
@@ -105,9 +108,17 @@ fn free_port() -> u16 {
 }
 
 /// `llm-canary sim` on a port of its own; returns once it accepts connections.
-async fn start_sim(profile: &str, port: u16, send_log: Option<&Path>, dir: &Path) -> Proc {
+async fn start_sim(
+    profile: &str,
+    extra: &[&str],
+    port: u16,
+    send_log: Option<&Path>,
+    dir: &Path,
+) -> Proc {
     let mut cmd = Command::new(BIN);
-    cmd.args(["sim", "--profile", profile, "--listen"])
+    cmd.args(["sim", "--profile", profile])
+        .args(extra)
+        .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("sim.log")).expect("sim log"));
@@ -253,7 +264,7 @@ async fn paced(root: &Path, streams: u32, secs: u64, json: &Option<String>) {
     let dir = case_dir(root, &format!("paced-{streams}"));
     let port = free_port();
     let send_log = dir.join("send.jsonl");
-    let mut sim = start_sim("fixed", port, Some(&send_log), &dir).await;
+    let mut sim = start_sim("fixed", &[], port, Some(&send_log), &dir).await;
     let config = write_config(&dir, port, streams, PACED_OSL, secs);
     let out = dir.join("out");
     let cost = run_bench(&config, &out, &sim).await;
@@ -376,7 +387,7 @@ async fn zero_delay(root: &Path, streams: u32, secs: u64, json: &Option<String>)
     let osl = 256;
     let dir = case_dir(root, &format!("zero-delay-{streams}"));
     let port = free_port();
-    let sim = start_sim("fast", port, None, &dir).await;
+    let sim = start_sim("fast", &["--threads", "1"], port, None, &dir).await;
     let config = write_config(&dir, port, streams, osl, secs);
     let out = dir.join("out");
     let cost = run_bench(&config, &out, &sim).await;

@@ -265,7 +265,8 @@ def main():
     print(f"## llm-canary vs vllm-bench ({params.get('vllm_bench', '?')}), same simulator, one run\n")
     print(f"Machine: {params['cores']} cores, load average {params['loadavg']} at start. "
           f"Paced: `fixed` profile (TTFT 100 ms, ITL 10 ms), ISL {params['isl']}, OSL "
-          f"{params['osl']}, closed loop, {params['duration']} s; zero-delay: `fast` profile, OSL "
+          f"{params['osl']}, closed loop, {params['duration']} s; zero-delay: `fast` profile on "
+          f"{params.get('tp_sim_threads', 'one per core')} runtime thread(s), OSL "
           f"{params['tp_osl']} (vllm-bench over {params['tp_prompts']:,} requests); API "
           f"{api}. Errors are against the simulator's send instants, joined on x-request-id.\n")
     print("| figure | llm-canary | vllm-bench | ratio (worse / better) |")

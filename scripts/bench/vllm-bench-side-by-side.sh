@@ -16,7 +16,9 @@
 # with the same KEY reuse it. VLLM_BENCH_BIN=PATH skips the build and uses that binary.
 #
 # Environment: STREAMS (paced levels, default "256 1024"), DURATION seconds per run (12),
-# TP_STREAMS (zero-delay concurrency, 512), OSL (paced output length, 32), TP_OSL (256), ISL (64),
+# TP_STREAMS (zero-delay concurrency, 512), TP_SIM_THREADS (the zero-delay simulator's runtime
+# threads, 1: the cheapest server, leaving the most of the shared cores to the client; the paced
+# simulator keeps one thread per core, which answers a burst of requests sooner), OSL (paced output length, 32), TP_OSL (256), ISL (64),
 # API (chat | completions, default chat: the canary's default API; vllm-bench then runs
 # `--backend openai-chat`, with `completions` its `--backend openai`), TP_PROMPTS (vllm-bench's
 # --num-prompts at zero delay; default: as many requests as the canary finished in its run, so
@@ -95,6 +97,7 @@ OUT=$(realpath -m "${1:-target/vllm-bench-side-by-side}")
 STREAMS=${STREAMS:-"256 1024"}
 DURATION=${DURATION:-12}
 TP_STREAMS=${TP_STREAMS:-512}
+TP_SIM_THREADS=${TP_SIM_THREADS:-1}
 ISL=${ISL:-64}
 OSL=${OSL:-32}
 TP_OSL=${TP_OSL:-256}
@@ -170,12 +173,13 @@ trap stop_sim EXIT
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-# start_sim PROFILE DIR [send-log]: a fresh simulator on a free port; sets PORT.
+# start_sim PROFILE DIR [send-log | SIM FLAGS...]: a fresh simulator on a free port; sets PORT.
 start_sim() {
-  local profile=$1 dir=$2 log=()
-  if [[ ${3:-} == send-log ]]; then log=(--send-log "$dir/send.jsonl"); fi
+  local profile=$1 dir=$2 extra=()
+  shift 2
+  if [[ ${1:-} == send-log ]]; then extra=(--send-log "$dir/send.jsonl"); else extra=("$@"); fi
   PORT=$(free_port)
-  "$CANARY" sim --profile "$profile" --listen "127.0.0.1:$PORT" "${log[@]}" >"$dir/sim.log" 2>&1 &
+  "$CANARY" sim --profile "$profile" --listen "127.0.0.1:$PORT" "${extra[@]}" >"$dir/sim.log" 2>&1 &
   SIM_PID=$!
   for _ in $(seq 500); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then return; fi
@@ -232,7 +236,7 @@ done
 case=$OUT/zero-delay-$TP_STREAMS
 mkdir -p "$case/canary" "$case/vllm-bench"
 echo "zero-delay, $TP_STREAMS streams, ${DURATION} s: llm-canary"
-start_sim fast "$case/canary"
+start_sim fast "$case/canary" --threads "$TP_SIM_THREADS"
 run_canary "$case/canary" "$TP_STREAMS" "$TP_OSL"
 stop_sim
 if [[ -z $TP_PROMPTS ]]; then
@@ -242,7 +246,7 @@ print(max(n, 2 * int(sys.argv[2])))' "$case/canary/out/requests.jsonl" "$TP_STRE
     echo $((TP_STREAMS * 20)))
 fi
 echo "zero-delay, $TP_STREAMS streams, $TP_PROMPTS requests: vllm-bench"
-start_sim fast "$case/vllm-bench"
+start_sim fast "$case/vllm-bench" --threads "$TP_SIM_THREADS"
 run_vllm_bench "$case/vllm-bench" "$TP_STREAMS" "$TP_OSL" "$TP_PROMPTS" "vb-tp$TP_STREAMS-"
 stop_sim
 
@@ -250,7 +254,7 @@ python3 - "$OUT/params.json" <<EOF
 import json, sys
 json.dump({"streams": [int(s) for s in "$STREAMS".split()], "tp_streams": $TP_STREAMS,
            "duration": $DURATION, "isl": $ISL, "osl": $OSL, "tp_osl": $TP_OSL, "api": "$API",
-           "tp_prompts": int("$TP_PROMPTS"), "loadavg": "$LOADAVG", "cores": $CORES,
+           "tp_prompts": int("$TP_PROMPTS"), "tp_sim_threads": $TP_SIM_THREADS, "loadavg": "$LOADAVG", "cores": $CORES,
            "vllm_bench": "$VB_KEY"}, open(sys.argv[1], "w"), indent=1)
 EOF
 python3 scripts/bench/compare-vllm-bench.py "$OUT" | tee "$OUT/comparison.md"

@@ -152,6 +152,11 @@ pub struct SimArgs {
     /// token's send instant (CLOCK_MONOTONIC ns), to line up with the bench's requests.jsonl.
     #[arg(long, value_name = "FILE")]
     pub send_log: Option<PathBuf>,
+    /// Runtime threads (default: one per core). One makes the cheapest zero-delay server: its
+    /// connections write what a pass produced together, instead of a second thread writing each
+    /// token as the engine emits it; more answer requests sooner when many arrive at once.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
 
 /// Parses the command line and runs it; the process exit code follows docs/DESIGN.md §2.
@@ -218,7 +223,7 @@ fn check(args: &CheckArgs) -> ExitCode {
 
 /// `check --probe`: the preflight of every configured target.
 fn probe(setup: &Setup) -> ExitCode {
-    let rt = match async_runtime() {
+    let rt = match async_runtime(None) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -234,20 +239,26 @@ fn probe(setup: &Setup) -> ExitCode {
     }
 }
 
-/// The multi-threaded runtime of the async commands; exit 1 (said on stderr) when it cannot start.
-fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("cannot start the async runtime: {e}");
-            ExitCode::from(1)
-        })
+/// The multi-threaded runtime of the async commands, with `threads` workers (default: one per
+/// core); exit 1 (said on stderr) when it cannot start.
+fn async_runtime(threads: Option<u16>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n.into());
+    }
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("cannot start the async runtime: {e}");
+        ExitCode::from(1)
+    })
 }
 
 /// Commands that need the async runtime.
 fn runtime(command: Command) -> ExitCode {
-    let rt = match async_runtime() {
+    let threads = match &command {
+        Command::Sim(args) => args.threads,
+        _ => None,
+    };
+    let rt = match async_runtime(threads) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
