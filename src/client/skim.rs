@@ -84,13 +84,13 @@ struct Shape {
 }
 
 impl Template {
-    /// Decodes `text` into `chunk` (a default one) when it is the learnt chunk with only the
-    /// token's string changed; `false` otherwise, with `chunk` untouched.
-    pub(super) fn decode<'a>(&self, text: &'a str, chunk: &mut ChunkJson<'a>) -> bool {
+    /// Decodes the event data `b` into `chunk` (a default one) when it is the learnt chunk with
+    /// only the token's string changed; `false` otherwise, with `chunk` untouched. Only the token
+    /// is checked as UTF-8: the rest is the bytes of a chunk that was, cut at ASCII quotes.
+    pub(super) fn decode<'a>(&self, b: &'a [u8], chunk: &mut ChunkJson<'a>) -> bool {
         let Some(shape) = &self.shape else {
             return false;
         };
-        let b = text.as_bytes();
         let (h, t) = (self.head.len(), self.tail.len());
         if b.len() < h + t || !b.starts_with(&self.head) || !b.ends_with(&self.tail) {
             return false;
@@ -99,11 +99,22 @@ impl Template {
         if token.iter().any(|c| matches!(c, b'"' | b'\\' | 0..=0x1f)) {
             return false;
         }
-        // The head ends and the tail starts with a quote, so both cuts are character boundaries.
-        let token = Some(Cow::Borrowed(&text[h..b.len() - t]));
-        let at = |r: &Option<std::ops::Range<usize>>| r.clone().map(|r| Cow::Borrowed(&text[r]));
-        chunk.id = at(&shape.id);
-        chunk.object = at(&shape.object);
+        let Ok(token) = std::str::from_utf8(token) else {
+            return false;
+        };
+        // `id` and `object` are in the head, checked again (short) rather than trusted unsafely.
+        let at = |r: &Option<std::ops::Range<usize>>| match r {
+            None => Some(None),
+            Some(r) => std::str::from_utf8(&b[r.clone()])
+                .ok()
+                .map(|s| Some(Cow::Borrowed(s))),
+        };
+        let (Some(id), Some(object)) = (at(&shape.id), at(&shape.object)) else {
+            return false;
+        };
+        let token = Some(Cow::Borrowed(token));
+        chunk.id = id;
+        chunk.object = object;
         let mut choice = ChoiceJson::default();
         let mut delta = DeltaJson::default();
         match shape.field {
@@ -558,7 +569,7 @@ mod tests {
     fn through(template: &mut Template, text: &str) -> Result<bool, TestCaseError> {
         let full: Result<ChunkJson<'_>, _> = serde_json::from_str(text);
         let mut fast = ChunkJson::default();
-        let hit = template.decode(text, &mut fast);
+        let hit = template.decode(text.as_bytes(), &mut fast);
         if hit {
             prop_assert!(
                 full.is_ok(),
@@ -626,6 +637,25 @@ mod tests {
         let mut template = Template::default();
         assert!(!through(&mut template, &late("a")).unwrap());
         assert!(!through(&mut template, &late("b")).unwrap());
+    }
+
+    #[test]
+    fn a_token_that_is_not_utf8_is_left_to_the_full_path() {
+        let first = r#"{"id":"c","choices":[{"delta":{"content":"a"}}]}"#;
+        let mut template = Template::default();
+        let mut chunk = ChunkJson::default();
+        assert!(super::chunk(first, &mut chunk));
+        template.learn(first, &chunk);
+        let mut next = first.as_bytes().to_vec();
+        let at = first.find(r#""a""#).unwrap() + 1;
+        next[at] = 0xff;
+        assert!(!template.decode(&next, &mut ChunkJson::default()));
+        next[at] = b'b';
+        let mut chunk = ChunkJson::default();
+        assert!(template.decode(&next, &mut chunk));
+        let delta = chunk.choices.as_ref().unwrap()[0].delta.as_ref().unwrap();
+        assert_eq!(delta.content.as_deref(), Some("b"));
+        assert_eq!(chunk.id.as_deref(), Some("c"));
     }
 
     proptest! {

@@ -174,14 +174,17 @@ impl<'c> StreamDecoder<'c> {
         // Plain chunks take the fast paths, decoded in place: the last chunk's template, else one
         // walk (which renews the template); serde_json decodes the rest, and says what is wrong.
         let mut chunk = ChunkJson::default();
-        let decoded = match std::str::from_utf8(&event.data) {
-            Ok(text) if self.template.decode(text, &mut chunk) => Ok(()),
-            Ok(text) if super::skim::chunk(text, &mut chunk) => {
-                self.template.learn(text, &chunk);
-                Ok(())
+        let decoded = if self.template.decode(&event.data, &mut chunk) {
+            Ok(())
+        } else {
+            match std::str::from_utf8(&event.data) {
+                Ok(text) if super::skim::chunk(text, &mut chunk) => {
+                    self.template.learn(text, &chunk);
+                    Ok(())
+                }
+                Ok(text) => serde_json::from_str(text).map(|c| chunk = c),
+                Err(_) => serde_json::from_slice(&event.data).map(|c| chunk = c),
             }
-            Ok(text) => serde_json::from_str(text).map(|c| chunk = c),
-            Err(_) => serde_json::from_slice(&event.data).map(|c| chunk = c),
         };
         match decoded {
             Ok(()) => {}
