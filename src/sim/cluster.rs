@@ -75,6 +75,14 @@ impl RequestStream {
         }
     }
 
+    /// How many events are already there (a hint, to size a frame).
+    pub fn ready(&self) -> usize {
+        match &self.source {
+            Source::Engine(rx) => rx.len(),
+            Source::Fixed(_) => 0,
+        }
+    }
+
     /// An event that is already there, without waiting.
     pub fn try_next(&mut self) -> Option<StreamEvent> {
         match &mut self.source {

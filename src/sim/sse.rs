@@ -169,6 +169,14 @@ impl SseBody {
             };
             match event {
                 Some(StreamEvent::Token { .. }) => {
+                    if buf.is_empty() {
+                        // The frame holds this token and those already waiting: one allocation,
+                        // not a doubling per few tokens (a zero-delay frame carries ~15).
+                        let format = &self.format;
+                        let per_token = format.token_prefix.len() + format.token_suffix.len() + 16;
+                        let n = (1 + self.stream.ready()).min(FRAME_BYTES / per_token);
+                        buf.reserve(n * per_token);
+                    }
                     let now = *now.get_or_insert_with(Instant::now);
                     if self.tracker.tokens == 0 && self.format.endpoint == Endpoint::Chat {
                         self.format.role_chunk(&mut buf);
