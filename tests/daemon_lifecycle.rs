@@ -655,3 +655,29 @@ slos:
     assert_eq!(slo["state"], "pass", "{slo}");
     drop(daemon);
 }
+
+#[test]
+fn a_malformed_worker_thread_count_is_bad_usage_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("good.yaml");
+    std::fs::write(&cfg, GOOD).unwrap();
+    let port = support::free_port();
+    for bad in ["", "0", "two"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+            .env("TOKIO_WORKER_THREADS", bad)
+            .args(["run", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "TOKIO_WORKER_THREADS={bad:?} is not a positive whole number"
+            )),
+            "{bad:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{bad:?}: {err}");
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}
