@@ -350,19 +350,20 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     }
     // Each cycle's peak, the same steps in the same order: a growth that levels off shows here,
     // where a first-hour-against-last comparison also compares different steps.
-    let cycle_peaks: Vec<String> = (0..=samples.last().map_or(0, |s| s.cycles))
-        .filter_map(|c| {
-            let peak = samples
-                .iter()
-                .filter(|s| s.cycles == c)
-                .map(|s| s.rss_kib)
-                .max()?;
-            Some(format!("{:.1}", peak as f64 / 1024.0))
-        })
-        .collect();
+    // The anonymous part too: the rest of RSS is code and data pages of the binary.
+    let cycle_peaks = |of: fn(&Sample) -> u64| -> String {
+        (0..=samples.last().map_or(0, |s| s.cycles))
+            .filter_map(|c| {
+                let peak = samples.iter().filter(|s| s.cycles == c).map(of).max()?;
+                Some(format!("{:.1}", peak as f64 / 1024.0))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     eprintln!(
-        "soak cycles: peak RSS per cycle {} MiB",
-        cycle_peaks.join(", ")
+        "soak cycles: peak RSS per cycle {} MiB; anonymous {} MiB",
+        cycle_peaks(|s| s.rss_kib),
+        cycle_peaks(|s| s.anon_kib)
     );
     for s in samples.iter().step_by(5) {
         eprintln!(
