@@ -239,34 +239,18 @@ fn probe(setup: &Setup) -> ExitCode {
     }
 }
 
-/// The multi-threaded runtime of the async commands, with `threads` workers (default: tokio's,
-/// `TOKIO_WORKER_THREADS` or one per core); exit 1 (said on stderr) when it cannot start, and
-/// exit 2 for a `TOKIO_WORKER_THREADS` that is not a positive whole number, which tokio would
-/// otherwise answer with a panic.
+/// The multi-threaded runtime of the async commands, with `threads` workers (default: the
+/// count in `TOKIO_WORKER_THREADS`, else one per core); exit 1 (said on stderr) when it cannot
+/// start, exit 2 when `TOKIO_WORKER_THREADS` is set but not a positive whole number (tokio itself
+/// would panic on it).
 fn async_runtime(threads: Option<u16>) -> Result<tokio::runtime::Runtime, ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    match threads {
-        Some(n) => {
-            builder.worker_threads(n.into());
-        }
-        None => {
-            if let Some(v) = std::env::var_os(WORKER_THREADS_VAR) {
-                let n = v.to_str().and_then(|s| s.trim().parse::<usize>().ok());
-                match n {
-                    Some(n) if n > 0 => {
-                        builder.worker_threads(n);
-                    }
-                    _ => {
-                        eprintln!(
-                            "{WORKER_THREADS_VAR}={v:?} is not a positive whole number of worker \
-                             threads: set it to one (e.g. {WORKER_THREADS_VAR}=2), or unset it for \
-                             one worker per core"
-                        );
-                        return Err(ExitCode::from(2));
-                    }
-                }
-            }
-        }
+    let threads = match threads {
+        Some(n) => Some(usize::from(n)),
+        None => env_worker_threads()?,
+    };
+    if let Some(n) = threads {
+        builder.worker_threads(n);
     }
     builder.enable_all().build().map_err(|e| {
         eprintln!("cannot start the async runtime: {e}");
@@ -276,6 +260,23 @@ fn async_runtime(threads: Option<u16>) -> Result<tokio::runtime::Runtime, ExitCo
 
 /// The environment variable tokio reads for its worker count.
 const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
+
+/// The worker count set in [`WORKER_THREADS_VAR`]; `None` when unset.
+fn env_worker_threads() -> Result<Option<usize>, ExitCode> {
+    let Some(v) = std::env::var_os(WORKER_THREADS_VAR) else {
+        return Ok(None);
+    };
+    match v.to_str().and_then(|s| s.trim().parse::<usize>().ok()) {
+        Some(n) if n > 0 => Ok(Some(n)),
+        _ => {
+            eprintln!(
+                "{WORKER_THREADS_VAR}={v:?} is not a positive whole number of worker threads: \
+                 set one (e.g. {WORKER_THREADS_VAR}=2), or unset it for one worker per core"
+            );
+            Err(ExitCode::from(2))
+        }
+    }
+}
 
 /// Commands that need the async runtime.
 fn runtime(command: Command) -> ExitCode {
