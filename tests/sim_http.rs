@@ -459,6 +459,59 @@ async fn fault_error_event_frame() {
     assert_eq!(content_events(&ev).len(), 3);
 }
 
+/// `llm-canary sim --faults` in its own process serves the faults given on its command line, in
+/// the config's schema (a truncation at rate 1, so the outcome is not luck).
+#[tokio::test]
+async fn the_sim_command_injects_the_faults_given_on_its_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, addr) = support::start_sim_process(
+        &[
+            "--profile",
+            "fast",
+            "--faults",
+            "{truncate: {after_tokens: 3}, slow_first_byte: {delay: 1ms, rate: 0}}",
+        ],
+        &dir.path().join("sim.log"),
+    );
+    let url = format!("http://{addr}/v1/chat/completions");
+    let events = read_events(
+        post(&client(), &url, &chat_body("a b c", 10), None)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(content_events(&events).len(), 3, "{:?}", events.events);
+    assert!(
+        !events.events.iter().any(|(e, _)| e.contains("[DONE]")),
+        "{:?}",
+        events.events
+    );
+}
+
+/// A bad `--faults` is bad usage: exit 2 before listening, the problem placed in the flag's text.
+#[test]
+fn a_bad_faults_flag_names_its_place_and_the_fix() {
+    for (faults, expect) in [
+        (
+            "{stal: {after_tokens: 2, duration: 1s}}",
+            "--faults:1:2: unknown key `stal` (hint: did you mean `stall`?)",
+        ),
+        (
+            "{error: {status: 200}}",
+            "--faults: error.status must be an HTTP error status (400-599), got 200",
+        ),
+        ("{error: {rate: 2}", "--faults:1:1:"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+            .args(["sim", "--listen", "127.0.0.1:0", "--faults", faults])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{faults}: {stderr}");
+        assert!(stderr.contains(expect), "{faults}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn fault_slow_first_byte_delays_the_headers() {
     let (_sim, resp, sent) = stream_with(

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::config::sim::FaultSpec;
 use crate::config::{ConfigError, ServingMode};
 use crate::setup::Setup;
 
@@ -152,6 +153,11 @@ pub struct SimArgs {
     /// token's send instant (CLOCK_MONOTONIC ns), to line up with the bench's requests.jsonl.
     #[arg(long, value_name = "FILE")]
     pub send_log: Option<PathBuf>,
+    /// Faults to inject, as a YAML mapping in the schema of a target's `simulated.faults` (e.g.
+    /// '{error: {status: 503, rate: 0.02}, stall: {after_tokens: 8, duration: 3s, rate: 0.01}}'):
+    /// a deployment that misbehaves on purpose, for alert routing and soak tests.
+    #[arg(long, value_name = "YAML")]
+    pub faults: Option<String>,
     /// Runtime threads (default: one per core). One makes the cheapest zero-delay server: its
     /// connections write what a pass produced together, instead of a second thread writing each
     /// token as the engine emits it; more answer requests sooner when many arrive at once.
@@ -460,6 +466,18 @@ async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) 
 }
 
 async fn sim(args: SimArgs) -> ExitCode {
+    let faults = match args
+        .faults
+        .as_deref()
+        .map(|t| FaultSpec::parse(t, "--faults"))
+    {
+        None => FaultSpec::default(),
+        Some(Ok(faults)) => faults,
+        Some(Err(e)) => {
+            eprintln!("llm-canary sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let spec = crate::sim::SimSpec {
         profile: args.profile.clone(),
         workers: args.workers,
@@ -468,6 +486,7 @@ async fn sim(args: SimArgs) -> ExitCode {
         reject_unknown_fields: args.reject_unknown_fields,
         request_log: args.request_log.clone(),
         send_log: args.send_log.clone(),
+        faults,
         ..crate::sim::SimSpec::default()
     };
     let problems = spec.validate();

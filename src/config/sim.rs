@@ -400,6 +400,27 @@ pub enum RefuseMode {
 }
 
 impl FaultSpec {
+    /// Parses and validates `text`: a YAML mapping of this schema given outside a config file
+    /// (`llm-canary sim --faults`), named `source` in messages. Every problem is reported, each
+    /// with its line and column where it has one.
+    pub fn parse(text: &str, source: &str) -> Result<FaultSpec, super::ConfigError> {
+        let invalid = |diagnostics| super::ConfigError::Invalid {
+            file: source.to_owned(),
+            diagnostics,
+        };
+        let spec: FaultSpec = serde_saphyr::from_str(text)
+            .map_err(|e| invalid(vec![super::error::from_yaml_error(&e)]))?;
+        let problems = spec.validate();
+        if !problems.is_empty() {
+            let diagnostics = problems
+                .into_iter()
+                .map(|p| super::Diagnostic::new(None, p))
+                .collect();
+            return Err(invalid(diagnostics));
+        }
+        Ok(spec)
+    }
+
     /// True when no fault is configured.
     pub fn is_empty(&self) -> bool {
         *self == FaultSpec::default()

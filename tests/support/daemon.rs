@@ -1,6 +1,7 @@
 //! The daemon (`llm-canary run`) as a child process: started on a loopback address it logs,
 //! signalled, and awaited; killed when dropped.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -61,16 +62,29 @@ pub fn start_daemon_with(
     listen: bool,
     env: &[(&str, &str)],
 ) -> (Proc, SocketAddr) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-canary"));
-    cmd.arg("run");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("run")];
     if listen {
-        cmd.arg("--listen").arg("127.0.0.1:0");
+        args.extend([OsStr::new("--listen"), OsStr::new("127.0.0.1:0")]);
     }
     if let Some(c) = config {
-        cmd.arg("--config").arg(c);
+        args.extend([OsStr::new("--config"), c.as_os_str()]);
     }
-    let log = dir.join("daemon.log");
-    cmd.env("RUST_LOG", "info");
+    start_logged(&args, &dir.join("daemon.log"), env)
+}
+
+/// `llm-canary sim ARGS --listen 127.0.0.1:0` in its own process, its log in `log`; returns the
+/// process and its address.
+pub fn start_sim_process(args: &[&str], log: &Path) -> (Proc, SocketAddr) {
+    let mut all: Vec<&OsStr> = vec![OsStr::new("sim")];
+    all.extend(args.iter().map(OsStr::new));
+    all.extend([OsStr::new("--listen"), OsStr::new("127.0.0.1:0")]);
+    start_logged(&all, log, &[])
+}
+
+/// `llm-canary ARGS` with its stderr copied to `log`, once it logs `listening on ADDR`.
+fn start_logged(args: &[&OsStr], log: &Path, env: &[(&str, &str)]) -> (Proc, SocketAddr) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-canary"));
+    cmd.args(args).env("RUST_LOG", "info");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -81,15 +95,20 @@ pub fn start_daemon_with(
         .expect("start llm-canary");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
-    let log_path = log.clone();
+    let log_path = log.to_owned();
     std::thread::spawn(move || {
         use std::io::Write;
         let mut out = std::fs::File::create(&log_path).unwrap();
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = writeln!(out, "{line}");
-            if !sent && let Some(addr) = line.split("listening on ").nth(1) {
-                if let Ok(a) = addr.trim().parse::<SocketAddr>() {
+            // The address is the message's last word; fields may follow it.
+            let addr = line
+                .split("listening on ")
+                .nth(1)
+                .and_then(|a| a.split_whitespace().next());
+            if !sent && let Some(addr) = addr {
+                if let Ok(a) = addr.parse::<SocketAddr>() {
                     let _ = tx.send(a);
                     sent = true;
                 }
@@ -98,6 +117,12 @@ pub fn start_daemon_with(
     });
     let addr = rx
         .recv_timeout(Duration::from_secs(30))
-        .expect("the daemon logs `listening on ADDR`");
-    (Proc { child, log }, addr)
+        .unwrap_or_else(|_| panic!("llm-canary {args:?} logs `listening on ADDR`"));
+    (
+        Proc {
+            child,
+            log: log.to_owned(),
+        },
+        addr,
+    )
 }
