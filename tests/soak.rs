@@ -1,10 +1,12 @@
 //! Soak: the daemon against two simulated deployments at high concurrency with a mixed fault
 //! profile, for `LLM_CANARY_SOAK_SECS` seconds (default 120; `scripts/soak` runs 1800 with a
-//! release build). Every second it samples the process's resident memory, open file descriptors
-//! and completed cycles, every 5 s it scrapes `/metrics`; then it asserts no crash, memory flat
-//! after the first cycle (which creates every series), descriptors within what the connections
-//! explain, `/metrics` scrapeable throughout, and, once traffic is paused, no request in flight,
-//! no connection to the targets left open and every descriptor given back. Results go to stderr
+//! release build) in `LLM_CANARY_SOAK_CYCLES` schedule cycles (default 3), the simulators
+//! embedded or, with `LLM_CANARY_SOAK_SIMS=process`, in processes of their own. Every second it
+//! samples the process's resident memory, open file descriptors and completed cycles, every 5 s
+//! it scrapes `/metrics`; then it asserts no crash, memory flat after the first cycle (which
+//! creates every series), descriptors within what the connections explain, `/metrics`
+//! scrapeable throughout, and, once traffic is paused, no request in flight, no connection to
+//! the targets left open and every descriptor given back. Results go to stderr
 //! (`--nocapture`) for docs/RELIABILITY.md.
 
 mod support;
@@ -27,30 +29,80 @@ const DRAIN_GRACE_SECS: f64 = 2.0;
 const POOL_IDLE_SECS: f64 = 2.0;
 const HOUR: f64 = 3600.0;
 
-fn config(time_scale: f64, paused: bool) -> String {
+/// The two deployments' injected faults, in the schema of `simulated.faults` (and of `llm-canary
+/// sim --faults`).
+const AGG_FAULTS: &str = "{error: {status: 503, rate: 0.02}, \
+    stall: {after_tokens: 8, duration: 3s, rate: 0.01}, \
+    truncate: {after_tokens: 4, rate: 0.01}, \
+    malformed_chunk: {after_tokens: 4, rate: 0.01}, \
+    slow_first_byte: {delay: 200ms, rate: 0.02}}";
+const DISAGG_FAULTS: &str = "{error: {status: 429, rate: 0.02}, \
+    error_event: {after_tokens: 4, rate: 0.01}, \
+    truncate: {after_tokens: 4, abrupt: true, rate: 0.01}, \
+    stall: {after_tokens: 2, duration: 20s, rate: 0.005}}";
+
+/// Where the simulated deployments run: embedded in the daemon (the default), or with
+/// `LLM_CANARY_SOAK_SIMS=process` as `llm-canary sim` processes, so the daemon's memory is its
+/// own (the embedded simulators' KV caches are about half of its heap).
+enum Sims {
+    Embedded,
+    Processes(Vec<(support::Proc, std::net::SocketAddr)>),
+}
+
+impl Sims {
+    fn start(dir: &std::path::Path) -> Sims {
+        match std::env::var("LLM_CANARY_SOAK_SIMS").as_deref() {
+            Ok("process") => Sims::Processes(
+                [("aggregated", AGG_FAULTS), ("disaggregated", DISAGG_FAULTS)]
+                    .iter()
+                    .map(|(mode, faults)| {
+                        let args = ["--mode", mode, "--profile", "fast", "--faults", faults];
+                        support::start_sim_process(&args, &dir.join(format!("sim-{mode}.log")))
+                    })
+                    .collect(),
+            ),
+            _ => Sims::Embedded,
+        }
+    }
+
+    /// The `targets:` block.
+    fn targets(&self) -> String {
+        match self {
+            Sims::Embedded => format!(
+                "  - {{ name: soak-agg, serving_mode: aggregated, \
+                 simulated: {{ profile: fast, faults: {AGG_FAULTS} }} }}\n  \
+                 - {{ name: soak-disagg, serving_mode: disaggregated, \
+                 simulated: {{ profile: fast, faults: {DISAGG_FAULTS} }} }}\n"
+            ),
+            Sims::Processes(sims) => ["soak-agg", "soak-disagg"]
+                .iter()
+                .zip(["aggregated", "disaggregated"])
+                .zip(sims)
+                .map(|((name, mode), (_, addr))| {
+                    format!(
+                        "  - {{ name: {name}, serving_mode: {mode}, url: 'http://{addr}', \
+                         server_metrics: ['http://{addr}/metrics'] }}\n"
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Connections of the daemon's process per `/metrics` scrape it keeps alive: both ends when
+    /// the simulator is embedded.
+    fn ends(&self) -> usize {
+        match self {
+            Sims::Embedded => 2,
+            Sims::Processes(_) => 1,
+        }
+    }
+}
+
+fn config(targets: &str, time_scale: f64, paused: bool) -> String {
     format!(
         r#"
 targets:
-  - name: soak-agg
-    serving_mode: aggregated
-    simulated:
-      profile: fast
-      faults:
-        error: {{ status: 503, rate: 0.02 }}
-        stall: {{ after_tokens: 8, duration: 3s, rate: 0.01 }}
-        truncate: {{ after_tokens: 4, rate: 0.01 }}
-        malformed_chunk: {{ after_tokens: 4, rate: 0.01 }}
-        slow_first_byte: {{ delay: 200ms, rate: 0.02 }}
-  - name: soak-disagg
-    serving_mode: disaggregated
-    simulated:
-      profile: fast
-      faults:
-        error: {{ status: 429, rate: 0.02 }}
-        error_event: {{ after_tokens: 4, rate: 0.01 }}
-        truncate: {{ after_tokens: 4, abrupt: true, rate: 0.01 }}
-        stall: {{ after_tokens: 2, duration: 20s, rate: 0.005 }}
-time_scale: {time_scale}
+{targets}time_scale: {time_scale}
 client: {{ request_timeout: 10s, connect_timeout: 2s, pool_idle_timeout: {POOL_IDLE_SECS}s }}
 workloads:
   concurrency_sweep: {{ levels: [16, 64], isl: 256, osl: 32, step: 120s, warmup: 10s }}
@@ -165,14 +217,22 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120.0);
-    // Three cycles in the soak: the first creates every series, the rest must not grow. A
-    // cycle lasts its scaled steps plus each step's unscaled drain.
-    let time_scale =
-        ((secs / 3.0 - STEPS * DRAIN_GRACE_SECS) / CYCLE_AT_SCALE_1).max(5.0 / CYCLE_AT_SCALE_1);
+    // The first cycle creates every series, the rest must not grow; more cycles in the same
+    // time give a longer row of like-for-like peaks. A cycle lasts its scaled steps plus each
+    // step's unscaled drain.
+    let planned: f64 = std::env::var("LLM_CANARY_SOAK_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&c: &f64| c >= 2.0)
+        .unwrap_or(3.0);
+    let time_scale = ((secs / planned - STEPS * DRAIN_GRACE_SECS) / CYCLE_AT_SCALE_1)
+        .max(5.0 / CYCLE_AT_SCALE_1);
     let dir = tempfile::tempdir().unwrap();
+    let sims = Sims::start(dir.path());
+    let targets = sims.targets();
     let path = dir.path().join("soak.yaml");
     // Started paused, for the descriptors of a daemon that sends nothing.
-    std::fs::write(&path, config(time_scale, true)).unwrap();
+    std::fs::write(&path, config(&targets, time_scale, true)).unwrap();
     let (mut daemon, addr) = start_daemon(Some(&path), dir.path());
     let pid = daemon.child.id();
     let client = http_client(Some(Duration::from_secs(10)));
@@ -198,8 +258,8 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
         .collect();
     assert_eq!(ports.len(), 2, "the simulators' ports: {status}");
     // The start-up model lookups' connections close after the pool's idle timeout; what stays
-    // is the scraper's kept-alive connection to each target's `/metrics` (both ends here).
-    let scraper = 2 * ports.len();
+    // is the scraper's kept-alive connection to each target's `/metrics`.
+    let scraper = sims.ends() * ports.len();
     let quiet = Duration::from_secs_f64(POOL_IDLE_SECS + 30.0);
     let settle = |what: &'static str, limit: Duration| {
         let ports = ports.clone();
@@ -223,7 +283,7 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     let baseline_conns = settle("no request connection to the targets while paused", quiet).await;
     let baseline = sample(pid, 0.0, 0);
 
-    std::fs::write(&path, config(time_scale, false)).unwrap();
+    std::fs::write(&path, config(&targets, time_scale, false)).unwrap();
     let start = tokio::time::Instant::now();
     let mut samples = Vec::new();
     let mut max_inflight = 0.0f64;
@@ -273,7 +333,7 @@ async fn soak_memory_descriptors_and_inflight_stay_flat() {
     }
 
     // Paused: the step in progress is cut and drained, then nothing may stay behind.
-    std::fs::write(&path, config(time_scale, true)).unwrap();
+    std::fs::write(&path, config(&targets, time_scale, true)).unwrap();
     let idle_inflight = eventually("in-flight back to 0", Duration::from_secs(30), || async {
         let t = get("/metrics").await?;
         (inflight(&t) == 0.0).then_some(0.0)
