@@ -138,8 +138,9 @@ pub struct ServerTiming {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum WorkerId {
-    Id(u64),
-    Name(String),
+    // Each variant takes its own JSON type (object, number, string), so the order changes no
+    // outcome; Dynamo's object comes first because every variant tried before the match costs
+    // an error message.
     Split {
         #[serde(default)]
         prefill_worker_id: Option<u64>,
@@ -150,6 +151,8 @@ pub enum WorkerId {
         #[serde(default)]
         decode_dp_rank: Option<u32>,
     },
+    Id(u64),
+    Name(String),
 }
 
 impl WorkerId {

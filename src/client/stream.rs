@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
@@ -32,10 +33,10 @@ pub(super) struct ChunkJson<'a> {
     pub(super) choices: Option<SmallVec<[ChoiceJson<'a>; 1]>>,
     #[serde(default)]
     pub(super) usage: Option<UsageJson>,
-    // Parsed into a Value only when present (the last chunk); kept lenient so an unexpected
+    // Kept unparsed and read member by member when present (the last chunk), so an unexpected
     // attribution field never turns a good stream into a bad response.
-    #[serde(default)]
-    pub(super) nvext: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    pub(super) nvext: Option<&'a RawValue>,
     #[serde(default)]
     pub(super) error: Option<serde_json::Value>,
     /// vLLM reports a mid-stream failure as an error response object: `"object": "error"` with a
@@ -44,6 +45,15 @@ pub(super) struct ChunkJson<'a> {
     pub(super) object: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub(super) message: Option<Cow<'a, str>>,
+}
+
+/// The members of `nvext` the canary reads, each still unparsed; the others are skipped.
+#[derive(Deserialize, Default)]
+struct NvextJson<'a> {
+    #[serde(borrow, default)]
+    timing: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    worker_id: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -259,20 +269,23 @@ impl<'c> StreamDecoder<'c> {
             });
             rec.usage_at = Some(at);
         }
-        if let Some(nvext) = chunk.nvext.take() {
+        let nvext = chunk
+            .nvext
+            .and_then(|raw| serde_json::from_str::<NvextJson>(raw.get()).ok());
+        if let Some(nvext) = nvext {
             // Dynamo puts timing on the finish_reason chunk; a server that puts it elsewhere is
             // still heard, but the finish_reason chunk's copy is never overwritten.
             if finished_here || rec.server_timing.is_none() {
                 if let Some(timing) = nvext
-                    .get("timing")
-                    .and_then(|t| serde_json::from_value::<ServerTiming>(t.clone()).ok())
+                    .timing
+                    .and_then(|t| serde_json::from_str::<ServerTiming>(t.get()).ok())
                 {
                     rec.server_timing = Some(timing);
                 }
             }
             if let Some(worker) = nvext
-                .get("worker_id")
-                .and_then(|w| serde_json::from_value::<WorkerId>(w.clone()).ok())
+                .worker_id
+                .and_then(|w| serde_json::from_str::<WorkerId>(w.get()).ok())
             {
                 rec.worker_id = Some(worker);
             }
@@ -427,6 +440,39 @@ mod tests {
         ));
         assert_eq!(rec.latency(), 50 * MS);
         assert_eq!(rec.itl(), Some(5 * MS));
+    }
+
+    /// `nvext` is attribution, not the answer: any shape of it, or of its members, leaves a good
+    /// stream good, and each member is read on its own.
+    #[test]
+    fn an_unexpected_nvext_is_ignored_member_by_member() {
+        let finish = |nvext: &str| {
+            format!(
+                "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
+                 \"finish_reason\":\"stop\"}}],\"nvext\":{nvext}}}\n\ndata: [DONE]\n\n"
+            )
+        };
+        let a = content("a");
+        for (nvext, timing, worker) in [
+            (r#""soon""#, None, None),
+            ("null", None, None),
+            (r#"{"timing":"soon","worker_id":true}"#, None, None),
+            (
+                r#"{"timing":{"ttft_ms":"x"},"worker_id":7}"#,
+                None,
+                Some(WorkerId::Id(7)),
+            ),
+            (
+                r#"{"extra":{"a":[1]},"timing":{"ttft_ms":3},"worker_id":"w-1"}"#,
+                Some(3.0),
+                Some(WorkerId::Name("w-1".into())),
+            ),
+        ] {
+            let rec = decode(&[(10, &a), (20, &finish(nvext))], None);
+            assert_eq!(rec.outcome, Outcome::Ok, "{nvext}: {:?}", rec.error);
+            assert_eq!(rec.server_timing.and_then(|t| t.ttft_ms), timing, "{nvext}");
+            assert_eq!(rec.worker_id, worker, "{nvext}");
+        }
     }
 
     #[test]
