@@ -8,6 +8,7 @@ pub mod config;
 pub mod daemon;
 pub mod export;
 pub mod files;
+pub mod heap;
 pub mod k8s;
 pub mod measure;
 pub mod model;

@@ -276,19 +276,25 @@ impl Scheduler {
             .collect();
         log_actions(&info.name, &cuts);
         recorder.budget(&budget.report(cuts));
-        if soft.is_cancelled() {
+        let turn = if soft.is_cancelled() {
             recorder.step_finished(info, None);
-            return Turn::Cut(if stop.stopping() {
+            Turn::Cut(if stop.stopping() {
                 Cut::Stop
             } else if gate_closed {
                 Cut::Gate
             } else {
                 Cut::Lease
-            });
-        }
-        log_results(&results);
-        recorder.step_finished(info, Some(&results));
-        Turn::Done(results)
+            })
+        } else {
+            log_results(&results);
+            recorder.step_finished(info, Some(&results));
+            Turn::Done(results)
+        };
+        // The step's requests and records are freed: their pages go back to the system before
+        // the next step, so resident memory follows what is in use.
+        drop(runner);
+        crate::heap::release_freed();
+        turn
     }
 
     /// Tells the sinks when the pause state changed.
