@@ -354,7 +354,8 @@ pub fn approximate_count(text: &str) -> usize {
         }
         i
     };
-    let char_at = |i: usize| text[i..].chars().next().unwrap_or(' ');
+    // The char starting at byte `i`, which the loop keeps on a char boundary.
+    let char_at = |i: usize| text[i..].chars().next();
     let mut tokens = 0;
     let mut i = 0;
     while let Some(b) = bytes.get(i) {
@@ -367,13 +368,13 @@ pub fn approximate_count(text: &str) -> usize {
             tokens += (end - i).div_ceil(APPROX_DIGITS_PER_TOKEN);
             i = end;
         } else {
-            let c = char_at(i);
+            let Some(c) = char_at(i) else { break };
             i += c.len_utf8();
             if c.is_whitespace() {
                 let mut single_space = c == ' ';
-                while i < bytes.len() && char_at(i).is_whitespace() {
+                while let Some(next) = char_at(i).filter(|n| n.is_whitespace()) {
                     single_space = false;
-                    i += char_at(i).len_utf8();
+                    i += next.len_utf8();
                 }
                 if !single_space {
                     tokens += 1;
