@@ -469,7 +469,7 @@ async fn the_sim_command_injects_the_faults_given_on_its_command_line() {
             "--profile",
             "fast",
             "--faults",
-            "{truncate: {after_tokens: 3}, slow_first_byte: {delay: 1ms, rate: 0}}",
+            "{truncate: {after_tokens: 3}}",
         ],
         &dir.path().join("sim.log"),
     );

@@ -29,21 +29,32 @@ const DRAIN_GRACE_SECS: f64 = 2.0;
 const POOL_IDLE_SECS: f64 = 2.0;
 const HOUR: f64 = 3600.0;
 
-/// The two deployments' injected faults, in the schema of `simulated.faults` (and of `llm-canary
-/// sim --faults`).
-const AGG_FAULTS: &str = "{error: {status: 503, rate: 0.02}, \
-    stall: {after_tokens: 8, duration: 3s, rate: 0.01}, \
-    truncate: {after_tokens: 4, rate: 0.01}, \
-    malformed_chunk: {after_tokens: 4, rate: 0.01}, \
-    slow_first_byte: {delay: 200ms, rate: 0.02}}";
-const DISAGG_FAULTS: &str = "{error: {status: 429, rate: 0.02}, \
-    error_event: {after_tokens: 4, rate: 0.01}, \
-    truncate: {after_tokens: 4, abrupt: true, rate: 0.01}, \
-    stall: {after_tokens: 2, duration: 20s, rate: 0.005}}";
+/// The two simulated deployments: name, serving mode, and injected faults in the schema of
+/// `simulated.faults` (and of `llm-canary sim --faults`).
+const DEPLOYMENTS: [(&str, &str, &str); 2] = [
+    (
+        "soak-agg",
+        "aggregated",
+        "{error: {status: 503, rate: 0.02}, \
+         stall: {after_tokens: 8, duration: 3s, rate: 0.01}, \
+         truncate: {after_tokens: 4, rate: 0.01}, \
+         malformed_chunk: {after_tokens: 4, rate: 0.01}, \
+         slow_first_byte: {delay: 200ms, rate: 0.02}}",
+    ),
+    (
+        "soak-disagg",
+        "disaggregated",
+        "{error: {status: 429, rate: 0.02}, \
+         error_event: {after_tokens: 4, rate: 0.01}, \
+         truncate: {after_tokens: 4, abrupt: true, rate: 0.01}, \
+         stall: {after_tokens: 2, duration: 20s, rate: 0.005}}",
+    ),
+];
 
 /// Where the simulated deployments run: embedded in the daemon (the default), or with
 /// `LLM_CANARY_SOAK_SIMS=process` as `llm-canary sim` processes, so the daemon's memory is its
-/// own (the embedded simulators' KV caches are about half of its heap).
+/// own (the embedded simulators' KV caches are about half of its heap). A process's address is
+/// kept in [`DEPLOYMENTS`]' order.
 enum Sims {
     Embedded,
     Processes(Vec<(support::Proc, std::net::SocketAddr)>),
@@ -53,9 +64,9 @@ impl Sims {
     fn start(dir: &std::path::Path) -> Sims {
         match std::env::var("LLM_CANARY_SOAK_SIMS").as_deref() {
             Ok("process") => Sims::Processes(
-                [("aggregated", AGG_FAULTS), ("disaggregated", DISAGG_FAULTS)]
+                DEPLOYMENTS
                     .iter()
-                    .map(|(mode, faults)| {
+                    .map(|(_, mode, faults)| {
                         let args = ["--mode", mode, "--profile", "fast", "--faults", faults];
                         support::start_sim_process(&args, &dir.join(format!("sim-{mode}.log")))
                     })
@@ -67,25 +78,20 @@ impl Sims {
 
     /// The `targets:` block.
     fn targets(&self) -> String {
-        match self {
-            Sims::Embedded => format!(
-                "  - {{ name: soak-agg, serving_mode: aggregated, \
-                 simulated: {{ profile: fast, faults: {AGG_FAULTS} }} }}\n  \
-                 - {{ name: soak-disagg, serving_mode: disaggregated, \
-                 simulated: {{ profile: fast, faults: {DISAGG_FAULTS} }} }}\n"
-            ),
-            Sims::Processes(sims) => ["soak-agg", "soak-disagg"]
-                .iter()
-                .zip(["aggregated", "disaggregated"])
-                .zip(sims)
-                .map(|((name, mode), (_, addr))| {
-                    format!(
-                        "  - {{ name: {name}, serving_mode: {mode}, url: 'http://{addr}', \
-                         server_metrics: ['http://{addr}/metrics'] }}\n"
-                    )
-                })
-                .collect(),
-        }
+        DEPLOYMENTS
+            .iter()
+            .enumerate()
+            .map(|(i, (name, mode, faults))| {
+                let server = match self {
+                    Sims::Embedded => format!("simulated: {{ profile: fast, faults: {faults} }}"),
+                    Sims::Processes(sims) => {
+                        let addr = sims[i].1;
+                        format!("url: 'http://{addr}', server_metrics: ['http://{addr}/metrics']")
+                    }
+                };
+                format!("  - {{ name: {name}, serving_mode: {mode}, {server} }}\n")
+            })
+            .collect()
     }
 
     /// Connections of the daemon's process per `/metrics` scrape it keeps alive: both ends when

@@ -466,14 +466,13 @@ async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) 
 }
 
 async fn sim(args: SimArgs) -> ExitCode {
-    let faults = match args
+    let faults = args
         .faults
         .as_deref()
-        .map(|t| FaultSpec::parse(t, "--faults"))
-    {
-        None => FaultSpec::default(),
-        Some(Ok(faults)) => faults,
-        Some(Err(e)) => {
+        .map(|t| FaultSpec::parse(t, "--faults"));
+    let faults = match faults.transpose() {
+        Ok(faults) => faults.unwrap_or_default(),
+        Err(e) => {
             eprintln!("llm-canary sim: {e}");
             return ExitCode::from(2);
         }

@@ -1,5 +1,5 @@
-//! The daemon (`llm-canary run`) as a child process: started on a loopback address it logs,
-//! signalled, and awaited; killed when dropped.
+//! The daemon (`llm-canary run`), or a simulator (`llm-canary sim`), as a child process: started
+//! on a loopback address it logs, signalled, and awaited; killed when dropped.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
