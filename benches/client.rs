@@ -38,8 +38,8 @@ use llm_canary::client::{
 };
 use llm_canary::config::{Api, Dialect, ServingMode};
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::RequestLabels;
 use llm_canary::model::{Phase, RecordContext};
+use llm_canary::request::RequestLabels;
 use llm_canary::schedule::Recorder;
 use llm_canary::sim::{SimHandle, SimSpec};
 use llm_canary::workload::sampler::{ArrivalProcess, ArrivalSchedule};
@@ -150,7 +150,7 @@ impl ClientSide {
             osl: req.osl,
             shared_prefix_tokens: 0,
             request: req,
-            goodput: llm_canary::measure::step::GoodputLimits {
+            goodput: llm_canary::request::GoodputLimits {
                 ttft: 2.0,
                 itl: 0.1,
             },

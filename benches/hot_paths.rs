@@ -28,8 +28,9 @@ use llm_canary::client::{
 use llm_canary::config::{Config, ServingMode};
 use llm_canary::export::metrics::Metrics;
 use llm_canary::measure::step::StepAccumulator;
-use llm_canary::model::RequestLabels;
 use llm_canary::model::{Phase, RecordContext, StepResult};
+use llm_canary::request::RequestLabels;
+use llm_canary::request::Sample;
 use llm_canary::schedule::Recorder;
 use llm_canary::slo::SloEngine;
 use llm_canary::slo::baseline::BaselineStore;
@@ -140,7 +141,7 @@ fn record_request(c: &mut Criterion) {
         osl: 256,
         shared_prefix_tokens: 0,
         request: &request,
-        goodput: llm_canary::measure::step::GoodputLimits {
+        goodput: llm_canary::request::GoodputLimits {
             ttft: 2.0,
             itl: 0.1,
         },
@@ -163,13 +164,16 @@ fn metrics_encode(c: &mut Criterion) {
             // Between two scrapes the step in progress records requests.
             metrics.record_request(
                 &labels,
-                "ok",
-                Some(0.1),
-                Some(0.02),
-                Some(5.0),
-                1024,
-                0,
-                256,
+                Phase::Steady,
+                &Sample {
+                    outcome: Outcome::Ok,
+                    ttft: Some(0.1),
+                    itl: Some(0.02),
+                    latency: 5.0,
+                    prompt_tokens: 1024,
+                    output_tokens: 256,
+                    ..Sample::default()
+                },
             );
             black_box(metrics.encode().expect("encodes").len())
         })

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use llm_canary::config::{Resolution, ServingMode};
 use llm_canary::export::{AppState, HttpServer, Metrics};
-use llm_canary::model::RequestLabels;
+use llm_canary::model::Phase;
+use llm_canary::request::RequestLabels;
+use llm_canary::request::{Outcome, Sample};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -269,7 +271,19 @@ async fn time_scrapes(resolution: Resolution) -> anyhow::Result<()> {
         let mut encode = Vec::with_capacity(ITERATIONS);
         for _ in 0..ITERATIONS {
             for l in changing {
-                metrics.record_request(l, "ok", Some(0.2), Some(0.02), Some(3.0), 1024, 0, 512);
+                metrics.record_request(
+                    l,
+                    Phase::Steady,
+                    &Sample {
+                        outcome: Outcome::Ok,
+                        ttft: Some(0.2),
+                        itl: Some(0.02),
+                        latency: 3.0,
+                        prompt_tokens: 1024,
+                        output_tokens: 512,
+                        ..Sample::default()
+                    },
+                );
             }
             let start = Instant::now();
             let text = metrics.encode_chunks()?;
@@ -304,7 +318,19 @@ async fn time_scrapes(resolution: Resolution) -> anyhow::Result<()> {
                 for _ in 0..5 {
                     let l = &in_progress[i % in_progress.len()];
                     let start = Instant::now();
-                    metrics.record_request(l, "ok", Some(0.2), Some(0.02), Some(3.0), 1024, 0, 512);
+                    metrics.record_request(
+                        l,
+                        Phase::Steady,
+                        &Sample {
+                            outcome: Outcome::Ok,
+                            ttft: Some(0.2),
+                            itl: Some(0.02),
+                            latency: 3.0,
+                            prompt_tokens: 1024,
+                            output_tokens: 512,
+                            ..Sample::default()
+                        },
+                    );
                     took.push(start.elapsed());
                     i += 1;
                 }

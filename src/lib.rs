@@ -15,6 +15,7 @@ pub mod model;
 pub mod probe;
 pub mod promtext;
 pub mod report;
+pub mod request;
 pub mod schedule;
 pub mod scrape;
 pub mod setup;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{self, Config, ConfigError};
 use crate::measure::stats::Z_95;
-use crate::model::PROBE_WORKLOAD;
+use crate::request::PROBE_WORKLOAD;
 use crate::slo::ast::{MatchOp, Selector};
 use crate::slo::{LabelDomain, SloDef, SloKind};
 

@@ -98,12 +98,7 @@ impl Changes {
 struct CycleWatch(watch::Sender<u64>);
 
 impl Sink for CycleWatch {
-    fn request(
-        &self,
-        _: &llm_canary::model::RecordContext<'_>,
-        _: &llm_canary::client::RequestRecord,
-    ) {
-    }
+    fn request(&self, _: &llm_canary::model::Finished<'_>) {}
 
     fn cycle_started(&self, steps: &[StepInfo]) {
         if let Some(s) = steps.first() {

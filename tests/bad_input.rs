@@ -237,8 +237,8 @@ workloads:
     let plan = llm_canary::schedule::plan_cycle(&cfg).remove(0);
     let results = runner.run_step(&plan, 0, &never, &never).await;
     let outcomes = &results[0].measurements.outcomes;
-    for kind in ["ok", "http_5xx", "stream_error"] {
-        assert!(outcomes.get(kind).is_some_and(|n| *n > 0), "{outcomes:?}");
+    for kind in [Outcome::Ok, Outcome::Http5xx, Outcome::StreamError] {
+        assert!(outcomes.get(&kind).is_some_and(|n| *n > 0), "{outcomes:?}");
     }
     // ...but neither it nor any error text reaches the exposition, which stays well-formed.
     let text = metrics.encode().unwrap();

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use llm_canary::client::RequestRecord;
+use llm_canary::client::Outcome;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{RecordContext, Sink};
+use llm_canary::model::{Finished, Sink};
 use llm_canary::schedule::plan::CancelPlan;
 use llm_canary::schedule::{Recorder, StepKind, StepPlan};
 use llm_canary::targets::Deployment;
@@ -21,13 +21,17 @@ use tokio_util::sync::CancellationToken;
 struct Capture(Mutex<Vec<(String, String, &'static str, u64)>>);
 
 impl Sink for Capture {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        let id = rec.request_id.rsplit_once("-t").map_or("", |(id, _)| id);
+    fn request(&self, req: &Finished<'_>) {
+        let id = req
+            .record
+            .request_id
+            .rsplit_once("-t")
+            .map_or("", |(id, _)| id);
         self.0.lock().unwrap().push((
-            ctx.labels.target.clone(),
+            req.labels.target.clone(),
             id.to_owned(),
-            rec.outcome.as_str(),
-            rec.client_tokens(),
+            req.record.outcome.as_str(),
+            req.record.client_tokens(),
         ));
     }
 }
@@ -81,8 +85,8 @@ async fn abandoned_requests_are_cancelled_not_errors_and_the_server_frees_them()
         let m = &total.measurements;
         assert_eq!(m.errors, 0, "{target}: {:?}", m.outcomes);
         assert!(m.cancelled > 0, "{target}: {:?}", m.outcomes);
-        assert_eq!(m.outcomes.get("cancelled").copied(), Some(m.cancelled));
-        assert_eq!(m.outcomes.get("ok").copied(), Some(m.ok_requests));
+        assert_eq!(m.outcomes.get(&Outcome::Cancelled).copied(), Some(m.cancelled));
+        assert_eq!(m.outcomes.get(&Outcome::Ok).copied(), Some(m.ok_requests));
         assert_eq!(
             m.requests, m.ok_requests,
             "cancelled ones are not requests answered"

@@ -595,7 +595,7 @@ async fn every_error_class_gets_its_outcome_and_error_latency() {
         let error = rec.error.clone().unwrap_or_default();
         println!(
             "{scenario:>12}: {:<16} error latency {:?} ({error})",
-            rec.outcome.label(),
+            rec.outcome.as_str(),
             rec.error_latency()
         );
         assert_eq!(rec.outcome, case.outcome, "{scenario}: {error}");

@@ -12,10 +12,12 @@ use llm_canary::export::{
     AppState, HttpLimits, HttpServer, Lifecycle, Metrics, OPENMETRICS_CONTENT_TYPE, PauseHook,
     Readiness, ReloadFuture, ReloadHook, ShutdownOutcome,
 };
+use llm_canary::model::Phase;
 use llm_canary::model::{
-    BudgetAction, BudgetReport, BudgetUsage, PauseState, Quantiles, RequestLabels, ServerSnapshot,
-    StepSummary,
+    BudgetAction, BudgetReport, BudgetUsage, PauseState, Quantiles, ServerSnapshot, StepSummary,
 };
+use llm_canary::request::RequestLabels;
+use llm_canary::request::{Outcome, Sample};
 use llm_canary::slo::{SloReading, SloState};
 use std::time::Duration;
 use support::metrics::{FAMILIES, LATE_FAMILIES, sample, sum};
@@ -73,18 +75,54 @@ fn fill(metrics: &Metrics) {
         "sequence_distribution",
     )
     .with_distribution("zipf", 1024);
-    metrics.record_request(&agg, "ok", Some(0.5), Some(0.02), Some(4.0), 1024, 512, 256);
-    metrics.record_request(&agg, "ok", Some(2.5), Some(0.03), Some(9.0), 1024, 0, 256);
-    metrics.record_request(&agg, "http_429", None, None, Some(0.01), 0, 0, 0);
+    metrics.record_request(
+        &agg,
+        Phase::Steady,
+        &Sample {
+            outcome: Outcome::Ok,
+            ttft: Some(0.5),
+            itl: Some(0.02),
+            latency: 4.0,
+            prompt_tokens: 1024,
+            cached_tokens: 512,
+            output_tokens: 256,
+            ..Sample::default()
+        },
+    );
+    metrics.record_request(
+        &agg,
+        Phase::Steady,
+        &Sample {
+            outcome: Outcome::Ok,
+            ttft: Some(2.5),
+            itl: Some(0.03),
+            latency: 9.0,
+            prompt_tokens: 1024,
+            output_tokens: 256,
+            ..Sample::default()
+        },
+    );
+    metrics.record_request(
+        &agg,
+        Phase::Steady,
+        &Sample {
+            outcome: Outcome::Http429,
+            latency: 0.01,
+            ..Sample::default()
+        },
+    );
     metrics.record_request(
         &disagg,
-        "ok",
-        Some(0.2),
-        Some(0.01),
-        Some(2.0),
-        1500,
-        0,
-        100,
+        Phase::Steady,
+        &Sample {
+            outcome: Outcome::Ok,
+            ttft: Some(0.2),
+            itl: Some(0.01),
+            latency: 2.0,
+            prompt_tokens: 1500,
+            output_tokens: 100,
+            ..Sample::default()
+        },
     );
     metrics.record_chunk_gaps(&agg, &[(0.04, 2)]);
     metrics.record_server_timing(&disagg, 0.04, Some(0.002), Some(0.038));
@@ -466,13 +504,14 @@ async fn recording_during_scrapes_loses_nothing() {
                         .with_turn((n % 50) as u32 + 1);
                     metrics.record_request(
                         &labels,
-                        "ok",
-                        Some(0.001 * i as f64),
-                        None,
-                        None,
-                        1,
-                        0,
-                        1,
+                        Phase::Steady,
+                        &Sample {
+                            outcome: Outcome::Ok,
+                            ttft: Some(0.001 * i as f64),
+                            prompt_tokens: 1,
+                            output_tokens: 1,
+                            ..Sample::default()
+                        },
                     );
                 }
             })

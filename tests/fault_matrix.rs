@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use llm_canary::client::Outcome;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
 use llm_canary::model::StepResult;
@@ -174,7 +175,11 @@ async fn run_row(row: Row) {
 
     // The faulty target: the right error kind, with its latency, the step marked.
     let bad = &result(&faulted, "faulty").measurements;
-    let kind = bad.outcomes.get(row.outcome).copied().unwrap_or(0);
+    let kind = bad
+        .outcomes
+        .iter()
+        .find(|(o, _)| o.as_str() == row.outcome)
+        .map_or(0, |(_, n)| *n);
     assert!(
         kind > 0,
         "no `{}` among {:?} ({})",
@@ -392,7 +397,7 @@ slos:
                 "{hung} cycle {cycle}: one per worker at least: {m:?}"
             );
             assert_eq!(
-                m.outcomes.get("timeout"),
+                m.outcomes.get(&Outcome::Timeout),
                 Some(&m.requests),
                 "{hung}: {m:?}"
             );

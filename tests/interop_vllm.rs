@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use interop::Server;
-use llm_canary::client::{Endpoint, Outcome, Prompt, RequestRecord, StreamRequest};
+use llm_canary::client::{Endpoint, Outcome, Prompt, StreamRequest};
 use llm_canary::config::{Api, Config, Dialect};
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{Phase, RecordContext, Sink, StepResult};
+use llm_canary::model::{Finished, Phase, Sink, StepResult};
 use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
 use llm_canary::scrape::{ScrapeTarget, ServerTotals};
 use llm_canary::shutdown::Shutdown;
@@ -55,28 +55,28 @@ struct Seen {
 }
 
 impl Seen {
-    fn of(ctx: &RecordContext<'_>, rec: &RequestRecord) -> Seen {
-        let l = ctx.labels;
+    fn of(req: &Finished<'_>) -> Seen {
+        let l = req.labels;
         let step_value = [&l.concurrency, &l.turn, &l.distribution, &l.prefix_ratio]
             .into_iter()
             .find(|v| !v.is_empty())
             .cloned()
             .unwrap_or_default();
         Seen {
-            id: rec.request_id.clone(),
+            id: req.record.request_id.clone(),
             workload: l.workload.clone(),
             step_value,
-            steady: ctx.phase == Phase::Steady,
-            osl: ctx.osl,
-            prompt: ctx.request.prompt.clone(),
-            shared_prefix_tokens: ctx.shared_prefix_tokens,
-            outcome: rec.outcome,
-            prompt_tokens: rec.prompt_tokens(),
-            cached_tokens: rec.cached_tokens(),
-            completion_tokens: rec.usage.map(|u| u.completion_tokens),
-            content_chunks: rec.content_chunk_count(),
-            ttft: rec.ttft(),
-            itl: rec.itl(),
+            steady: req.phase == Phase::Steady,
+            osl: req.osl,
+            prompt: req.request.prompt.clone(),
+            shared_prefix_tokens: req.shared_prefix_tokens,
+            outcome: req.record.outcome,
+            prompt_tokens: req.record.prompt_tokens(),
+            cached_tokens: req.record.cached_tokens(),
+            completion_tokens: req.record.usage.map(|u| u.completion_tokens),
+            content_chunks: req.record.content_chunk_count(),
+            ttft: req.record.ttft(),
+            itl: req.record.itl(),
         }
     }
 
@@ -94,8 +94,8 @@ impl Seen {
 struct Capture(Mutex<Vec<Seen>>);
 
 impl Sink for Capture {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        self.0.lock().unwrap().push(Seen::of(ctx, rec));
+    fn request(&self, req: &Finished<'_>) {
+        self.0.lock().unwrap().push(Seen::of(req));
     }
 }
 

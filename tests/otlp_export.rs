@@ -19,11 +19,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use llm_canary::client::{Outcome, RequestRecord, ServerTiming, Usage, WorkerId};
+use llm_canary::client::{
+    Outcome, Prompt, RequestRecord, ServerTiming, StreamRequest, Usage, WorkerId,
+};
 use llm_canary::config::{Api, At, Dur, Otlp, OtlpProtocol, ServingMode};
 use llm_canary::export::buckets::latency_buckets;
 use llm_canary::export::otlp::{OtlpExporter, OtlpTarget};
-use llm_canary::model::RequestLabels;
+use llm_canary::model::{Finished, Phase, RecordContext};
+use llm_canary::request::GoodputLimits;
+use llm_canary::request::RequestLabels;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
@@ -163,6 +167,29 @@ fn otlp(endpoint: &str, protocol: OtlpProtocol, interval_secs: u64, spans: bool)
     }
 }
 
+/// `rec` as a finished request of `labels` in `phase`, handed to `exporter` as the recorder
+/// hands it on.
+fn export(exporter: &OtlpExporter, labels: &RequestLabels, phase: Phase, rec: &RequestRecord) {
+    let request = StreamRequest {
+        request_id: rec.request_id.clone(),
+        prompt: Prompt::Text(String::new()),
+        osl: 4,
+    };
+    let ctx = RecordContext {
+        target_index: 0,
+        labels,
+        phase,
+        osl: 4,
+        shared_prefix_tokens: 0,
+        request: &request,
+        goodput: GoodputLimits {
+            ttft: f64::INFINITY,
+            itl: f64::INFINITY,
+        },
+    };
+    exporter.record(&Finished::new(&ctx, rec));
+}
+
 /// Starts the exporter (spans on) for `protocol` at `url`, records [`record`] once as a steady
 /// and once as a warmup request, and shuts the exporter down.
 async fn export_one_request(url: &str, protocol: OtlpProtocol) {
@@ -178,9 +205,9 @@ async fn export_one_request(url: &str, protocol: OtlpProtocol) {
     let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep")
         .with_concurrency(32);
     let rec = record();
-    exporter.record(&labels, true, &rec);
+    export(&exporter, &labels, Phase::Steady, &rec);
     // A warmup request only counts.
-    exporter.record(&labels, false, &rec);
+    export(&exporter, &labels, Phase::Warmup, &rec);
     Arc::clone(&exporter).shutdown().await;
     // The last handle is dropped here, on a runtime worker thread.
     drop(exporter);
@@ -340,7 +367,7 @@ async fn dropped_exporter_flushes(url: &str, protocol: OtlpProtocol, received: &
     let cfg = otlp(url, protocol, 3600, false);
     let exporter = OtlpExporter::start(&cfg, vec![]).await.unwrap();
     let labels = RequestLabels::new("sim-agg", ServingMode::Aggregated, "concurrency_sweep");
-    exporter.record(&labels, true, &record());
+    export(&exporter, &labels, Phase::Steady, &record());
     drop(exporter);
     let r = received.lock().unwrap();
     let points = histogram_points(&r, "gen_ai.client.operation.duration");

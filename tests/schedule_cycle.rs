@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use llm_canary::client::{Prompt, RequestRecord};
+use llm_canary::client::Prompt;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{Phase, RecordContext, Sink};
+use llm_canary::model::{Finished, Phase, Sink};
 use llm_canary::schedule::{Recorder, plan_cycle};
 use llm_canary::targets::Deployment;
 use tokio_util::sync::CancellationToken;
@@ -35,8 +35,8 @@ struct Seen {
 struct Capture(Mutex<Vec<Seen>>);
 
 impl Sink for Capture {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        let l = ctx.labels;
+    fn request(&self, req: &Finished<'_>) {
+        let l = req.labels;
         self.0.lock().unwrap().push(Seen {
             target: l.target.clone(),
             workload: l.workload.clone(),
@@ -47,14 +47,14 @@ impl Sink for Capture {
                 l.isl_bucket.clone(),
                 l.prefix_ratio.clone(),
             ],
-            steady: ctx.phase == Phase::Steady,
-            id: rec.request_id.clone(),
-            prompt: ctx.request.prompt.clone(),
-            osl: ctx.osl,
-            outcome: rec.outcome.as_str(),
-            prompt_tokens: rec.usage.map(|u| u.prompt_tokens),
-            cached_tokens: rec.usage.map(|u| u.cached_tokens),
-            completion_tokens: rec.usage.map(|u| u.completion_tokens),
+            steady: req.phase == Phase::Steady,
+            id: req.record.request_id.clone(),
+            prompt: req.request.prompt.clone(),
+            osl: req.osl,
+            outcome: req.record.outcome.as_str(),
+            prompt_tokens: req.record.usage.map(|u| u.prompt_tokens),
+            cached_tokens: req.record.usage.map(|u| u.cached_tokens),
+            completion_tokens: req.record.usage.map(|u| u.completion_tokens),
         });
     }
 }

@@ -7,10 +7,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use llm_canary::client::RequestRecord;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{Phase, RecordContext, Sink};
+use llm_canary::model::{Finished, Phase, Sink};
 use llm_canary::schedule::{Recorder, StepKind, StepPlan};
 use llm_canary::targets::Deployment;
 use tokio::time::Instant;
@@ -23,13 +22,13 @@ type Seen = (Phase, Instant, Instant, &'static str, Duration);
 struct Capture(Mutex<Vec<Seen>>);
 
 impl Sink for Capture {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+    fn request(&self, req: &Finished<'_>) {
         self.0.lock().unwrap().push((
-            ctx.phase,
-            rec.intended,
-            rec.end,
-            rec.outcome.as_str(),
-            rec.latency(),
+            req.phase,
+            req.record.intended,
+            req.record.end,
+            req.record.outcome.as_str(),
+            req.record.latency(),
         ));
     }
 }

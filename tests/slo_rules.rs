@@ -8,7 +8,9 @@ use std::process::Command;
 
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::RequestLabels;
+use llm_canary::model::Phase;
+use llm_canary::request::RequestLabels;
+use llm_canary::request::{Outcome, Sample};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -111,7 +113,19 @@ fn le_bounds_in_the_rules_are_exposed_by_the_daemon() {
         "concurrency_sweep",
     )
     .with_concurrency(32);
-    metrics.record_request(&labels, "ok", Some(0.3), Some(0.01), Some(3.0), 1, 0, 1);
+    metrics.record_request(
+        &labels,
+        Phase::Steady,
+        &Sample {
+            outcome: Outcome::Ok,
+            ttft: Some(0.3),
+            itl: Some(0.01),
+            latency: 3.0,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            ..Sample::default()
+        },
+    );
     let exposition = metrics.encode().unwrap();
     let mut bounds: Vec<&str> = rules
         .split("le=\\\"")

@@ -7,10 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use llm_canary::client::RequestRecord;
 use llm_canary::config::Config;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{Phase, RecordContext, Sink};
+use llm_canary::model::{Finished, Phase, Sink};
 use llm_canary::schedule::{Recorder, plan_cycle};
 use llm_canary::targets::Deployment;
 use llm_canary::workload::trace::{Trace, TraceFormat};
@@ -23,14 +22,14 @@ type Seen = (String, String, u64, u64, &'static str);
 struct Capture(Mutex<Vec<Seen>>);
 
 impl Sink for Capture {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        assert_eq!(ctx.phase, Phase::Steady, "the steps have no warmup");
+    fn request(&self, req: &Finished<'_>) {
+        assert_eq!(req.phase, Phase::Steady, "the steps have no warmup");
         self.0.lock().unwrap().push((
-            ctx.labels.target.clone(),
-            ctx.labels.trace.clone(),
-            rec.prompt_tokens().unwrap_or(0),
-            rec.output_tokens(),
-            rec.outcome.as_str(),
+            req.labels.target.clone(),
+            req.labels.trace.clone(),
+            req.record.prompt_tokens().unwrap_or(0),
+            req.record.output_tokens(),
+            req.record.outcome.as_str(),
         ));
     }
 }

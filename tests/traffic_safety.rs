@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use llm_canary::client::RequestRecord;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{BudgetReport, RecordContext, Sink};
+use llm_canary::model::{BudgetReport, Finished, Sink};
 use llm_canary::schedule::gate::{Gate, Switch, TokioClock};
 use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
 use llm_canary::setup::Setup;
@@ -37,12 +36,12 @@ struct Send {
 struct Sends(Mutex<Vec<Send>>);
 
 impl Sink for Sends {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+    fn request(&self, req: &Finished<'_>) {
         self.0.lock().unwrap().push(Send {
-            target: ctx.labels.target.clone(),
-            sent: rec.sent,
-            end: rec.end,
-            tokens: rec.output_tokens(),
+            target: req.labels.target.clone(),
+            sent: req.record.sent,
+            end: req.record.end,
+            tokens: req.record.output_tokens(),
         });
     }
 }
@@ -90,7 +89,7 @@ fn most_in(sends: &[&Send], span: Duration) -> usize {
 struct Reports(Mutex<Vec<BudgetReport>>);
 
 impl Sink for Reports {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
     fn budget(&self, report: &BudgetReport) {
         self.0.lock().unwrap().push(report.clone());
     }

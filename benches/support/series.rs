@@ -2,10 +2,12 @@
 //! two targets with every outcome, step gauges, server and SLO series. Included by
 //! `benches/hot_paths.rs` and `benches/scrape.rs` so both time the same exposition.
 
-use llm_canary::client::Outcome;
 use llm_canary::config::ServingMode;
 use llm_canary::export::metrics::Metrics;
-use llm_canary::model::{Quantiles, RequestLabels, ServerSnapshot, StepSummary};
+use llm_canary::model::Phase;
+use llm_canary::model::{Quantiles, ServerSnapshot, StepSummary};
+use llm_canary::request::RequestLabels;
+use llm_canary::request::{Outcome, Sample};
 use llm_canary::slo::{SloReading, SloState};
 
 pub const TARGETS: [(&str, ServingMode); 2] = [
@@ -45,16 +47,17 @@ pub fn fill(metrics: &Metrics) -> usize {
             label_sets += 1;
             for (i, outcome) in Outcome::ALL.iter().enumerate() {
                 let scale = 1.0 + i as f64;
-                metrics.record_request(
-                    &labels,
-                    outcome.as_str(),
-                    Some(0.05 * scale),
-                    Some(0.01 * scale),
-                    Some(2.0 * scale),
-                    1024,
-                    256,
-                    512,
-                );
+                let sample = Sample {
+                    outcome: *outcome,
+                    ttft: Some(0.05 * scale),
+                    itl: Some(0.01 * scale),
+                    latency: 2.0 * scale,
+                    prompt_tokens: 1024,
+                    cached_tokens: 256,
+                    output_tokens: 512,
+                    ..Sample::default()
+                };
+                metrics.record_request(&labels, Phase::Steady, &sample);
             }
             metrics.record_chunk_gaps(&labels, &[(0.02, 1), (0.04, 2)]);
             metrics.record_osl_mismatch(&labels);

@@ -9,103 +9,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-pub use crate::measure::step::{CacheSource, ServerSplit};
+pub use crate::request::{CacheSource, Outcome, ServerSplit};
 
 /// Counts the tokens of a piece of streamed text. Without one, every content chunk counts as one
 /// token (what OpenAI-compatible servers send when streaming token by token).
 pub trait TokenCounter: Send + Sync {
     fn count(&self, text: &str) -> usize;
-}
-
-/// How a request ended: the `outcome` label (docs/DESIGN.md §4 and §6). `osl_mismatch` is not an outcome;
-/// it is counted separately, see [`RequestRecord::osl_mismatch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The stream ended with `[DONE]`.
-    Ok,
-    /// No connection: refused, unresolvable, or the connect timeout passed.
-    Connect,
-    /// No complete response within the per-request timeout.
-    Timeout,
-    /// A 4xx status other than 429.
-    Http4xx,
-    Http429,
-    Http5xx,
-    /// The server reported a failure inside the stream: an `event: error` frame or an
-    /// `{"error": ...}` data chunk.
-    StreamError,
-    /// The response ended (EOF or a broken connection) without `[DONE]`.
-    StreamTruncated,
-    /// Unparseable: a chunk that is not JSON, a line over the size cap, a non-SSE content type on
-    /// a success status, or another unexpected status.
-    BadResponse,
-    /// The canary abandoned the request on purpose (a workload's `cancel` scenario): neither a
-    /// success nor an error.
-    Cancelled,
-}
-
-impl Outcome {
-    /// Every outcome, for registering metric series up front.
-    pub const ALL: [Outcome; 10] = [
-        Outcome::Ok,
-        Outcome::Connect,
-        Outcome::Timeout,
-        Outcome::Http4xx,
-        Outcome::Http429,
-        Outcome::Http5xx,
-        Outcome::StreamError,
-        Outcome::StreamTruncated,
-        Outcome::BadResponse,
-        Outcome::Cancelled,
-    ];
-
-    /// The label value (contract).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Connect => "connect",
-            Outcome::Timeout => "timeout",
-            Outcome::Http4xx => "http_4xx",
-            Outcome::Http429 => "http_429",
-            Outcome::Http5xx => "http_5xx",
-            Outcome::StreamError => "stream_error",
-            Outcome::StreamTruncated => "stream_truncated",
-            Outcome::BadResponse => "bad_response",
-            Outcome::Cancelled => crate::measure::step::OUTCOME_CANCELLED,
-        }
-    }
-
-    /// Same as [`Outcome::as_str`], under the name metric code looks for.
-    pub fn label(self) -> &'static str {
-        self.as_str()
-    }
-
-    pub fn is_ok(self) -> bool {
-        self == Outcome::Ok
-    }
-
-    /// A failure of the server or the path to it: anything but `ok` and `cancelled` (a
-    /// cancellation is the canary's choice, not the server's fault).
-    pub fn is_error(self) -> bool {
-        !matches!(self, Outcome::Ok | Outcome::Cancelled)
-    }
-
-    /// The outcome of a non-success HTTP status.
-    pub fn from_status(status: u16) -> Outcome {
-        match status {
-            429 => Outcome::Http429,
-            400..=499 => Outcome::Http4xx,
-            500..=599 => Outcome::Http5xx,
-            _ => Outcome::BadResponse,
-        }
-    }
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// Token usage as the server reported it.
@@ -571,7 +480,7 @@ mod tests {
 
     #[test]
     fn outcome_labels_are_the_contract() {
-        let labels: Vec<&str> = Outcome::ALL.iter().map(|o| o.label()).collect();
+        let labels: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(
             labels,
             [

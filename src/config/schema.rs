@@ -128,8 +128,8 @@ impl Default for ProbeStreamConfig {
 
 impl Goodput {
     /// The limits in seconds, as the step accumulators judge requests.
-    pub fn limits(&self) -> crate::measure::step::GoodputLimits {
-        crate::measure::step::GoodputLimits {
+    pub fn limits(&self) -> crate::request::GoodputLimits {
+        crate::request::GoodputLimits {
             ttft: self.ttft.0.as_secs_f64(),
             itl: self.itl.0.as_secs_f64(),
         }

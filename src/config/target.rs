@@ -3,24 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How a deployment serves: the `serving_mode` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ServingMode {
-    Aggregated,
-    Disaggregated,
-    Other,
-}
-
-impl ServingMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServingMode::Aggregated => "aggregated",
-            ServingMode::Disaggregated => "disaggregated",
-            ServingMode::Other => "other",
-        }
-    }
-}
+pub use crate::request::ServingMode;
 
 /// Which OpenAI endpoint the canary talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

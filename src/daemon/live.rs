@@ -12,12 +12,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::client::{RequestRecord, StreamClient};
+use crate::client::StreamClient;
 use crate::config::TargetConfig;
 use crate::export::http::{ReloadFuture, ReloadHook};
 use crate::export::metrics::Metrics;
 use crate::k8s::events::SloEvents;
-use crate::model::{RecordContext, Sink, TargetChange};
+use crate::model::{Finished, Sink, TargetChange};
 use crate::schedule::{Target, TargetSet};
 use crate::scrape::ScrapeTarget;
 use crate::setup::Setup;
@@ -457,7 +457,7 @@ fn restart_only_changes(before: &Setup, new: &Setup) -> Vec<&'static str> {
 /// The schedule has moved on to a new target set: no request of a removed target is in flight
 /// any more, so the simulators of the targets a reload removed may stop.
 impl Sink for Live {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
 
     fn targets(&self, _change: &TargetChange<'_>) {
         for sim in std::mem::take(&mut *lock(&self.retired)) {

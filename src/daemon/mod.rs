@@ -12,12 +12,11 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use crate::client::RequestRecord;
 use crate::export::http::{AppState, HttpServer, Lifecycle, PauseHook, StatusSource};
 use crate::export::metrics::Metrics;
 use crate::export::otlp::OtlpExporter;
 use crate::k8s::traffic::DiscoveredTargets;
-use crate::model::{RecordContext, Sink, TargetChange, TargetInfo};
+use crate::model::{Finished, Sink, TargetChange, TargetInfo};
 use crate::probe::ProbeReport;
 use crate::schedule::gate::{Gate, Switch, SystemClock};
 use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
@@ -62,7 +61,7 @@ pub enum DaemonError {
 struct CurrentTargets(RwLock<Vec<TargetInfo>>);
 
 impl Sink for CurrentTargets {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
 
     fn targets(&self, change: &TargetChange<'_>) {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = change.now.to_vec();

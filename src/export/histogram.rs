@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::model::RequestLabels;
+use crate::request::RequestLabels;
 
 /// A classic histogram whose record path is a handful of atomic operations. prometheus-client's
 /// own `Histogram` guards its buckets with a mutex that a scrape also takes; this one never

@@ -1,5 +1,5 @@
 //! The label sets of the exported families other than the per-request ones (which are
-//! `model::RequestLabels`), and the SLO state set that keeps exactly one state per SLO at 1.
+//! `request::RequestLabels`), and the SLO state set that keeps exactly one state per SLO at 1.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 
-use crate::model::{RequestLabels, StepLabels};
+use crate::request::{Outcome, RequestLabels, StepLabels};
 use crate::slo::SloState;
 
 /// The coarse per-request counters' labels of a request.
@@ -24,7 +24,7 @@ pub(super) fn mode_labels(l: &RequestLabels) -> ModeLabels {
 pub struct OutcomeLabels {
     #[prometheus(flatten)]
     pub request: RequestLabels,
-    pub outcome: String,
+    pub outcome: Outcome,
 }
 
 /// Step labels plus `quantile`.

@@ -40,7 +40,8 @@ use super::buckets::{
 };
 use super::histogram::{AtomicHistogram, LatencyFamily, SharedBuckets};
 use super::labels::*;
-use crate::model::{RequestLabels, StepLabels, StepSummary};
+use crate::model::{Phase, StepSummary};
+use crate::request::{RequestLabels, Sample, StepLabels};
 
 /// Errors of the metrics module.
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +50,6 @@ pub enum MetricsError {
     #[error("encoding the OpenMetrics exposition failed")]
     Encode(#[from] std::fmt::Error),
 }
-
-/// The `outcome` label of a request that succeeded; every other value is an error kind of docs/DESIGN.md §4.
-pub const OUTCOME_OK: &str = "ok";
 
 /// The quantiles of the `llm_canary_step_*` latency gauges, as `quantile` label values, and
 /// their index in [`Quantiles::values`]; the standard resolution leaves p90 out.
@@ -270,22 +268,12 @@ impl Metrics {
         self.resolution
     }
 
-    /// Records one finished request. `outcome` is `ok` or an error kind of docs/DESIGN.md §4 (a bounded set:
-    /// pass the client error's metric label, never free text). Latencies are in seconds and `None`
-    /// where they do not exist (an error before the first token has no TTFT); error latency is
-    /// recorded like any other.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_request(
-        &self,
-        labels: &RequestLabels,
-        outcome: &str,
-        ttft: Option<f64>,
-        itl: Option<f64>,
-        latency: Option<f64>,
-        prompt_tokens: u64,
-        cached_tokens: u64,
-        output_tokens: u64,
-    ) {
+    /// Records one finished request under `labels`: its outcome always (a warmup error is never
+    /// silently lost); in the steady window also its latencies (TTFT and ITL of a success, the
+    /// request duration of anything but a cancellation) and the tokens it counts for. The token
+    /// counters are touched even at 0 so their series exist from the first request and `rate()`
+    /// has a starting point.
+    pub fn record_request(&self, labels: &RequestLabels, phase: Phase, s: &Sample) {
         // The standard resolution keeps these by step: a turn or an ISL bucket is a slice of a
         // step the step gauges show, not worth a histogram of its own.
         let step_level = match self.resolution {
@@ -295,43 +283,51 @@ impl Metrics {
         let labels = step_level.as_ref().unwrap_or(labels);
         let outcome_labels = OutcomeLabels {
             request: labels.clone(),
-            outcome: outcome.to_owned(),
+            outcome: s.outcome,
         };
         self.outcome_series(&outcome_labels).inc();
-        if ttft.is_some() || itl.is_some() || latency.is_some() {
-            for (family, value) in [(&self.ttft, ttft), (&self.itl, itl)] {
+        let steady = phase == Phase::Steady;
+        if steady {
+            self.record_latencies(labels, s);
+        }
+        let tokens = |n: u64| if steady { n } else { 0 };
+        self.request_series(&self.prompt_tokens, labels)
+            .inc_by(tokens(s.prompt_tokens));
+        self.request_series(&self.cached_tokens, labels)
+            .inc_by(tokens(s.cached_tokens));
+        self.request_series(&self.output_tokens, labels)
+            .inc_by(tokens(s.output_tokens));
+    }
+
+    /// The TTFT and ITL of a successful request, and the duration of any the server answered.
+    fn record_latencies(&self, labels: &RequestLabels, s: &Sample) {
+        if s.outcome.is_ok() {
+            for (family, value) in [(&self.ttft, s.ttft), (&self.itl, s.itl)] {
                 if let Some(v) = value {
                     self.histogram_series(family, labels).observe(v);
                 }
             }
-            if let Some(v) = latency {
-                // By workload at the standard resolution: no dashboard, rule or SLO threshold
-                // reads the request duration by step (the step gauges have it).
-                let by_workload;
-                let duration_labels = match self.resolution {
-                    Resolution::Standard => {
-                        by_workload = RequestLabels {
-                            target: labels.target.clone(),
-                            serving_mode: labels.serving_mode.clone(),
-                            workload: labels.workload.clone(),
-                            ..RequestLabels::default()
-                        };
-                        &by_workload
-                    }
-                    Resolution::High => labels,
-                };
-                self.histogram_series(&self.request_duration, duration_labels)
-                    .observe(v);
-            }
         }
-        // The token counters are touched even at 0 so their series exist from the first request
-        // and `rate()` has a starting point.
-        self.request_series(&self.prompt_tokens, labels)
-            .inc_by(prompt_tokens);
-        self.request_series(&self.cached_tokens, labels)
-            .inc_by(cached_tokens);
-        self.request_series(&self.output_tokens, labels)
-            .inc_by(output_tokens);
+        let Some(latency) = s.server_latency() else {
+            return;
+        };
+        // By workload at the standard resolution: no dashboard, rule or SLO threshold reads the
+        // request duration by step (the step gauges have it).
+        let by_workload;
+        let duration_labels = match self.resolution {
+            Resolution::Standard => {
+                by_workload = RequestLabels {
+                    target: labels.target.clone(),
+                    serving_mode: labels.serving_mode.clone(),
+                    workload: labels.workload.clone(),
+                    ..RequestLabels::default()
+                };
+                &by_workload
+            }
+            Resolution::High => labels,
+        };
+        self.histogram_series(&self.request_duration, duration_labels)
+            .observe(latency);
     }
 
     /// Records the content chunks of one request as per-token gaps: each `(gap_seconds, tokens)`
@@ -761,6 +757,7 @@ mod tests {
     use crate::config::ServingMode;
     use crate::export::testing::{agg, sample};
     use crate::model::{Quantiles, ServerSnapshot};
+    use crate::request::Outcome;
     use crate::slo::{SloReading, SloState};
 
     #[test]
@@ -768,13 +765,14 @@ mod tests {
         let metrics = Metrics::new(&[2.0, 0.0333]);
         metrics.record_request(
             &agg("concurrency_sweep").with_concurrency(32),
-            "ok",
-            Some(0.0333),
-            None,
-            None,
-            1,
-            0,
-            1,
+            Phase::Steady,
+            &Sample {
+                outcome: Outcome::Ok,
+                ttft: Some(0.0333),
+                prompt_tokens: 1,
+                output_tokens: 1,
+                ..Sample::default()
+            },
         );
         let text = metrics.encode().expect("encode");
         let labels = [("concurrency", "32"), ("le", "0.0333")];
@@ -793,8 +791,29 @@ mod tests {
     fn record_request_fills_every_request_family() {
         let metrics = Metrics::new(&[]);
         let labels = agg("prefix_cache").with_prefix_ratio(0.25);
-        metrics.record_request(&labels, "ok", Some(0.2), Some(0.01), Some(3.0), 100, 40, 50);
-        metrics.record_request(&labels, "timeout", None, None, Some(30.0), 0, 0, 0);
+        metrics.record_request(
+            &labels,
+            Phase::Steady,
+            &Sample {
+                outcome: Outcome::Ok,
+                ttft: Some(0.2),
+                itl: Some(0.01),
+                latency: 3.0,
+                prompt_tokens: 100,
+                cached_tokens: 40,
+                output_tokens: 50,
+                ..Sample::default()
+            },
+        );
+        metrics.record_request(
+            &labels,
+            Phase::Steady,
+            &Sample {
+                outcome: Outcome::Timeout,
+                latency: 30.0,
+                ..Sample::default()
+            },
+        );
         metrics.record_chunk_gaps(&labels, &[(0.02, 2), (0.01, 1)]);
         let text = metrics.encode().expect("encode");
         let base = [("target", "agg"), ("prefix_ratio", "0.25"), ("turn", "")];
@@ -988,7 +1007,19 @@ mod tests {
         for resolution in [Resolution::Standard, Resolution::High] {
             let high = resolution == Resolution::High;
             let metrics = Metrics::with_resolution(&[2.0], resolution);
-            metrics.record_request(&turn, "ok", Some(0.2), Some(0.01), Some(3.0), 10, 0, 5);
+            metrics.record_request(
+                &turn,
+                Phase::Steady,
+                &Sample {
+                    outcome: Outcome::Ok,
+                    ttft: Some(0.2),
+                    itl: Some(0.01),
+                    latency: 3.0,
+                    prompt_tokens: 10,
+                    output_tokens: 5,
+                    ..Sample::default()
+                },
+            );
             metrics.set_step(&step, &summary);
             metrics.set_step(&turn, &summary);
             let text = metrics.encode().expect("encode");
@@ -1094,8 +1125,28 @@ mod tests {
         let disagg =
             RequestLabels::new("disagg", ServingMode::Disaggregated, "multi_turn").with_turn(2);
         for labels in [agg("multi_turn").with_turn(2), disagg.clone()] {
-            metrics.record_request(&labels, "ok", Some(0.1), Some(0.01), Some(1.0), 10, 0, 10);
-            metrics.record_request(&labels, "http_5xx", None, None, Some(0.1), 0, 0, 0);
+            metrics.record_request(
+                &labels,
+                Phase::Steady,
+                &Sample {
+                    outcome: Outcome::Ok,
+                    ttft: Some(0.1),
+                    itl: Some(0.01),
+                    latency: 1.0,
+                    prompt_tokens: 10,
+                    output_tokens: 10,
+                    ..Sample::default()
+                },
+            );
+            metrics.record_request(
+                &labels,
+                Phase::Steady,
+                &Sample {
+                    outcome: Outcome::Http5xx,
+                    latency: 0.1,
+                    ..Sample::default()
+                },
+            );
             metrics.record_osl_mismatch(&labels);
             metrics.record_token_count_mismatch(&labels);
             metrics.record_chunk_gaps(&labels, &[(0.01, 1)]);
@@ -1161,13 +1212,13 @@ mod tests {
         // A target that comes back starts from zero.
         metrics.record_request(
             &agg("multi_turn").with_turn(2),
-            "ok",
-            None,
-            None,
-            None,
-            1,
-            0,
-            1,
+            Phase::Steady,
+            &Sample {
+                outcome: Outcome::Ok,
+                prompt_tokens: 1,
+                output_tokens: 1,
+                ..Sample::default()
+            },
         );
         let again = metrics.encode().expect("encode");
         assert_eq!(

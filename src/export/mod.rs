@@ -17,14 +17,14 @@ pub use http::{
     AppState, HttpError, HttpLimits, HttpServer, Lifecycle, OPENMETRICS_CONTENT_TYPE, PauseHook,
     Readiness, ReloadFuture, ReloadHook, ShutdownOutcome, StatusSource,
 };
-pub use metrics::{Metrics, MetricsError, OUTCOME_OK};
+pub use metrics::{Metrics, MetricsError};
 pub use otlp::{OtlpError, OtlpExporter, OtlpTarget};
 
 /// Helpers of the module's unit tests.
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::config::ServingMode;
-    use crate::model::RequestLabels;
+    use crate::request::RequestLabels;
 
     pub fn agg(workload: &str) -> RequestLabels {
         RequestLabels::new("agg", ServingMode::Aggregated, workload)

@@ -50,7 +50,8 @@ use tokio::time::Instant;
 use super::buckets::latency_buckets;
 use crate::client::RequestRecord;
 use crate::config::{Api, Otlp, OtlpProtocol};
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, TargetChange};
+use crate::model::{Finished, Phase, Sink, TargetChange};
+use crate::request::{RequestLabels, Sample};
 
 /// Longest one export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -247,8 +248,8 @@ fn providers<M: PushMetricExporter, S: SpanExporter + 'static>(
 
 /// Every request, warmup included (its spans say which).
 impl Sink for OtlpExporter {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        self.record(ctx.labels, ctx.phase == Phase::Steady, rec);
+    fn request(&self, req: &Finished<'_>) {
+        self.record(req);
     }
 
     fn targets(&self, change: &TargetChange<'_>) {
@@ -365,7 +366,8 @@ impl OtlpExporter {
     /// Records one finished request (of the target its labels name; a target the exporter does
     /// not know gets the label attributes only). Warmup requests only count in
     /// `llm_canary.requests`, as they only count in `llm_canary_requests_total`.
-    pub fn record(&self, labels: &RequestLabels, steady: bool, rec: &RequestRecord) {
+    pub fn record(&self, req: &Finished<'_>) {
+        let (labels, s, rec) = (req.labels, &req.sample, req.record);
         let mut attrs = label_attributes(labels);
         let span_name = {
             let targets = self.targets.read().unwrap_or_else(PoisonError::into_inner);
@@ -375,63 +377,66 @@ impl OtlpExporter {
             }
             target.map(|(_, n)| n.clone())
         };
-        let ok = rec.outcome.is_ok();
         let mut with_outcome = attrs.clone();
-        with_outcome.push(KeyValue::new("llm_canary.outcome", rec.outcome.as_str()));
+        with_outcome.push(KeyValue::new("llm_canary.outcome", s.outcome.as_str()));
         self.instruments.requests.add(1, &with_outcome);
-        if !steady {
+        if req.phase == Phase::Warmup {
             return;
         }
         let mut duration_attrs = attrs.clone();
-        if rec.outcome.is_error() {
-            duration_attrs.push(KeyValue::new("error.type", rec.outcome.as_str()));
+        if s.outcome.is_error() {
+            duration_attrs.push(KeyValue::new("error.type", s.outcome.as_str()));
         }
-        // A cancelled request lasted as long as the canary chose: not the server's latency.
-        if rec.outcome != crate::client::Outcome::Cancelled {
-            let latency = rec.latency().as_secs_f64();
+        if let Some(latency) = s.server_latency() {
             self.instruments.duration.record(latency, &duration_attrs);
         }
-        if ok {
-            if let Some(t) = rec.ttft() {
-                self.instruments.ttfc.record(t.as_secs_f64(), &attrs);
-            }
-            if let Some(i) = rec.itl() {
-                self.instruments.itl.record(i.as_secs_f64(), &attrs);
-            }
-            for (gap_per_token, tokens) in rec.token_gaps() {
-                let chunk_gap = gap_per_token.as_secs_f64() * f64::from(tokens);
-                self.instruments.per_chunk.record(chunk_gap, &attrs);
-            }
-            let mut token_attrs = attrs.clone();
-            token_attrs.push(KeyValue::new("gen_ai.token.type", "input"));
-            if let Some(p) = rec.prompt_tokens() {
-                self.instruments.tokens.record(p, &token_attrs);
-            }
-            token_attrs.pop();
-            token_attrs.push(KeyValue::new("gen_ai.token.type", "output"));
-            self.instruments
-                .tokens
-                .record(rec.output_tokens(), &token_attrs);
-            self.instruments
-                .cached
-                .add(rec.cached_tokens().unwrap_or(0), &attrs);
-            if let Some(split) = rec.server_split() {
-                self.instruments
-                    .server_ttft
-                    .record(split.server_ttft, &attrs);
-                for (instrument, value) in [
-                    (&self.instruments.server_queue, split.server_queue),
-                    (&self.instruments.server_prefill, split.server_prefill),
-                ] {
-                    if let Some(v) = value {
-                        instrument.record(v, &attrs);
-                    }
-                }
-            }
+        if s.outcome.is_ok() {
+            self.record_success(&attrs, s, rec);
         }
         if let Some((_, tracer)) = &self.tracing {
             let name = span_name.unwrap_or_else(|| "chat".to_owned());
             self.span(tracer, name, attrs, rec);
+        }
+    }
+
+    /// What only a successful request has: its TTFT, ITL and chunk gaps, the tokens it counts
+    /// for (input tokens where the server reported usage) and the server's own timing.
+    fn record_success(&self, attrs: &[KeyValue], s: &Sample, rec: &RequestRecord) {
+        if let Some(t) = s.ttft {
+            self.instruments.ttfc.record(t, attrs);
+        }
+        if let Some(i) = s.itl {
+            self.instruments.itl.record(i, attrs);
+        }
+        for (gap_per_token, tokens) in rec.token_gaps() {
+            let chunk_gap = gap_per_token.as_secs_f64() * f64::from(tokens);
+            self.instruments.per_chunk.record(chunk_gap, attrs);
+        }
+        let mut token_attrs = attrs.to_vec();
+        token_attrs.push(KeyValue::new("gen_ai.token.type", "input"));
+        if rec.usage.is_some() {
+            self.instruments
+                .tokens
+                .record(s.prompt_tokens, &token_attrs);
+        }
+        token_attrs.pop();
+        token_attrs.push(KeyValue::new("gen_ai.token.type", "output"));
+        self.instruments
+            .tokens
+            .record(s.output_tokens, &token_attrs);
+        self.instruments.cached.add(s.cached_tokens, attrs);
+        if let Some(split) = s.server {
+            self.instruments
+                .server_ttft
+                .record(split.server_ttft, attrs);
+            for (instrument, value) in [
+                (&self.instruments.server_queue, split.server_queue),
+                (&self.instruments.server_prefill, split.server_prefill),
+            ] {
+                if let Some(v) = value {
+                    instrument.record(v, attrs);
+                }
+            }
         }
     }
 

@@ -7,11 +7,11 @@ use prometheus_client::metrics::family::Family;
 
 use super::labels::{SloLabels, TargetLabels};
 use super::metrics::{CounterF64, Metrics};
-use crate::client::{Outcome, RequestRecord};
 use crate::model::{
-    BudgetReport, PauseState, Phase, RecordContext, ServerSnapshot, Sink, StepInfo, StepResult,
+    BudgetReport, Finished, PauseState, Phase, ServerSnapshot, Sink, StepInfo, StepResult,
     TargetChange,
 };
+use crate::request::Outcome;
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading, SloState};
 
@@ -19,51 +19,27 @@ use crate::slo::{SloPublisher, SloReading, SloState};
 /// counts (a 429 or 503 still comes from a live server) and so does a stream that ended, even
 /// badly; no connection does not, and neither does a timeout: a target that accepts requests and
 /// then stalls (after its headers, or mid-stream) is not serving.
-pub fn reached_target(rec: &RequestRecord) -> bool {
-    !matches!(rec.outcome, Outcome::Connect | Outcome::Timeout)
+pub fn reached_target(outcome: Outcome) -> bool {
+    !matches!(outcome, Outcome::Connect | Outcome::Timeout)
 }
 
 impl Sink for Metrics {
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        let outcome = rec.outcome.as_str();
-        let labels = ctx.labels;
-        let secs = |d: Duration| d.as_secs_f64();
-        self.set_target_up(&labels.target, reached_target(rec));
-        if ctx.phase == Phase::Warmup {
-            // Warmup requests still count, so an error in warmup is never silently lost.
-            self.record_request(labels, outcome, None, None, None, 0, 0, 0);
+    fn request(&self, req: &Finished<'_>) {
+        let (labels, s) = (req.labels, &req.sample);
+        self.set_target_up(&labels.target, reached_target(s.outcome));
+        self.record_request(labels, req.phase, s);
+        if req.phase == Phase::Warmup {
             return;
         }
-        let ok = rec.outcome.is_ok();
-        let output = if ok { rec.output_tokens() } else { 0 };
-        self.record_request(
-            labels,
-            outcome,
-            rec.ttft().map(secs).filter(|_| ok),
-            rec.itl().map(secs).filter(|_| ok),
-            // A cancelled request lasted as long as the canary chose: not the server's latency.
-            Some(secs(rec.latency())).filter(|_| rec.outcome != Outcome::Cancelled),
-            // A failed request's usage (a bad_response's above all) is not believed.
-            if ok {
-                rec.prompt_tokens().unwrap_or(0)
-            } else {
-                0
-            },
-            if ok {
-                rec.cached_tokens().unwrap_or(0)
-            } else {
-                0
-            },
-            output,
-        );
-        if ok {
-            let gaps: Vec<(f64, u32)> = rec
+        if s.outcome.is_ok() {
+            let gaps: Vec<(f64, u32)> = req
+                .record
                 .token_gaps()
-                .map(|(g, k)| (secs(g) * f64::from(k), k))
+                .map(|(g, k)| (g.as_secs_f64() * f64::from(k), k))
                 .collect();
             self.record_chunk_gaps(labels, &gaps);
         }
-        if let Some(split) = rec.server_split() {
+        if let Some(split) = s.server {
             self.record_server_timing(
                 labels,
                 split.server_ttft,
@@ -71,14 +47,14 @@ impl Sink for Metrics {
                 split.server_prefill,
             );
         }
-        self.observe_schedule_lag(&labels.target, &labels.workload, secs(rec.schedule_lag()));
-        if rec.slot_at.is_some() {
-            self.observe_client_queue(&labels.target, &labels.workload, secs(rec.client_queue()));
+        self.observe_schedule_lag(&labels.target, &labels.workload, s.schedule_lag);
+        if let Some(queue) = s.client_queue {
+            self.observe_client_queue(&labels.target, &labels.workload, queue);
         }
-        if rec.osl_mismatch(ctx.osl) {
+        if s.osl_mismatch {
             self.record_osl_mismatch(labels);
         }
-        if ok && rec.token_count_disagreement().is_some_and(|d| d != 0) {
+        if s.token_count_mismatch {
             self.record_token_count_mismatch(labels);
         }
     }

@@ -12,9 +12,8 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
-use crate::client::RequestRecord;
 use crate::config::ServingMode;
-use crate::model::{RecordContext, Sink, TargetChange};
+use crate::model::{Finished, Sink, TargetChange};
 use crate::slo::{SloDef, StateChangeHook, matcher_accepts};
 use crate::slo::{SloReading, SloState};
 
@@ -175,7 +174,7 @@ pub fn event_for(slo: &str, old: SloState, new: SloState, reading: &SloReading) 
 
 /// The targets being measured, as the schedule reports them.
 impl Sink for SloEvents {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
 
     fn targets(&self, change: &TargetChange<'_>) {
         let targets = {

@@ -7,9 +7,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// The `outcome` of a request the canary abandoned on purpose (the client's
-/// `Outcome::Cancelled` names itself with it).
-pub const OUTCOME_CANCELLED: &str = "cancelled";
+use crate::request::{CacheSource, Outcome, Sample, ServerSplit};
 
 /// Share of failed steady-window requests above which a step counts as faulted: its latencies and
 /// throughput describe the fault more than the service, so SLO verdicts leave them out (its
@@ -110,21 +108,20 @@ pub struct Counts {
 
 impl Counts {
     /// One request's counts, as a step counts it: a cancelled one counts nowhere (the canary's
-    /// own choice, not the server's answer), a failed one as an error, and tokens are those of
-    /// a successful one.
-    pub fn of(s: &Sample<'_>) -> Counts {
-        if s.outcome == OUTCOME_CANCELLED {
+    /// own choice, not the server's answer), a failed one as an error, and its tokens as the
+    /// sample counts them.
+    pub fn of(s: &Sample) -> Counts {
+        if !s.answered() {
             return Counts::default();
         }
-        let ok = s.outcome == "ok";
-        let tokens = |n: u64| if ok { n } else { 0 };
+        let ok = s.outcome.is_ok();
         Counts {
             requests: 1,
             ok: u64::from(ok),
             errors: u64::from(!ok),
-            prompt_tokens: tokens(s.prompt_tokens),
-            cached_tokens: tokens(s.cached_tokens),
-            output_tokens: tokens(s.output_tokens),
+            prompt_tokens: s.prompt_tokens,
+            cached_tokens: s.cached_tokens,
+            output_tokens: s.output_tokens,
         }
     }
 
@@ -137,52 +134,6 @@ impl Counts {
         self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
     }
-}
-
-/// Where a request's observed cached prompt tokens came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheSource {
-    /// `usage.prompt_tokens_details.cached_tokens`.
-    Usage,
-    /// Dynamo's `nvext.timing.kv_hit_rate` (the KV router's prefix overlap, in whole blocks)
-    /// times the prompt tokens, where usage reports no cached tokens.
-    KvHitRate,
-}
-
-impl CacheSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheSource::Usage => "usage",
-            CacheSource::KvHitRate => "kv_hit_rate",
-        }
-    }
-}
-
-/// One request's TTFT taken apart with the server's own timing (seconds). The client's TTFT
-/// (from the intended send) is `client_queue` + the time from the actual send to the first
-/// token, and that is `server_ttft` + `handoff`; Dynamo's `server_ttft` is `server_queue` +
-/// `server_prefill`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ServerSplit {
-    /// The client's TTFT, from the intended send.
-    pub client_ttft: f64,
-    /// Intended send → actual send, in the canary.
-    pub client_queue: f64,
-    /// `timing.ttft_ms`: request received → first token at the worker (in disaggregated
-    /// serving the prefill worker's first token).
-    pub server_ttft: f64,
-    /// `timing.prefill_wait_time_ms`: waiting for a prefill slot.
-    pub server_queue: Option<f64>,
-    /// `timing.prefill_time_ms`.
-    pub server_prefill: Option<f64>,
-    /// Actual send → first token at the client, minus `server_ttft`: the network, HTTP/SSE
-    /// framing and the frontend's work outside the worker's timer in every mode, and in
-    /// disaggregated serving the prefill → decode handoff with its KV transfer (at least 0).
-    pub handoff: f64,
-    /// `timing.kv_transfer_estimated_latency_ms`: the router's estimate of the KV transfer
-    /// (disaggregated only).
-    pub kv_transfer: Option<f64>,
 }
 
 /// Sums of a step's [`ServerSplit`]s, for their means.
@@ -263,43 +214,6 @@ pub struct TtftBreakdown {
     pub kv_transfer: Option<f64>,
 }
 
-/// What a good request stays within (seconds): goodput counts requests that succeeded with
-/// TTFT ≤ `ttft` and ITL ≤ `itl` (a request with one output token has no ITL to judge).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct GoodputLimits {
-    pub ttft: f64,
-    pub itl: f64,
-}
-
-impl GoodputLimits {
-    /// Whether a successful request with this TTFT and ITL is good.
-    pub fn good(&self, ttft: Option<f64>, itl: Option<f64>) -> bool {
-        ttft.is_some_and(|t| t <= self.ttft) && itl.is_none_or(|i| i <= self.itl)
-    }
-}
-
-/// One request's measurements as the accumulator needs them.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Sample<'a> {
-    pub outcome: &'a str,
-    pub ttft: Option<f64>,
-    pub itl: Option<f64>,
-    pub latency: f64,
-    pub schedule_lag: f64,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    pub output_tokens: u64,
-    /// Shared-prefix tokens the request was built with (prefix_cache), for the expected hit ratio.
-    pub expected_cached_tokens: u64,
-    /// Where `cached_tokens` came from.
-    pub cache_source: Option<CacheSource>,
-    /// The TTFT with the server's own timing, where the server sent it.
-    pub server: Option<ServerSplit>,
-    /// Succeeded within the target's goodput limits.
-    pub good: bool,
-    pub osl_mismatch: bool,
-}
-
 /// Accumulates one (target, label set) over a step's steady window.
 #[derive(Debug, Clone)]
 pub struct StepAccumulator {
@@ -308,7 +222,7 @@ pub struct StepAccumulator {
     latency: Histogram<u64>,
     lag: Histogram<u64>,
     conversation: Histogram<u64>,
-    outcomes: BTreeMap<String, u64>,
+    outcomes: BTreeMap<Outcome, u64>,
     counts: Counts,
     expected_cached_tokens: u64,
     osl_mismatches: u64,
@@ -341,9 +255,9 @@ impl Default for StepAccumulator {
 }
 
 impl StepAccumulator {
-    pub fn record(&mut self, s: &Sample<'_>) {
-        *self.outcomes.entry(s.outcome.to_owned()).or_default() += 1;
-        if s.outcome == OUTCOME_CANCELLED {
+    pub fn record(&mut self, s: &Sample) {
+        *self.outcomes.entry(s.outcome).or_default() += 1;
+        if !s.answered() {
             // The canary's own choice: not a request the server answered or failed, so it stays
             // out of the request count, the error ratio, goodput and every distribution.
             self.cancelled += 1;
@@ -351,7 +265,7 @@ impl StepAccumulator {
         }
         self.counts.add(&Counts::of(s));
         record_secs(&mut self.lag, s.schedule_lag);
-        if s.outcome != "ok" {
+        if !s.outcome.is_ok() {
             return;
         }
         if let Some(t) = s.ttft {
@@ -392,7 +306,7 @@ impl StepAccumulator {
             mine.add(theirs).expect("histograms share bounds");
         }
         for (k, v) in &other.outcomes {
-            *self.outcomes.entry(k.clone()).or_default() += v;
+            *self.outcomes.entry(*k).or_default() += v;
         }
         self.counts.add(&other.counts);
         self.expected_cached_tokens += other.expected_cached_tokens;
@@ -483,8 +397,8 @@ pub struct StepMeasurements {
     pub errors: u64,
     /// Requests the canary abandoned on purpose (a workload's `cancel`); counted apart.
     pub cancelled: u64,
-    /// Requests per outcome (`ok` or an error kind).
-    pub outcomes: BTreeMap<String, u64>,
+    /// Requests per outcome (`ok`, an error kind, or `cancelled`).
+    pub outcomes: BTreeMap<Outcome, u64>,
     pub ttft: Option<Spread>,
     pub itl: Option<Spread>,
     pub latency: Option<Spread>,
@@ -502,7 +416,8 @@ pub struct StepMeasurements {
     /// Shared-prefix tokens sent / prompt tokens: the hit ratio a perfect cache would give.
     pub expected_cache_hit_ratio: Option<f64>,
     pub cost_per_million_tokens_usd: Option<f64>,
-    /// Successful requests within the target's goodput limits ([`GoodputLimits`]).
+    /// Successful requests within the target's goodput limits
+    /// ([`crate::request::GoodputLimits`]).
     pub good_requests: u64,
     /// Good requests per second of the steady window.
     pub goodput: f64,
@@ -546,10 +461,11 @@ impl StepMeasurements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::GoodputLimits;
 
-    fn ok(ttft: f64, latency: f64, out: u64) -> Sample<'static> {
+    fn ok(ttft: f64, latency: f64, out: u64) -> Sample {
         Sample {
-            outcome: "ok",
+            outcome: Outcome::Ok,
             ttft: Some(ttft),
             itl: Some(0.01),
             latency,
@@ -569,7 +485,7 @@ mod tests {
             acc.record(&ok(i as f64 / 1000.0, 1.0, 100));
         }
         acc.record(&Sample {
-            outcome: "http_5xx",
+            outcome: Outcome::Http5xx,
             latency: 0.5,
             ..Default::default()
         });
@@ -579,7 +495,7 @@ mod tests {
             Duration::from_millis(50),
         );
         assert_eq!((m.requests, m.ok_requests, m.errors), (101, 100, 1));
-        assert_eq!(m.outcomes["http_5xx"], 1);
+        assert_eq!(m.outcomes[&Outcome::Http5xx], 1);
         let ttft = m.ttft.unwrap();
         assert!((ttft.p50 - 0.050).abs() < 0.0005, "{ttft:?}");
         assert!((ttft.p99 - 0.099).abs() < 0.0005, "{ttft:?}");
@@ -643,7 +559,7 @@ mod tests {
             acc.record(&ok(0.1, 1.0, 10));
             if i < 2 {
                 acc.record(&Sample {
-                    outcome: "http_5xx",
+                    outcome: Outcome::Http5xx,
                     latency: 0.01,
                     ..Default::default()
                 });

@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
+use super::StepResult;
 use crate::client::{RequestRecord, StreamRequest};
 use crate::config::{Api, ServingMode};
-use crate::measure::step::Sample;
-
-use super::{RequestLabels, StepResult};
+use crate::request::{GoodputLimits, RequestLabels, Sample};
 
 /// Which part of a step a request was intended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +18,8 @@ pub enum Phase {
     Steady,
 }
 
-/// What a sink needs to know about a request besides its record.
+/// What the sender knows of a request besides its record: where it went, under which labels,
+/// in which part of the step, what it asked for.
 #[derive(Debug, Clone)]
 pub struct RecordContext<'a> {
     pub target_index: usize,
@@ -32,28 +32,59 @@ pub struct RecordContext<'a> {
     /// What was sent.
     pub request: &'a StreamRequest,
     /// What a good request of this target stays within (goodput).
-    pub goodput: crate::measure::step::GoodputLimits,
+    pub goodput: GoodputLimits,
 }
 
-impl RecordContext<'_> {
-    /// What a step accumulates of `rec`, sent in this context.
-    pub fn sample<'r>(&self, rec: &'r RequestRecord) -> Sample<'r> {
+/// A finished request as every consumer receives it, built once per request: its context, what
+/// the client observed (`record`: every instant, the server's reply), and what it counts for
+/// (`sample`, derived here and nowhere else).
+#[derive(Debug, Clone)]
+pub struct Finished<'a> {
+    pub target_index: usize,
+    pub labels: &'a RequestLabels,
+    pub phase: Phase,
+    /// The output tokens asked for.
+    pub osl: u32,
+    pub shared_prefix_tokens: u64,
+    pub request: &'a StreamRequest,
+    pub record: &'a RequestRecord,
+    pub sample: Sample,
+}
+
+impl<'a> Finished<'a> {
+    /// The finished request `rec`, sent in `ctx`.
+    pub fn new(ctx: &RecordContext<'a>, rec: &'a RequestRecord) -> Self {
         let secs = |d: Duration| d.as_secs_f64();
         let ok = rec.outcome.is_ok();
-        Sample {
-            outcome: rec.outcome.as_str(),
-            ttft: rec.ttft().map(secs),
-            itl: rec.itl().map(secs),
-            latency: secs(rec.latency()),
-            schedule_lag: secs(rec.schedule_lag()),
-            prompt_tokens: rec.prompt_tokens().unwrap_or(0),
-            cached_tokens: rec.cached_tokens().unwrap_or(0),
-            output_tokens: if ok { rec.output_tokens() } else { 0 },
-            expected_cached_tokens: self.shared_prefix_tokens,
-            cache_source: rec.cache_source().filter(|_| ok),
-            server: rec.server_split(),
-            good: ok && self.goodput.good(rec.ttft().map(secs), rec.itl().map(secs)),
-            osl_mismatch: rec.osl_mismatch(self.osl),
+        // Tokens count only from successful requests: a failed one's usage (a bad_response's
+        // above all) is not believed, and a cancelled one was cut where the canary chose.
+        let counted = |n: u64| if ok { n } else { 0 };
+        let (ttft, itl) = (rec.ttft().map(secs), rec.itl().map(secs));
+        Finished {
+            target_index: ctx.target_index,
+            labels: ctx.labels,
+            phase: ctx.phase,
+            osl: ctx.osl,
+            shared_prefix_tokens: ctx.shared_prefix_tokens,
+            request: ctx.request,
+            record: rec,
+            sample: Sample {
+                outcome: rec.outcome,
+                ttft,
+                itl,
+                latency: secs(rec.latency()),
+                schedule_lag: secs(rec.schedule_lag()),
+                client_queue: rec.slot_at.map(|_| secs(rec.client_queue())),
+                prompt_tokens: counted(rec.prompt_tokens().unwrap_or(0)),
+                cached_tokens: counted(rec.cached_tokens().unwrap_or(0)),
+                output_tokens: counted(rec.output_tokens()),
+                expected_cached_tokens: ctx.shared_prefix_tokens,
+                cache_source: rec.cache_source().filter(|_| ok),
+                server: rec.server_split(),
+                good: ok && ctx.goodput.good(ttft, itl),
+                osl_mismatch: rec.osl_mismatch(ctx.osl),
+                token_count_mismatch: ok && rec.token_count_disagreement().is_some_and(|d| d != 0),
+            },
         }
     }
 }
@@ -165,14 +196,14 @@ pub struct BudgetUsage {
 /// the target set changes, `cycle_started`, then per step `step_started`, `request` (and
 /// `in_flight`) for its requests, `step_finished`; `cycle_finished` when a cycle completes.
 pub trait Sink: Send + Sync {
-    /// A request finished, in warmup or in the steady window (`ctx.phase`).
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord);
+    /// A request finished, in warmup or in the steady window (`req.phase`).
+    fn request(&self, req: &Finished<'_>);
 
     /// A request sent outside every step finished (the probe stream): measured like a steady
     /// one, but no step result will ever hold it. A sink that reads requests alike wherever they
     /// come from leaves this to `request`.
-    fn request_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        self.request(ctx, rec);
+    fn request_outside_steps(&self, req: &Finished<'_>) {
+        self.request(req);
     }
 
     /// The targets traffic goes to from the next step on changed (at the start, or through a

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::RequestLabels;
 use crate::measure::step::{Spread, StepMeasurements};
+use crate::request::RequestLabels;
 
 /// The result of one step for one target and label set (docs/DESIGN.md §5).
 #[derive(Debug, Clone, Serialize)]

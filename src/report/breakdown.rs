@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use super::analysis::{Index, Side};
 use super::table::{Cell, Column, Table};
-use crate::measure::step::{CacheSource, TtftBreakdown};
+use crate::measure::step::TtftBreakdown;
 use crate::model::StepResult;
+use crate::request::CacheSource;
 
 /// Milliseconds of a mean in seconds.
 fn ms(v: f64) -> f64 {

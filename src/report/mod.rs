@@ -87,7 +87,7 @@ pub struct RunInfo {
     /// Stopped by a signal before the plan ended.
     pub interrupted: bool,
     /// The run's goodput definition (targets may have their own).
-    pub goodput: crate::measure::step::GoodputLimits,
+    pub goodput: crate::request::GoodputLimits,
     /// Configured targets that could not be started (their model lookup, key or TLS failed),
     /// and why: the others were measured without them.
     #[serde(skip_serializing_if = "Vec::is_empty")]

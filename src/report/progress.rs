@@ -10,9 +10,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::records::BenchSink;
-use crate::client::RequestRecord;
 use crate::measure::step::StepMeasurements;
-use crate::model::{RecordContext, Sink, StepInfo, StepResult};
+use crate::model::{Finished, Sink, StepInfo, StepResult};
 
 /// How often the live bars are refreshed.
 const TICK: Duration = Duration::from_millis(200);
@@ -177,7 +176,7 @@ impl Progress {
 
 /// The display follows the schedule as every other consumer does.
 impl Sink for Progress {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
 
     fn step_started(&self, step: &StepInfo) {
         let shown = self.start(step);

@@ -14,9 +14,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::ReportError;
-use crate::client::RequestRecord;
 use crate::clock::MonoClock;
-use crate::model::{Phase, RecordContext, Sink, StepInfo, StepResult};
+use crate::model::{Finished, Phase, Sink, StepInfo, StepResult};
 
 /// One line of `requests.jsonl`. The field names are a contract (issue #7): tools that line the
 /// records up with server logs read them.
@@ -185,8 +184,10 @@ impl BenchSink {
         )
     }
 
-    fn line<'a>(&self, ctx: &'a RecordContext<'_>, rec: &'a RequestRecord) -> Line<'a> {
-        let l = ctx.labels;
+    /// The request's line: the record as the client observed it (a failed request's usage
+    /// too, as the server sent it), with its labels and phase.
+    fn line<'a>(&self, req: &'a Finished<'_>) -> Line<'a> {
+        let (l, rec) = (req.labels, req.record);
         let label = |v: &'a String| (!v.is_empty()).then_some(v.as_str());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let timing = rec.server_timing.clone().unwrap_or_default();
@@ -206,7 +207,7 @@ impl BenchSink {
             isl_bucket: label(&l.isl_bucket),
             prefix_ratio: label(&l.prefix_ratio),
             trace: label(&l.trace),
-            phase: match ctx.phase {
+            phase: match req.phase {
                 Phase::Warmup => "warmup",
                 Phase::Steady => "steady",
             },
@@ -223,12 +224,12 @@ impl BenchSink {
                 .slot_at
                 .map(|s| ms(s.saturating_duration_since(rec.intended))),
             connect_ms: rec.connect.map(ms),
-            requested_osl: ctx.osl,
+            requested_osl: req.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),
             cached_tokens: rec.cached_tokens(),
             cached_tokens_source: rec.cache_source().map(|c| c.as_str()),
-            outcome: rec.outcome.as_str(),
+            outcome: req.sample.outcome.as_str(),
             http_status: rec.http_status,
             error: rec.error.as_deref(),
             server_ttft_ms: timing.ttft_ms,
@@ -260,29 +261,29 @@ impl Sink for BenchSink {
         }
     }
 
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        let ok = rec.outcome.is_ok();
-        if let Some(c) = self.counts.get(ctx.target_index) {
+    fn request(&self, req: &Finished<'_>) {
+        let s = &req.sample;
+        if let Some(c) = self.counts.get(req.target_index) {
             c.requests.fetch_add(1, Ordering::Relaxed);
-            if rec.outcome.is_error() {
+            if s.outcome.is_error() {
                 c.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let labels = ctx.labels;
-        if ok
-            && ctx.phase == Phase::Steady
+        let labels = req.labels;
+        if s.outcome.is_ok()
+            && req.phase == Phase::Steady
             && !labels.distribution.is_empty()
-            && let Some(ttft) = rec.ttft()
+            && let Some(ttft) = s.ttft
         {
             self.ttft_by_distribution
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .entry((labels.target.clone(), labels.distribution.clone()))
                 .or_default()
-                .push(ttft.as_secs_f64());
+                .push(ttft);
         }
         if let Some(j) = &self.jsonl {
-            let line = self.line(ctx, rec);
+            let line = self.line(req);
             let mut j = j.lock().unwrap_or_else(PoisonError::into_inner);
             if j.failed.is_none() {
                 let written = serde_json::to_writer(&mut j.out, &line)

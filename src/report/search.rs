@@ -13,8 +13,9 @@ use serde::Serialize;
 use super::ReportError;
 use super::table::{Cell, Column, Table};
 use crate::config::ConcurrencySweep;
-use crate::measure::step::{GoodputLimits, Spread, StepMeasurements};
+use crate::measure::step::{Spread, StepMeasurements};
 use crate::model::{Sink, StepResult};
+use crate::request::GoodputLimits;
 use crate::schedule::{Recorder, StepKind, StepPlan};
 use crate::setup::Setup;
 use crate::shutdown::Shutdown;
@@ -205,8 +206,8 @@ fn judge(limits: &[Limit], m: &StepMeasurements) -> (bool, bool, Option<String>,
         let kinds: Vec<&str> = m
             .outcomes
             .keys()
-            .map(String::as_str)
-            .filter(|k| *k != "ok" && *k != crate::measure::step::OUTCOME_CANCELLED)
+            .filter(|k| k.is_error())
+            .map(|k| k.as_str())
             .collect();
         format!(
             "faulted: error ratio {:.3} ({})",

@@ -21,9 +21,8 @@ use std::sync::{Mutex, PoisonError};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::client::RequestRecord;
 use crate::model::{
-    BudgetAction, BudgetReport, BudgetUsage, PauseState, RecordContext, Sink, StepInfo, StepResult,
+    BudgetAction, BudgetReport, BudgetUsage, Finished, PauseState, Sink, StepInfo, StepResult,
 };
 pub use plan::{StepKind, StepPlan, plan_cycle};
 pub use probe_stream::ProbeStream;
@@ -125,7 +124,7 @@ fn unix_now() -> f64 {
 
 /// The board reads the schedule's progress as every other consumer does.
 impl Sink for Board {
-    fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+    fn request(&self, _: &Finished<'_>) {}
 
     fn cycle_started(&self, steps: &[StepInfo]) {
         self.with(|s| {

@@ -19,8 +19,9 @@ use super::recorder::Recorder;
 use super::runner::Target;
 use crate::client::{Prompt, StreamClient, StreamRequest};
 use crate::config::{Api, ProbeStreamConfig};
-use crate::measure::step::GoodputLimits;
-use crate::model::{PROBE_WORKLOAD, Phase, RecordContext, RequestLabels};
+use crate::model::{Phase, RecordContext};
+use crate::request::GoodputLimits;
+use crate::request::{PROBE_WORKLOAD, RequestLabels};
 use crate::workload::prompt::{PromptBuilder, PromptConfig};
 use crate::workload::tokenizer::TokenModel;
 

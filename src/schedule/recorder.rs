@@ -9,9 +9,10 @@ use std::time::Duration;
 use crate::client::RequestRecord;
 use crate::measure::step::StepAccumulator;
 use crate::model::{
-    BudgetReport, PauseState, Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult,
+    BudgetReport, Finished, PauseState, Phase, RecordContext, Sink, StepInfo, StepResult,
     TargetChange,
 };
+use crate::request::RequestLabels;
 
 type Key = (usize, RequestLabels);
 
@@ -123,18 +124,21 @@ impl Recorder {
     /// Records a request sent outside every step (the probe stream): every sink sees it, no
     /// step result counts it.
     pub fn record_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        let finished = Finished::new(ctx, rec);
         for s in &self.sinks {
-            s.request_outside_steps(ctx, rec);
+            s.request_outside_steps(&finished);
             if let Some(took) = rec.connect {
                 s.connected(&ctx.labels.target, took);
             }
         }
     }
 
-    /// Records one finished request.
+    /// Records one finished request: built once into a [`Finished`], handed to every sink and,
+    /// in the steady window, to the step's accumulator.
     pub fn record(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
+        let finished = Finished::new(ctx, rec);
         for s in &self.sinks {
-            s.request(ctx, rec);
+            s.request(&finished);
         }
         if let Some(took) = rec.connect {
             self.connected(ctx.target_index, &ctx.labels.target, took);
@@ -142,11 +146,10 @@ impl Recorder {
         if ctx.phase == Phase::Warmup {
             return;
         }
-        let sample = ctx.sample(rec);
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
         step.entry((ctx.target_index, ctx.labels.clone()))
             .or_default()
-            .record(&sample);
+            .record(&finished.sample);
     }
 
     /// Records a finished multi-turn conversation's whole time.
@@ -183,7 +186,7 @@ mod tests {
     struct Count(AtomicI64);
 
     impl Sink for Count {
-        fn request(&self, _: &RecordContext<'_>, _: &RequestRecord) {}
+        fn request(&self, _: &Finished<'_>) {}
         fn in_flight(&self, _: &str, delta: i64) {
             self.0.fetch_add(delta, Ordering::SeqCst);
         }

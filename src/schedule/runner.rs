@@ -21,8 +21,10 @@ use crate::client::{
 };
 use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::arrivals::Arrivals;
-use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, GoodputLimits, StepAccumulator};
-use crate::model::{Phase, RecordContext, RequestLabels, StepConnections, StepResult, TargetInfo};
+use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
+use crate::model::{Phase, RecordContext, StepConnections, StepResult, TargetInfo};
+use crate::request::GoodputLimits;
+use crate::request::RequestLabels;
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };

@@ -4,7 +4,7 @@
 use std::fmt;
 
 /// The label names a selector may match on: the request and step labels of docs/DESIGN.md §5.
-pub const LABELS: [&str; 9] = crate::model::REQUEST_LABELS;
+pub const LABELS: [&str; 9] = crate::request::REQUEST_LABELS;
 
 /// Step labels whose values are numbers, so `by (...)` fits and numeric matchers can use them.
 pub const NUMERIC_LABELS: [&str; 4] = ["concurrency", "turn", "isl_bucket", "prefix_ratio"];

@@ -10,9 +10,9 @@ use serde_json::{Value as Json, json};
 use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
-use crate::client::RequestRecord;
 use crate::measure::step::Counts;
-use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
+use crate::model::{Finished, Phase, Sink, StepInfo, StepResult, TargetChange};
+use crate::request::RequestLabels;
 
 use super::baseline::{BaselineStore, Entry};
 use super::eval::{self, Ctx, Folding, RequestSample, Side, StepRecord, StepSamples, Store};
@@ -422,27 +422,27 @@ impl SloEngine {
     /// One finished request, as the recorder sees it.
     /// A cancelled request is left out: the canary abandoned it, so it is neither a good nor a
     /// bad event of any SLO.
-    pub fn observe_record(&self, labels: &RequestLabels, rec: &RequestRecord) {
-        if rec.outcome == crate::client::Outcome::Cancelled {
+    pub fn observe_record(&self, req: &Finished<'_>) {
+        if !req.sample.answered() {
             return;
         }
-        self.observe(labels, RequestSample::of(rec));
+        self.observe(req.labels, RequestSample::of(req));
     }
 
     /// One request of the probe stream, which runs outside every step: committed at once as a
     /// one-request step of its series, so an SLO over `workload="probe"` sees it at its next
     /// evaluation, between steps and while they are paused. It adds no steady seconds (the
     /// probe's pace is its interval, not a rate of the target's) and no cost.
-    pub fn observe_probe(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        if rec.outcome == crate::client::Outcome::Cancelled {
+    pub fn observe_probe(&self, req: &Finished<'_>) {
+        if !req.sample.answered() {
             return;
         }
         let now = self.now();
         let record = StepRecord {
-            labels: ctx.labels.clone(),
-            instance: format!("probe|{}", ctx.labels.target),
+            labels: req.labels.clone(),
+            instance: format!("probe|{}", req.labels.target),
             at: now,
-            counts: Counts::of(&ctx.sample(rec)),
+            counts: Counts::of(&req.sample),
             steady_seconds: 0.0,
             cost_usd: None,
             good: BTreeMap::new(),
@@ -457,8 +457,8 @@ impl SloEngine {
                     .unwrap_or_else(PoisonError::into_inner)
                     .folding,
             );
-            let mut samples = StepSamples::new(folding, ctx.labels);
-            samples.add(&RequestSample::of(rec));
+            let mut samples = StepSamples::new(folding, req.labels);
+            samples.add(&RequestSample::of(req));
             inner
                 .cycle_store
                 .commit(record.clone(), &samples, now, true);
@@ -736,14 +736,14 @@ impl Sink for SloEngine {
         });
     }
 
-    fn request(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        if ctx.phase == Phase::Steady {
-            self.observe_record(ctx.labels, rec);
+    fn request(&self, req: &Finished<'_>) {
+        if req.phase == Phase::Steady {
+            self.observe_record(req);
         }
     }
 
-    fn request_outside_steps(&self, ctx: &RecordContext<'_>, rec: &RequestRecord) {
-        self.observe_probe(ctx, rec);
+    fn request_outside_steps(&self, req: &Finished<'_>) {
+        self.observe_probe(req);
     }
 
     /// A step cut short leaves its samples out of the windows.
@@ -798,10 +798,11 @@ pub async fn run_evaluations(engine: Arc<SloEngine>, stop: tokio_util::sync::Can
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
+    use crate::client::{Outcome, RequestRecord};
     use crate::config::{SaturatedSteps, ServingMode, Severity};
     use crate::export::metrics::Metrics;
     use crate::measure::step::StepAccumulator;
+    use crate::model::RecordContext;
     use crate::slo::parse_condition;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -1231,7 +1232,7 @@ mod tests {
             osl: 1,
             shared_prefix_tokens: 0,
             request: &request,
-            goodput: crate::measure::step::GoodputLimits {
+            goodput: crate::request::GoodputLimits {
                 ttft: 2.0,
                 itl: 0.1,
             },
@@ -1240,7 +1241,7 @@ mod tests {
         let mut rec = RequestRecord::new("p", t0, t0);
         rec.push_content(t0 + ttft, 1);
         rec.settle(outcome, t0 + ttft, None);
-        Sink::request_outside_steps(engine, &ctx, &rec);
+        Sink::request_outside_steps(engine, &crate::model::Finished::new(&ctx, &rec));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::ast::*;
 use super::rules::RECORD_SIDE;
 use super::{LabelDomain, fit_groups, pin_label};
-use crate::model::{REQUEST_LABELS, STEP_LEVEL_LABELS};
+use crate::request::{REQUEST_LABELS, STEP_LEVEL_LABELS};
 
 /// The request series of failures: every outcome but `ok` and `cancelled` (a cancellation is
 /// the canary's own choice, docs/METRICS.md).

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 
 use super::ast::*;
 use super::state::{Held, HeldSeries, HeldStep};
-use crate::client::RequestRecord;
 use crate::config::SaturatedSteps;
 use crate::measure::step::Counts;
 use crate::measure::window::{SlidingWindow, ValueScale, WindowConfig, WindowSnapshot};
-use crate::model::RequestLabels;
+use crate::model::Finished;
+use crate::request::RequestLabels;
 
 /// One request's measurements, kept until its step ends (a degraded step's are dropped).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -33,15 +33,15 @@ pub struct RequestSample {
 impl RequestSample {
     /// What the SLOs read of one finished request: the client's timings, and the server's own
     /// where it sent them (in milliseconds; a negative or non-finite one is left out).
-    pub fn of(rec: &RequestRecord) -> RequestSample {
-        let secs = |d: Duration| d.as_secs_f64();
+    pub fn of(req: &Finished<'_>) -> RequestSample {
+        let s = &req.sample;
         let ms = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x / 1000.0);
-        let timing = rec.server_timing.as_ref();
+        let timing = req.record.server_timing.as_ref();
         RequestSample {
-            ok: rec.outcome.is_ok(),
-            ttft: rec.ttft().map(secs),
-            itl: rec.itl().map(secs),
-            latency: Some(secs(rec.latency())),
+            ok: s.outcome.is_ok(),
+            ttft: s.ttft,
+            itl: s.itl,
+            latency: Some(s.latency),
             server_ttft: ms(timing.and_then(|t| t.ttft_ms)),
             prefill_time: ms(timing.and_then(|t| t.prefill_time_ms)),
             prefill_wait: ms(timing.and_then(|t| t.prefill_wait_time_ms)),

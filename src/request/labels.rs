@@ -1,8 +1,27 @@
-//! The label set of every per-request and per-step series: its nine names, spelled once.
+//! The label set of every per-request and per-step series: its nine names, spelled once, and the
+//! serving mode its `serving_mode` label names.
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use serde::{Deserialize, Serialize};
 
-use crate::config::ServingMode;
+/// How a deployment serves: the `serving_mode` label (a target's `serving_mode` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServingMode {
+    Aggregated,
+    Disaggregated,
+    Other,
+}
+
+impl ServingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingMode::Aggregated => "aggregated",
+            ServingMode::Disaggregated => "disaggregated",
+            ServingMode::Other => "other",
+        }
+    }
+}
 
 /// The labels of every per-request and per-step series (docs/DESIGN.md §5/§6; the names are
 /// [`REQUEST_LABELS`]). Labels that do not apply to the workload are empty strings here and left
