@@ -15,7 +15,6 @@
 //! ```
 //! `cargo test --all-targets` only builds this and runs each benchmark once.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -223,17 +222,13 @@ fn slo_tick(c: &mut Criterion) {
             measurements.output_tokens = 200 * 256;
             engine.step_finished(&[StepResult {
                 cycle: 0,
-                workload: labels.workload.clone(),
                 step: format!("{} {}", labels.workload, labels.concurrency),
-                target: target.to_owned(),
-                serving_mode: mode.as_str().to_owned(),
-                labels: BTreeMap::new(),
                 total: false,
                 started_unix: 0.0,
                 ended_unix: 30.0,
                 steady_seconds: 30.0,
                 measurements,
-                request_labels: labels.clone(),
+                labels: labels.clone(),
                 server: None,
                 connections: None,
             }]);

@@ -81,11 +81,14 @@ async fn abandoned_requests_are_cancelled_not_errors_and_the_server_frees_them()
     let seen = capture.0.lock().unwrap().clone();
     for target in ["agg", "disagg"] {
         // A sweep step has one label set per target, so one result each.
-        let total = results.iter().find(|r| r.target == target).unwrap();
+        let total = results.iter().find(|r| r.labels.target == target).unwrap();
         let m = &total.measurements;
         assert_eq!(m.errors, 0, "{target}: {:?}", m.outcomes);
         assert!(m.cancelled > 0, "{target}: {:?}", m.outcomes);
-        assert_eq!(m.outcomes.get(&Outcome::Cancelled).copied(), Some(m.cancelled));
+        assert_eq!(
+            m.outcomes.get(&Outcome::Cancelled).copied(),
+            Some(m.cancelled)
+        );
         assert_eq!(m.outcomes.get(&Outcome::Ok).copied(), Some(m.ok_requests));
         assert_eq!(
             m.requests, m.ok_requests,

@@ -113,7 +113,7 @@ impl Harness {
 fn result<'a>(results: &'a [StepResult], target: &str) -> &'a StepResult {
     results
         .iter()
-        .find(|r| r.target == target)
+        .find(|r| r.labels.target == target)
         .unwrap_or_else(|| panic!("no step result for {target}: {results:#?}"))
 }
 

@@ -338,7 +338,10 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
         );
         let r = results
             .iter()
-            .find(|r| r.workload == "prefix_cache" && r.labels.values().any(|v| v == ratio))
+            .find(|r| {
+                r.labels.workload == "prefix_cache"
+                    && r.labels.step_pairs().any(|(_, v)| v == ratio)
+            })
             .unwrap();
         let server = r
             .server

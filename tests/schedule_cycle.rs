@@ -217,7 +217,7 @@ async fn a_full_cycle_against_both_simulators() {
         for target in ["agg", "disagg"] {
             assert!(
                 results.iter().any(|r| r.step == step.name()
-                    && r.target == target
+                    && r.labels.target == target
                     && r.measurements.requests > 0),
                 "no result for {} on {target}",
                 step.name()
@@ -226,7 +226,7 @@ async fn a_full_cycle_against_both_simulators() {
     }
     let conv = results
         .iter()
-        .find(|r| r.workload == "multi_turn" && r.total)
+        .find(|r| r.labels.workload == "multi_turn" && r.total)
         .unwrap();
     assert!(
         conv.measurements.conversation.is_some(),

@@ -113,9 +113,9 @@ async fn a_mooncake_trace_replays_exactly_with_the_prefix_hits_it_implies() {
         );
         // One pass: every row once, each with its own input and output length, sessions included.
         assert_eq!(lengths(mine.iter().map(|s| (s.2, s.3))), want, "{target}");
-        let r = results.iter().find(|r| r.target == target).unwrap();
-        assert_eq!(r.labels.get("trace").map(String::as_str), Some("shared"));
-        assert_eq!(r.request_labels.trace, "shared");
+        let r = results.iter().find(|r| r.labels.target == target).unwrap();
+        assert_eq!(r.labels.step("trace"), Some("shared"));
+        assert_eq!(r.labels.trace, "shared");
         // The server's prefix cache hits what the trace's shared block ids imply, give or take
         // the block rounding of the chat template's few tokens before the prompt.
         let (reusable, prompt) = trace.expected_hit_tokens();
@@ -177,9 +177,9 @@ async fn a_dynamo_request_trace_replays_and_loops() {
         } else {
             assert!(!mine.is_empty());
         }
-        let r = results.iter().find(|r| r.target == target).unwrap();
+        let r = results.iter().find(|r| r.labels.target == target).unwrap();
         assert_eq!(r.measurements.errors, 0);
-        assert_eq!(r.labels.get("trace").map(String::as_str), Some("frontend"));
+        assert_eq!(r.labels.step("trace"), Some("frontend"));
         // Each pass writes its blocks afresh: the passes show the trace's own reuse, not hits on
         // the previous pass's prompts (which would approach 100 %).
         let (reusable, prompt) = trace.expected_hit_tokens();

@@ -72,7 +72,7 @@ impl Sink for Metrics {
 
     fn step_finished(&self, _step: &StepInfo, results: Option<&[StepResult]>) {
         for r in results.unwrap_or_default() {
-            self.set_step(&r.request_labels, &r.summary());
+            self.set_step(&r.labels, &r.summary());
         }
     }
 

@@ -12,12 +12,12 @@ use crate::request::RequestLabels;
 #[derive(Debug, Clone, Serialize)]
 pub struct StepResult {
     pub cycle: u64,
-    pub workload: String,
     /// `concurrency_sweep concurrency=32`.
     pub step: String,
-    pub target: String,
-    pub serving_mode: String,
-    pub labels: BTreeMap<&'static str, String>,
+    /// The step's labels (its target, serving mode, workload and the step labels that apply),
+    /// written out as `target`, `serving_mode`, `workload` and a `labels` map of the rest.
+    #[serde(flatten, serialize_with = "labels_json")]
+    pub labels: RequestLabels,
     /// True for the per-target total of a step whose requests carry several label sets
     /// (multi-turn turns, ISL buckets); false for one label set.
     pub total: bool,
@@ -26,15 +26,25 @@ pub struct StepResult {
     pub steady_seconds: f64,
     #[serde(flatten)]
     pub measurements: StepMeasurements,
-    /// The requests' labels, for the metrics.
-    #[serde(skip)]
-    pub request_labels: RequestLabels,
     /// What the server's own metrics said about the step, where they are scraped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerStep>,
     /// The connections the step opened to the target; `None` when it opened none it could time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<StepConnections>,
+}
+
+/// A step's labels as `summary.json` has them: the three that name the series at the top, the
+/// step labels that apply in a map.
+fn labels_json<S: serde::Serializer>(l: &RequestLabels, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let step: BTreeMap<&str, &str> = l.step_pairs().collect();
+    let mut map = s.serialize_map(Some(4))?;
+    map.serialize_entry("target", &l.target)?;
+    map.serialize_entry("serving_mode", &l.serving_mode)?;
+    map.serialize_entry("workload", &l.workload)?;
+    map.serialize_entry("labels", &step)?;
+    map.end()
 }
 
 impl StepResult {
@@ -218,5 +228,37 @@ mod tests {
             (one.opened, one.connect_p50_seconds, one.connect_max_seconds),
             (1, 0.003, 0.003)
         );
+    }
+
+    #[test]
+    fn a_result_writes_its_labels_as_summary_json_has_them() {
+        let labels = RequestLabels::new(
+            "agg",
+            crate::request::ServingMode::Aggregated,
+            "prefix_cache",
+        )
+        .with_prefix_ratio(0.25);
+        let result = StepResult {
+            cycle: 1,
+            step: "prefix_cache prefix_ratio=0.25".into(),
+            labels,
+            total: false,
+            started_unix: 0.0,
+            ended_unix: 1.0,
+            steady_seconds: 1.0,
+            measurements: crate::measure::step::StepAccumulator::default().finish(
+                std::time::Duration::from_secs(1),
+                None,
+                std::time::Duration::from_millis(50),
+            ),
+            server: None,
+            connections: None,
+        };
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["target"], "agg");
+        assert_eq!(json["serving_mode"], "aggregated");
+        assert_eq!(json["workload"], "prefix_cache");
+        assert_eq!(json["labels"], serde_json::json!({"prefix_ratio": "0.25"}));
+        assert_eq!(json["step"], "prefix_cache prefix_ratio=0.25");
     }
 }

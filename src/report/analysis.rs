@@ -240,12 +240,10 @@ impl<'a> Index<'a> {
             .steps
             .iter()
             .find(|r| {
-                r.workload == workload
-                    && r.target == target
-                    && r.labels.len() == labels.len()
-                    && labels
-                        .iter()
-                        .all(|(k, v)| r.labels.get(k).is_some_and(|x| x == v))
+                r.labels.workload == workload
+                    && r.labels.target == target
+                    && r.labels.step_pairs().count() == labels.len()
+                    && labels.iter().all(|(k, v)| r.labels.step(k) == Some(*v))
             })
             .map(|r| &r.measurements)
     }
@@ -253,11 +251,16 @@ impl<'a> Index<'a> {
     /// The distinct values of a step label in `workload`, numerically sorted where numbers.
     pub fn values(&self, workload: &str, key: &str) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for r in self.data.steps.iter().filter(|r| r.workload == workload) {
-            if let Some(v) = r.labels.get(key)
-                && !out.contains(v)
+        for r in self
+            .data
+            .steps
+            .iter()
+            .filter(|r| r.labels.workload == workload)
+        {
+            if let Some(v) = r.labels.step(key)
+                && !out.iter().any(|o| o == v)
             {
-                out.push(v.clone());
+                out.push(v.to_owned());
             }
         }
         if key != "distribution" {
@@ -271,7 +274,7 @@ impl<'a> Index<'a> {
         self.data
             .steps
             .iter()
-            .find(|r| r.step == step && r.target == target && r.server.is_some())
+            .find(|r| r.step == step && r.labels.target == target && r.server.is_some())
             .and_then(|r| r.server.as_ref())
     }
 
@@ -296,9 +299,9 @@ impl<'a> Index<'a> {
                     .steps
                     .iter()
                     .filter(|r| {
-                        r.workload == "sequence_distribution"
-                            && r.target == target
-                            && r.labels.get("distribution").is_some_and(|d| d == dist)
+                        r.labels.workload == "sequence_distribution"
+                            && r.labels.target == target
+                            && r.labels.step("distribution") == Some(dist)
                     })
                     .collect();
                 match buckets.as_slice() {

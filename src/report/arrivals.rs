@@ -27,7 +27,7 @@ impl Index<'_> {
             let Some(a) = m.arrivals else {
                 continue;
             };
-            let Some(side) = self.targets.iter().find(|s| s.info.name == r.target) else {
+            let Some(side) = self.targets.iter().find(|s| s.info.name == r.labels.target) else {
                 continue;
             };
             t.push(vec![

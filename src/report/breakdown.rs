@@ -24,10 +24,9 @@ impl<'a> Index<'a> {
     pub(super) fn step_totals(&self) -> Vec<&'a StepResult> {
         let mut out: Vec<&'a StepResult> = Vec::new();
         for r in &self.data.steps {
-            match out
-                .iter_mut()
-                .find(|o| o.step == r.step && o.target == r.target && o.cycle == r.cycle)
-            {
+            match out.iter_mut().find(|o| {
+                o.step == r.step && o.labels.target == r.labels.target && o.cycle == r.cycle
+            }) {
                 Some(o) if r.total => *o = r,
                 Some(_) => {}
                 None => out.push(r),
@@ -58,7 +57,7 @@ impl<'a> Index<'a> {
             let Some(b) = r.measurements.ttft_breakdown else {
                 continue;
             };
-            let Some(side) = self.targets.iter().find(|s| s.info.name == r.target) else {
+            let Some(side) = self.targets.iter().find(|s| s.info.name == r.labels.target) else {
                 continue;
             };
             t.push(vec![
@@ -102,7 +101,7 @@ impl<'a> Index<'a> {
         for r in self.step_totals() {
             let (Some(c), Some(side)) = (
                 r.connections,
-                self.targets.iter().find(|s| s.info.name == r.target),
+                self.targets.iter().find(|s| s.info.name == r.labels.target),
             ) else {
                 continue;
             };
@@ -134,7 +133,7 @@ impl<'a> Index<'a> {
         sweep.map(|(b, s)| (s, b)).or_else(|| {
             self.step_totals()
                 .into_iter()
-                .filter(|r| r.target == target)
+                .filter(|r| r.labels.target == target)
                 .find_map(|r| Some((r.step.clone(), r.measurements.ttft_breakdown?)))
         })
     }
@@ -143,7 +142,7 @@ impl<'a> Index<'a> {
     fn cache_source(&self, side: &Side<'_>, workload: &str) -> Option<String> {
         let mut sources: BTreeMap<CacheSource, u64> = BTreeMap::new();
         for r in self.step_totals() {
-            if r.target == side.info.name && r.workload == workload {
+            if r.labels.target == side.info.name && r.labels.workload == workload {
                 for (k, v) in &r.measurements.cache_sources {
                     *sources.entry(*k).or_default() += v;
                 }

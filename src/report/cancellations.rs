@@ -27,7 +27,7 @@ impl Index<'_> {
             if m.cancelled == 0 {
                 continue;
             }
-            let Some(side) = self.targets.iter().find(|s| s.info.name == r.target) else {
+            let Some(side) = self.targets.iter().find(|s| s.info.name == r.labels.target) else {
                 continue;
             };
             t.push(vec![

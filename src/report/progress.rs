@@ -143,8 +143,8 @@ impl Progress {
         let per_target = |target: &str| {
             results
                 .iter()
-                .find(|r| r.target == target && r.total)
-                .or_else(|| results.iter().find(|r| r.target == target))
+                .find(|r| r.labels.target == target && r.total)
+                .or_else(|| results.iter().find(|r| r.labels.target == target))
         };
         for (i, t) in self.targets.iter().enumerate() {
             let text = if cut {

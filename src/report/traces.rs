@@ -10,12 +10,12 @@ impl Index<'_> {
         let steps: Vec<_> = self
             .step_totals()
             .into_iter()
-            .filter(|r| r.workload == "trace_replay")
+            .filter(|r| r.labels.workload == "trace_replay")
             .collect();
         let mut names: Vec<&str> = Vec::new();
         for r in &steps {
-            if let Some(n) = r.labels.get("trace")
-                && !names.contains(&n.as_str())
+            if let Some(n) = r.labels.step("trace")
+                && !names.contains(&n)
             {
                 names.push(n);
             }
@@ -44,9 +44,9 @@ impl Index<'_> {
                 );
                 for r in steps
                     .iter()
-                    .filter(|r| r.labels.get("trace").map(String::as_str) == Some(name))
+                    .filter(|r| r.labels.step("trace") == Some(name))
                 {
-                    let Some(side) = self.targets.iter().find(|s| s.info.name == r.target) else {
+                    let Some(side) = self.targets.iter().find(|s| s.info.name == r.labels.target) else {
                         continue;
                     };
                     let m = &r.measurements;

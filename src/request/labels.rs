@@ -201,6 +201,12 @@ impl RequestLabels {
         })
     }
 
+    /// The value of the step label `name` where it applies (non-empty); `None` for a label that
+    /// does not apply or is not a step label.
+    pub fn step(&self, name: &str) -> Option<&str> {
+        self.step_pairs().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
     /// The value of the label `name`; empty for a name that is not a request label.
     pub fn get(&self, name: &str) -> &str {
         self.pairs()

@@ -156,7 +156,10 @@ impl Sink for Board {
                 p.steps_done += 1;
             }
             for r in results.unwrap_or_default() {
-                let key = format!("{}|{}|{}|{:?}", r.workload, r.step, r.target, r.labels);
+                let key = format!(
+                    "{}|{}|{}|{:?}",
+                    r.labels.workload, r.step, r.labels.target, r.labels
+                );
                 s.latest.insert(key, r.clone());
             }
         });

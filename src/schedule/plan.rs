@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::{Config, DistributionKind, Rate};
+use crate::request::{RequestLabels, ServingMode};
 
 /// What one step sends.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -131,26 +132,29 @@ impl From<&Rate> for RatePlan {
 }
 
 impl StepPlan {
-    /// The step label as `(name, value)`; multi-turn's `turn` varies per request instead.
-    pub fn step_label(&self) -> (&'static str, String) {
+    /// The labels of this step's requests to `target`: the workload and the step's own label.
+    /// Multi-turn's `turn` and a distribution's `isl_bucket` vary per request, and the drivers
+    /// add them.
+    pub fn labels(&self, target: &str, mode: ServingMode) -> RequestLabels {
+        let mut l = RequestLabels::new(target, mode, self.workload);
         match &self.kind {
-            StepKind::Sweep { concurrency, .. } => ("concurrency", concurrency.to_string()),
-            StepKind::MultiTurn { .. } => ("turn", String::new()),
+            StepKind::Sweep { concurrency, .. } => l.concurrency = concurrency.to_string(),
+            StepKind::MultiTurn { .. } => {}
             StepKind::Distribution { distribution, .. } => {
-                ("distribution", distribution.as_str().to_owned())
+                l.distribution = distribution.as_str().to_owned();
             }
-            StepKind::Prefix { ratio, .. } => ("prefix_ratio", ratio_label(*ratio)),
-            StepKind::Trace { name, .. } => ("trace", name.clone()),
+            StepKind::Prefix { ratio, .. } => l = l.with_prefix_ratio(*ratio),
+            StepKind::Trace { name, .. } => l.trace = name.clone(),
         }
+        l
     }
 
     /// A short human name: `concurrency_sweep concurrency=32`.
     pub fn name(&self) -> String {
-        let (k, v) = self.step_label();
-        if v.is_empty() {
-            self.workload.to_owned()
-        } else {
-            format!("{} {k}={v}", self.workload)
+        let labels = self.labels("", ServingMode::Other);
+        match labels.step_pairs().next() {
+            Some((k, v)) => format!("{} {k}={v}", self.workload),
+            None => self.workload.to_owned(),
         }
     }
 
@@ -198,11 +202,6 @@ impl StepPlan {
             StepKind::Trace { max_inflight, .. } => *max_inflight,
         }
     }
-}
-
-/// The `prefix_ratio` label value: the ratio as written, e.g. `0.25`, `1`.
-pub fn ratio_label(r: f64) -> String {
-    format!("{r}")
 }
 
 /// Every step of one cycle, in order, with durations multiplied by `time_scale`.

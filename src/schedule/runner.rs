@@ -6,7 +6,7 @@
 //! target, so all targets receive byte-identical prompt sequences. Each target keeps its own
 //! closed loop, so a slow target never throttles a fast one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::plan::{StepKind, StepPlan, ratio_label};
+use super::plan::{StepKind, StepPlan};
 use super::recorder::Recorder;
 use crate::client::{
     Cancel, ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
@@ -135,22 +135,7 @@ impl StepCtx {
     }
 
     pub(super) fn base_labels(&self, target: &Target) -> RequestLabels {
-        let l = RequestLabels::new(&target.name, target.mode, self.plan.workload);
-        match &self.plan.kind {
-            StepKind::Sweep { concurrency, .. } => l.with_concurrency(*concurrency),
-            StepKind::MultiTurn { .. } => l,
-            StepKind::Distribution { distribution, .. } => {
-                let mut l = l;
-                l.distribution = distribution.as_str().to_owned();
-                l
-            }
-            StepKind::Prefix { ratio, .. } => {
-                let mut l = l;
-                l.prefix_ratio = ratio_label(*ratio);
-                l
-            }
-            StepKind::Trace { name, .. } => l.with_trace(name),
-        }
+        self.plan.labels(&target.name, target.mode)
     }
 
     pub(super) fn request_id(&self, run_salt: u64, target: usize, worker: u64, k: u64) -> String {
@@ -539,11 +524,8 @@ impl Runner {
             mine.sort_by(|a, b| (&a.0.turn, &a.0.isl_bucket).cmp(&(&b.0.turn, &b.0.isl_bucket)));
             let make = |labels: RequestLabels, acc: &StepAccumulator, total: bool| StepResult {
                 cycle,
-                workload: plan.workload.to_owned(),
                 step: plan.name(),
-                target: target.name.clone(),
-                serving_mode: target.mode.as_str().to_owned(),
-                labels: step_labels(&labels),
+                labels,
                 total,
                 started_unix,
                 ended_unix,
@@ -565,7 +547,6 @@ impl Runner {
                     }
                     m
                 },
-                request_labels: labels,
                 server: None,
                 connections: opened,
             };
@@ -578,16 +559,7 @@ impl Runner {
                 }
             }
             if several || mine.is_empty() {
-                let mut labels = RequestLabels::new(&target.name, target.mode, plan.workload);
-                let (k, v) = plan.step_label();
-                match k {
-                    "concurrency" => labels.concurrency = v,
-                    "distribution" => labels.distribution = v,
-                    "prefix_ratio" => labels.prefix_ratio = v,
-                    "trace" => labels.trace = v,
-                    _ => {}
-                }
-                out.push(make(labels, &total, true));
+                out.push(make(plan.labels(&target.name, target.mode), &total, true));
             }
         }
         out
@@ -759,9 +731,4 @@ fn workload_code(w: &str) -> u64 {
         .iter()
         .position(|n| *n == w)
         .unwrap_or(9) as u64
-}
-
-/// The step labels that apply, as a map for reports.
-fn step_labels(l: &RequestLabels) -> BTreeMap<&'static str, String> {
-    l.step_pairs().map(|(k, v)| (k, v.to_owned())).collect()
 }

@@ -261,7 +261,7 @@ impl Scheduler {
         if let (Some(s), Some(mark)) = (&scraper, mark) {
             let server = s.end_step(mark).await;
             for r in &mut results {
-                r.server = server.get(&r.target).copied();
+                r.server = server.get(&r.labels.target).copied();
             }
         }
         let cuts: Vec<BudgetAction> = budget
@@ -472,7 +472,10 @@ fn log_actions(step: &str, actions: &[BudgetAction]) {
 fn log_results(results: &[StepResult]) {
     for r in results {
         let m = &r.measurements;
-        let one_per_target = r.total || !results.iter().any(|o| o.total && o.target == r.target);
+        let one_per_target = r.total
+            || !results
+                .iter()
+                .any(|o| o.total && o.labels.target == r.labels.target);
         if !one_per_target {
             continue;
         }
@@ -482,8 +485,8 @@ fn log_results(results: &[StepResult]) {
         };
         tracing::info!(
             step = %r.step,
-            target = %r.target,
-            mode = %r.serving_mode,
+            target = %r.labels.target,
+            mode = %r.labels.serving_mode,
             requests = m.requests,
             errors = m.errors,
             ttft_p50_ms = %ms(m.ttft, |s| s.p50),

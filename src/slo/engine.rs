@@ -494,26 +494,26 @@ impl SloEngine {
             results
                 .iter()
                 .filter(|r| r.total && f(r))
-                .map(|r| r.target.as_str())
+                .map(|r| r.labels.target.as_str())
                 .collect()
         };
         let degraded_targets = flagged(|r| r.measurements.degraded);
         let faulted_targets = flagged(|r| r.measurements.faulted);
         self.with(|inner| {
             for r in results.iter().filter(|r| !r.total) {
-                let samples = pending.remove(&r.request_labels).unwrap_or_default();
+                let samples = pending.remove(&r.labels).unwrap_or_default();
                 let m = &r.measurements;
-                if m.degraded || degraded_targets.contains(&r.target.as_str()) {
-                    tracing::info!(step = %r.step, target = %r.target, "degraded step left out of SLO verdicts");
+                if m.degraded || degraded_targets.contains(&r.labels.target.as_str()) {
+                    tracing::info!(step = %r.step, target = %r.labels.target, "degraded step left out of SLO verdicts");
                     continue;
                 }
-                let faulted = m.faulted || faulted_targets.contains(&r.target.as_str());
+                let faulted = m.faulted || faulted_targets.contains(&r.labels.target.as_str());
                 if faulted {
-                    tracing::info!(step = %r.step, target = %r.target, error_ratio = m.error_ratio, "faulted step: its latencies are left out of SLO distributions");
+                    tracing::info!(step = %r.step, target = %r.labels.target, error_ratio = m.error_ratio, "faulted step: its latencies are left out of SLO distributions");
                 }
                 let record = StepRecord {
-                    labels: r.request_labels.clone(),
-                    instance: format!("{}|{}|{}", r.cycle, r.step, r.target),
+                    labels: r.labels.clone(),
+                    instance: format!("{}|{}|{}", r.cycle, r.step, r.labels.target),
                     at: now,
                     counts: m.counts(),
                     steady_seconds: r.steady_seconds,
@@ -847,17 +847,13 @@ mod tests {
         let l = labels(mode);
         StepResult {
             cycle,
-            workload: l.workload.clone(),
             step: "concurrency_sweep concurrency=32".into(),
-            target: l.target.clone(),
-            serving_mode: l.serving_mode.clone(),
-            labels: BTreeMap::new(),
             total: false,
             started_unix: 0.0,
             ended_unix: 0.0,
             steady_seconds: 30.0,
             measurements,
-            request_labels: l,
+            labels: l,
             server: None,
             connections: None,
         }
