@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::client::{ApiKey, ClientConfig, Endpoint, StreamClient};
 use crate::config::{Config, TargetConfig};
-use crate::schedule::{Recorder, Runner, Target};
+use crate::model::Sink;
+use crate::schedule::{Recorder, Runner, Target, TargetSet};
+use crate::scrape::ScrapeTarget;
 use crate::sim::SimHandle;
 use crate::workload::prompt::OverheadLearner;
 use crate::workload::tokenizer::TokenModel;
@@ -128,6 +130,31 @@ impl Deployment {
             config_index,
         };
         Ok((deployment, failed))
+    }
+
+    /// How `run`, `bench` and `bench --search` put their sending together, one way: the runner
+    /// over these targets with the traffic budget of `cfg`, and a recorder that hands every
+    /// finished request and step to `sinks`, in this order. Every step then runs through a
+    /// `Scheduler`, which admits it against that budget. Each run draws its own salt, so caches
+    /// warmed by earlier runs cannot inflate hit ratios.
+    pub fn assemble(&self, cfg: &Config, sinks: Vec<Arc<dyn Sink>>) -> Arc<Runner> {
+        Arc::new(self.runner(cfg, Arc::new(Recorder::new(sinks)), rand::random()))
+    }
+
+    /// These targets with their servers' metrics endpoints (as configured, and the embedded
+    /// simulators'), as a scheduler reads them.
+    pub fn target_set(&self, cfg: &Config) -> TargetSet {
+        let scrape = self
+            .config_index
+            .iter()
+            .map(|&i| &cfg.targets[i])
+            .zip(&self.targets)
+            .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
+            .collect();
+        TargetSet {
+            targets: self.targets.clone(),
+            scrape,
+        }
     }
 
     /// The step runner for `cfg` over these targets; `run_salt` keeps earlier runs' caches out.

@@ -1,7 +1,8 @@
 //! `bench --search` against two simulators of different capacity, under paused time: the search
 //! finds a higher concurrency for the larger one, names the level whose p99 crossed the bound,
 //! reports goodput there, lands on the same ladder level (within one) when run again, and
-//! refuses a condition it cannot decide.
+//! refuses a condition it cannot decide; a ladder above the traffic budget's `max_inflight` stops
+//! there.
 
 use std::path::Path;
 
@@ -110,4 +111,35 @@ fn conditions_the_search_cannot_decide_are_usage_errors() {
             "{bad}"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ladder_above_the_budgets_max_inflight_is_held_to_it() {
+    // Both targets would meet the condition far above 8 streams (see TWO); the global budget
+    // allows 8, and the large target's own budget 4.
+    let text = TWO.replace(
+        "max_running: 32 }",
+        "max_running: 32 }, budget: { max_inflight: 4 }",
+    ) + "budget: { max_inflight: 8 }\n";
+    let setup = Setup::parse(&text, "search.yaml", Path::new(".")).unwrap();
+    let result = run_search(
+        SearchOptions {
+            setup,
+            condition: "p99(ttft) < 2s".into(),
+            max_level: 256,
+            out: None,
+        },
+        &Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    for (t, cap) in result.targets.iter().zip([8, 4]) {
+        assert!(!t.probes.is_empty(), "{t:?}");
+        assert!(t.probes.iter().all(|p| p.concurrency <= cap), "{t:?}");
+        assert_eq!(t.budget_max_inflight, Some(cap), "{t:?}");
+        assert_eq!(t.max_concurrency, Some(cap), "{t:?}");
+        assert_eq!(t.first_failing, None, "{t:?}");
+    }
+    let text = result.tables()[0].to_text();
+    assert!(text.contains("the budget's max_inflight"), "{text}");
 }

@@ -22,7 +22,7 @@ pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
 pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
-pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, read_token};
+pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 pub use workloads::*;
 

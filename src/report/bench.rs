@@ -11,18 +11,15 @@ use super::analysis::Report;
 use super::progress::Progress;
 use super::records::BenchSink;
 use super::{BenchData, ReportError, RunInfo, SloVerdict, TargetInfo};
-use crate::config::{At, WORKLOAD_NAMES};
+use crate::config::{At, MAX_TIME_SCALE, WORKLOAD_NAMES};
 use crate::export::metrics::Metrics;
 use crate::model::Sink;
-use crate::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
-use crate::scrape::{ScrapeTarget, ServerMetricsSink};
+use crate::schedule::{Scheduler, TargetSource, plan_cycle};
+use crate::scrape::ServerMetricsSink;
 use crate::setup::Setup;
 use crate::shutdown::Shutdown;
 use crate::slo::SloEngine;
 use crate::targets::Deployment;
-
-/// Largest `--time-scale` accepted (a thousand times the document's plan is weeks).
-const MAX_TIME_SCALE: f64 = 1000.0;
 
 /// What to run and where the files go.
 pub struct BenchOptions {
@@ -60,6 +57,7 @@ pub fn effective_setup(
     }
     let mut cfg = setup.config.clone();
     if let Some(f) = time_scale {
+        // The config's own bound: an override can set no value the file could not.
         if !(f.is_finite() && f > 0.0 && f <= MAX_TIME_SCALE) {
             return Err(ReportError::Usage(format!(
                 "--time-scale {f}: expected a number above 0 and at most {MAX_TIME_SCALE}"
@@ -88,6 +86,16 @@ pub fn effective_setup(
             .filter(|w| workloads.iter().any(|x| x == w))
             .map(|w| At::dflt(w.to_owned()))
             .collect();
+    }
+    // The overridden config passes the same validation as a file: an override that makes it
+    // invalid (a step too short for its workload, say) is a usage error, never a run.
+    let problems = cfg.validate(setup.base_dir());
+    if !problems.is_empty() {
+        let problems: Vec<String> = problems.iter().map(|d| d.message.clone()).collect();
+        return Err(ReportError::Usage(format!(
+            "with --time-scale and --workload applied: {}",
+            problems.join("; ")
+        )));
     }
     setup
         .with_config(cfg)
@@ -143,25 +151,16 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
         targets.iter().map(|t| t.name.clone()).collect(),
         Arc::clone(&sink),
     ));
-    let recorder = Recorder::new(vec![
-        Arc::clone(&sink) as Arc<dyn Sink>,
-        Arc::clone(&metrics) as Arc<dyn Sink>,
-        Arc::clone(&slo) as Arc<dyn Sink>,
-        Arc::clone(&progress) as Arc<dyn Sink>,
-    ]);
-    let runner = Arc::new(deployment.runner(cfg, Arc::new(recorder), rand::random()));
-    // The servers' own metrics: as configured, and the embedded simulators' endpoints.
-    let scrape: Vec<ScrapeTarget> = deployment
-        .config_index
-        .iter()
-        .map(|&i| &cfg.targets[i])
-        .zip(&deployment.targets)
-        .filter_map(|(c, t)| ScrapeTarget::for_target(c, t.endpoint.url()))
-        .collect();
-    let source = TargetSource::fixed(TargetSet {
-        targets: deployment.targets.clone(),
-        scrape,
-    });
+    let runner = deployment.assemble(
+        cfg,
+        vec![
+            Arc::clone(&sink) as Arc<dyn Sink>,
+            Arc::clone(&metrics) as Arc<dyn Sink>,
+            Arc::clone(&slo) as Arc<dyn Sink>,
+            Arc::clone(&progress) as Arc<dyn Sink>,
+        ],
+    );
+    let source = TargetSource::fixed(deployment.target_set(cfg));
     let server_metrics: Arc<dyn ServerMetricsSink> = metrics.clone();
     let mut scheduler = Scheduler::new(
         runner,

@@ -14,9 +14,9 @@ use super::ReportError;
 use super::table::{Cell, Column, Table};
 use crate::config::ConcurrencySweep;
 use crate::measure::step::{Spread, StepMeasurements};
-use crate::model::{Sink, StepResult};
+use crate::model::StepResult;
 use crate::request::GoodputLimits;
-use crate::schedule::{Recorder, StepKind, StepPlan};
+use crate::schedule::{Scheduler, StepKind, StepPlan, TargetSet, TargetSource};
 use crate::setup::Setup;
 use crate::shutdown::Shutdown;
 use crate::slo::ast::{Agg, CmpOp, format_duration};
@@ -173,6 +173,10 @@ pub struct TargetSearch {
     pub max_concurrency: Option<u32>,
     /// The lowest level that did not; `None` when every level up to the maximum did.
     pub first_failing: Option<u32>,
+    /// The traffic budget's `max_inflight` for the target, where it cut the ladder short: no
+    /// probe went above it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_max_inflight: Option<u32>,
     pub probes: Vec<Probe>,
 }
 
@@ -262,6 +266,9 @@ pub struct SearchOptions {
 /// probes never share the machine or the network with another's). Each probe is a closed-loop
 /// step of the config's `concurrency_sweep` shape (ISL, OSL, step and warmup, time-scaled) at
 /// one level of [`LADDER`]; a binary search over the ladder needs at most four probes up to 256.
+/// The targets, runner and budget are assembled as for a bench, and every probe runs through the
+/// scheduler: the ladder stops at the traffic budget's `max_inflight`, and a probe the budget
+/// refuses is not sent.
 pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchResult, ReportError> {
     let limits = parse_search(&opts.condition)?;
     let ladder: Vec<u32> = LADDER
@@ -273,11 +280,7 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
         return Err(ReportError::Usage("--search-max must be at least 1".into()));
     }
     let cfg = &opts.setup.config;
-    let sweep = cfg.workloads.concurrency_sweep.clone().unwrap_or_default();
-    let (isl, osl) = (*sweep.isl, *sweep.osl);
-    let scale = *cfg.time_scale;
-    let warmup = sweep.warmup.0.mul_f64(scale);
-    let steady = sweep.step.saturating_sub(sweep.warmup.0).mul_f64(scale);
+    let shape = ProbeShape::of(cfg);
     if let Some(dir) = &opts.out {
         std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
     }
@@ -285,73 +288,133 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
     for f in &failed {
         tracing::error!(target = %f.name, error = %f.error, "target not searched");
     }
-    let recorder = Arc::new(Recorder::new(Vec::<Arc<dyn Sink>>::new()));
-    let mut base = deployment.runner(cfg, recorder, rand::random());
+    let base = deployment.assemble(cfg, Vec::new());
     // Good requests are those within the condition's own TTFT and ITL bounds (per request),
     // where it sets them; the config's goodput otherwise.
-    base.goodput = goodput_of(&limits, base.goodput);
-    // Exact prompt lengths from the first probe on, as the scheduler does before a cycle.
-    base.calibrate(stop.cut(), &std::collections::HashSet::new())
-        .await;
+    let goodput = goodput_of(&limits, base.goodput);
     let mut targets = Vec::new();
     for target in &deployment.targets {
-        let runner = Arc::new(base.with_targets(vec![Arc::clone(target)]));
-        let mut probes: Vec<Probe> = Vec::new();
-        let mut latency: Option<Spread> = None;
-        // Invariant: ladder[..=lo] met (lo = None: none known), ladder[hi..] did not.
-        let (mut lo, mut hi): (Option<usize>, usize) = (None, ladder.len());
-        while lo.map_or(0, |l| l + 1) < hi && !stop.stopping() {
-            let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
-            let (warmup, steady) = probe_windows(warmup, steady, latency.as_ref());
-            let plan = probe_plan(&sweep, ladder[mid], probes.len(), warmup, steady);
-            tracing::info!(target = %target.name, concurrency = ladder[mid], "search probe");
-            let results = runner
-                .run_step(&plan, 0, stop.stop_sending(), stop.cut())
-                .await;
-            let Some(total) = step_total(&results) else {
-                break;
-            };
-            latency = total.measurements.latency.or(latency);
-            let mut probe = probe_of(&limits, ladder[mid], &total.measurements);
-            probe.warmup_seconds = warmup.as_secs_f64();
-            probe.steady_seconds = total.steady_seconds;
-            if probe.meets {
-                lo = Some(mid);
-            } else {
-                hi = mid;
-            }
-            probes.push(probe);
+        let mut runner = base.with_targets(vec![Arc::clone(target)]);
+        runner.goodput = goodput;
+        let mut scheduler = Scheduler::new(
+            Arc::new(runner),
+            TargetSource::fixed(TargetSet {
+                targets: vec![Arc::clone(target)],
+                scrape: Vec::new(),
+            }),
+            None,
+            cfg.export.server_metrics_interval.0,
+        );
+        let cap = base.budget.max_streams(&target.name);
+        let held: Vec<u32> = ladder
+            .iter()
+            .copied()
+            .filter(|&c| cap.is_none_or(|m| c <= m))
+            .collect();
+        if held.len() < ladder.len() {
+            tracing::warn!(target = %target.name, max_inflight = cap, "the search's ladder stops at the traffic budget's max_inflight");
         }
-        probes.sort_by_key(|p| p.concurrency);
-        targets.push(TargetSearch {
-            target: target.name.clone(),
-            serving_mode: target.mode.as_str().to_owned(),
-            max_concurrency: lo.map(|l| ladder[l]),
-            first_failing: ladder.get(hi).copied(),
-            probes,
-        });
+        let mut found = search_target(&mut scheduler, &held, &limits, &shape, stop).await;
+        found.target = target.name.clone();
+        found.serving_mode = target.mode.as_str().to_owned();
+        found.budget_max_inflight = cap.filter(|_| held.len() < ladder.len());
+        targets.push(found);
     }
     deployment.stop().await;
     let result = SearchResult {
         condition: opts.condition.clone(),
         limits,
-        isl,
-        osl,
-        warmup_seconds: warmup.as_secs_f64(),
-        steady_seconds: steady.as_secs_f64(),
+        isl: shape.isl,
+        osl: shape.osl,
+        warmup_seconds: shape.warmup.as_secs_f64(),
+        steady_seconds: shape.steady.as_secs_f64(),
         max_level: *ladder.last().unwrap_or(&1),
         targets,
     };
     if let Some(dir) = &opts.out {
-        let path = dir.join("search.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&result)?)
-            .map_err(ReportError::io(&path))?;
-        for t in result.tables() {
-            let path = dir.join(format!("{}.csv", t.id));
-            std::fs::write(&path, t.to_csv()).map_err(ReportError::io(&path))?;
-        }
+        write_files(dir, &result)?;
     }
     Ok(result)
+}
+
+/// What every probe is made of: the `concurrency_sweep`'s lengths and its time-scaled windows.
+struct ProbeShape {
+    sweep: ConcurrencySweep,
+    isl: u32,
+    osl: u32,
+    warmup: Duration,
+    steady: Duration,
+}
+
+impl ProbeShape {
+    fn of(cfg: &crate::config::Config) -> ProbeShape {
+        let sweep = cfg.workloads.concurrency_sweep.clone().unwrap_or_default();
+        let scale = *cfg.time_scale;
+        ProbeShape {
+            isl: *sweep.isl,
+            osl: *sweep.osl,
+            warmup: sweep.warmup.0.mul_f64(scale),
+            steady: sweep.step.saturating_sub(sweep.warmup.0).mul_f64(scale),
+            sweep,
+        }
+    }
+}
+
+/// The bisection over `ladder` for the one target of `scheduler` (name and mode left for the
+/// caller). Invariant: `ladder[..=lo]` met (`lo` = `None`: none known), `ladder[hi..]` did not.
+async fn search_target(
+    scheduler: &mut Scheduler,
+    ladder: &[u32],
+    limits: &[Limit],
+    shape: &ProbeShape,
+    stop: &Shutdown,
+) -> TargetSearch {
+    let mut probes: Vec<Probe> = Vec::new();
+    let mut latency: Option<Spread> = None;
+    let (mut lo, mut hi): (Option<usize>, usize) = (None, ladder.len());
+    while lo.map_or(0, |l| l + 1) < hi && !stop.stopping() {
+        let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
+        let (warmup, steady) = probe_windows(shape.warmup, shape.steady, latency.as_ref());
+        let plan = probe_plan(&shape.sweep, ladder[mid], probes.len(), warmup, steady);
+        tracing::info!(concurrency = ladder[mid], "search probe");
+        // `None`: cut short by a stop, or refused by the budget (its hour's tokens spent).
+        let Some(results) = scheduler.step(&plan, 0, stop).await else {
+            break;
+        };
+        let Some(total) = step_total(&results) else {
+            break;
+        };
+        latency = total.measurements.latency.or(latency);
+        let mut probe = probe_of(limits, ladder[mid], &total.measurements);
+        probe.warmup_seconds = warmup.as_secs_f64();
+        probe.steady_seconds = total.steady_seconds;
+        if probe.meets {
+            lo = Some(mid);
+        } else {
+            hi = mid;
+        }
+        probes.push(probe);
+    }
+    probes.sort_by_key(|p| p.concurrency);
+    TargetSearch {
+        target: String::new(),
+        serving_mode: String::new(),
+        max_concurrency: lo.map(|l| ladder[l]),
+        first_failing: ladder.get(hi).copied(),
+        budget_max_inflight: None,
+        probes,
+    }
+}
+
+/// `search.json` and one CSV per table into `dir`.
+fn write_files(dir: &std::path::Path, result: &SearchResult) -> Result<(), ReportError> {
+    let path = dir.join("search.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(result)?).map_err(ReportError::io(&path))?;
+    for t in result.tables() {
+        let path = dir.join(format!("{}.csv", t.id));
+        std::fs::write(&path, t.to_csv()).map_err(ReportError::io(&path))?;
+    }
+    Ok(())
 }
 
 /// A probe's warmup and steady window: at least the configured ones, and long enough for the
@@ -458,10 +521,11 @@ impl SearchResult {
                 Cell::text(&t.target),
                 Cell::text(&t.serving_mode),
                 Cell::text(t.max_concurrency.map_or("none".into(), |c| c.to_string())),
-                Cell::text(
-                    t.first_failing
-                        .map_or(format!("none up to {}", self.max_level), |c| c.to_string()),
-                ),
+                Cell::text(match (t.first_failing, t.budget_max_inflight) {
+                    (Some(c), _) => c.to_string(),
+                    (None, Some(cap)) => format!("none up to {cap} (the budget's max_inflight)"),
+                    (None, None) => format!("none up to {}", self.max_level),
+                }),
                 Cell::text(failing.and_then(|p| p.crossed.clone()).unwrap_or_default()),
                 Cell::num(best.map(|p| p.goodput)),
                 Cell::num(best.map(|p| p.good_output_tokens_per_second)),

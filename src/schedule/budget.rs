@@ -399,6 +399,18 @@ impl Budget {
         })
     }
 
+    /// The most streams a step may hold open on `target`: the lower of its own and the global
+    /// `max_inflight`; `None` when neither is set. [`Budget::admit`] skips a step that needs more.
+    pub fn max_streams(&self, target: &str) -> Option<u32> {
+        self.with(|i| {
+            let own = i.per_target.get(target).and_then(|l| l.max_inflight);
+            match (own, i.global.limits.max_inflight) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        })
+    }
+
     /// The actions and every scope's use, for the sinks.
     pub fn report(&self, actions: Vec<BudgetAction>) -> BudgetReport {
         let now = Instant::now();
