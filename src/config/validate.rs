@@ -7,20 +7,9 @@ use std::path::Path;
 use super::at::{At, Dur};
 use super::check::Check;
 use super::error::{Diagnostic, did_you_mean};
+use super::limits::*;
 use super::schema::*;
 use super::workloads::*;
-
-/// Bounds that keep absurd values from reaching the scheduler (1e9 workers, 10 MB prompts).
-pub const MAX_CONCURRENCY: u32 = 4096;
-/// Levels of one concurrency sweep.
-pub const MAX_LEVELS: usize = 64;
-/// The longest cycle accepted: a week of steps per verdict is no canary.
-pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
-pub const MAX_ISL: u32 = 262_144;
-pub const MAX_OSL: u32 = 131_072;
-pub const MAX_TURNS: u32 = 100;
-pub const MAX_RPS: f64 = 100_000.0;
-pub const MAX_TIME_SCALE: f64 = 100.0;
 
 /// Checks every value of `cfg`; returns all problems found (empty = valid).
 /// The lifecycle token of `path`: the file's content without surrounding whitespace.
