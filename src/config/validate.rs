@@ -555,40 +555,45 @@ fn validate_budget(c: &mut Check, b: &Budget, at: &str) {
     }
 }
 
+/// `schedule.active`: windows that compile, one of them long enough for the longest step.
+fn validate_active_windows(c: &mut Check, cfg: &Config, active: &ActiveWindows) {
+    match active.compile() {
+        Err(diags) => c.diags.extend(diags),
+        Ok(set) => {
+            // A step starts only when the window outlasts it (warmup, steady, drain).
+            let longest_step = cfg
+                .cycle_plan()
+                .iter()
+                .filter(|(_, steps, _)| *steps > 0)
+                .map(|(_, steps, total)| *total / *steps as u32)
+                .max()
+                .unwrap_or_default()
+                + cfg.schedule.drain_grace.0;
+            let longest_window = set
+                .windows
+                .iter()
+                .map(|w| std::time::Duration::from_secs(u64::from(w.length_minutes()) * 60))
+                .max()
+                .unwrap_or_default();
+            let touching = set.windows.len() > 1;
+            if longest_window < longest_step && !touching {
+                c.err(
+                    active.time_zone.pos,
+                    format!(
+                        "no window of `schedule.active` is as long as the longest step with its drain ({}): no step would ever start",
+                        Dur(longest_step)
+                    ),
+                    Some("lengthen a window, or shorten the steps (`step`, `duration`, `time_scale`)".into()),
+                );
+            }
+        }
+    }
+}
+
 fn validate_schedule(c: &mut Check, cfg: &Config) {
     let s = &cfg.schedule;
     if let Some(active) = &s.active {
-        match active.compile() {
-            Err(diags) => c.diags.extend(diags),
-            Ok(set) => {
-                // A step starts only when the window outlasts it (warmup, steady, drain).
-                let longest_step = cfg
-                    .cycle_plan()
-                    .iter()
-                    .filter(|(_, steps, _)| *steps > 0)
-                    .map(|(_, steps, total)| *total / *steps as u32)
-                    .max()
-                    .unwrap_or_default()
-                    + s.drain_grace.0;
-                let longest_window = set
-                    .windows
-                    .iter()
-                    .map(|w| std::time::Duration::from_secs(u64::from(w.length_minutes()) * 60))
-                    .max()
-                    .unwrap_or_default();
-                let touching = set.windows.len() > 1;
-                if longest_window < longest_step && !touching {
-                    c.err(
-                        active.time_zone.pos,
-                        format!(
-                            "no window of `schedule.active` is as long as the longest step with its drain ({}): no step would ever start",
-                            Dur(longest_step)
-                        ),
-                        Some("lengthen a window, or shorten the steps (`step`, `duration`, `time_scale`)".into()),
-                    );
-                }
-            }
-        }
+        validate_active_windows(c, cfg, active);
     }
     for name in &s.cycle {
         if !WORKLOAD_NAMES.contains(&name.as_str()) {
@@ -648,6 +653,45 @@ fn alert_labels(c: &mut Check, labels: &std::collections::BTreeMap<String, At<St
     }
 }
 
+/// A burn-rate SLO: its SLI, a period no shorter than the window, an objective below 100 %, and
+/// every request counted.
+fn validate_burn_rate(c: &mut Check, s: &SloConfig, sli: &At<String>, obj: &At<f64>) {
+    if sli.trim().is_empty() {
+        c.err(sli.pos, "`sli` is empty", None);
+    }
+    if let Some(p) = &s.period
+        && **p < *s.window
+    {
+        c.err(
+            p.pos,
+            format!(
+                "`period` ({}) is shorter than `window` ({})",
+                **p, *s.window
+            ),
+            None,
+        );
+    }
+    c.finite_in(obj, "objective", 0.0, 100.0, true);
+    if **obj >= 100.0 {
+        c.err(
+            obj.pos,
+            "an objective of 100 % leaves no error budget",
+            Some("use e.g. 99.0".into()),
+        );
+    }
+    if let Some(p) = &s.period {
+        c.positive_dur(p, "period");
+    }
+    if *s.saturated_steps != SaturatedSteps::Include {
+        c.err(
+            s.saturated_steps.pos,
+            "a burn-rate SLO counts every request against its budget: \
+             `saturated_steps` applies to `expr` SLOs",
+            Some("remove it, or write the SLO as an `expr`".into()),
+        );
+    }
+}
+
 fn validate_slos(c: &mut Check, cfg: &Config) {
     alert_labels(c, &cfg.alerting.labels, "alerting.labels");
     if let Some(base) = &cfg.alerting.runbook_base_url
@@ -677,33 +721,7 @@ fn validate_slos(c: &mut Check, cfg: &Config) {
                 }
             }
             (None, Some(sli), Some(obj)) => {
-                if sli.trim().is_empty() {
-                    c.err(sli.pos, "`sli` is empty", None);
-                }
-                if let Some(p) = &s.period
-                    && **p < *s.window
-                {
-                    c.err(
-                        p.pos,
-                        format!("`period` ({}) is shorter than `window` ({})", **p, *s.window),
-                        None,
-                    );
-                }
-                c.finite_in(obj, "objective", 0.0, 100.0, true);
-                if **obj >= 100.0 {
-                    c.err(obj.pos, "an objective of 100 % leaves no error budget", Some("use e.g. 99.0".into()));
-                }
-                if let Some(p) = &s.period {
-                    c.positive_dur(p, "period");
-                }
-                if *s.saturated_steps != SaturatedSteps::Include {
-                    c.err(
-                        s.saturated_steps.pos,
-                        "a burn-rate SLO counts every request against its budget: \
-                         `saturated_steps` applies to `expr` SLOs",
-                        Some("remove it, or write the SLO as an `expr`".into()),
-                    );
-                }
+                validate_burn_rate(c, s, sli, obj);
             }
             _ => c.err(
                 s.name.pos,
