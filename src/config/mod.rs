@@ -24,7 +24,7 @@ pub use error::{ConfigError, Diagnostic, did_you_mean};
 pub use limits::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL};
 pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
-pub use validate::read_token;
+pub use validate::{TokenError, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 pub use workloads::*;
 

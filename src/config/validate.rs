@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use thiserror::Error;
+
 use super::at::{At, Dur};
 use super::check::Check;
 use super::error::{Diagnostic, did_you_mean};
@@ -11,16 +13,26 @@ use super::limits::*;
 use super::schema::*;
 use super::workloads::*;
 
+/// Why a lifecycle token file cannot guard the lifecycle endpoints.
+#[derive(Debug, Error)]
+pub enum TokenError {
+    #[error(transparent)]
+    Read(#[from] crate::files::FileError),
+    #[error("the token is shorter than 16 characters")]
+    TooShort,
+    #[error("the token has whitespace or control characters inside")]
+    Whitespace,
+}
+
 /// The lifecycle token of `path`: the file's content without surrounding whitespace.
-pub fn read_token(path: &Path) -> Result<String, String> {
-    let text =
-        crate::files::read_text(path, crate::files::MAX_SECRET_BYTES).map_err(|e| e.to_string())?;
+pub fn read_token(path: &Path) -> Result<String, TokenError> {
+    let text = crate::files::read_text(path, crate::files::MAX_SECRET_BYTES)?;
     let token = text.trim();
     if token.len() < 16 {
-        return Err("the token is shorter than 16 characters".into());
+        return Err(TokenError::TooShort);
     }
     if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("the token has whitespace or control characters inside".into());
+        return Err(TokenError::Whitespace);
     }
     Ok(token.to_owned())
 }
