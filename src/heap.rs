@@ -6,6 +6,9 @@
 
 /// Returns the heap's free pages to the system (glibc's `malloc_trim`), on the blocking pool so
 /// no runtime worker waits on it; nothing where the allocator is not glibc's.
+// The crate denies unsafe code (Cargo.toml's `[lints]`); calling glibc's `malloc_trim` through
+// its C interface is the one use, and this function its only scope.
+#[allow(unsafe_code)]
 pub fn release_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     tokio::task::spawn_blocking(|| {

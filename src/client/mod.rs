@@ -8,6 +8,7 @@
 //! stamp.
 
 mod body;
+mod chunk;
 mod http;
 mod record;
 mod skim;

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use smallvec::SmallVec;
 
-use super::stream::{ChoiceJson, ChunkJson, DeltaJson};
+use super::chunk::{ChoiceJson, ChunkJson, DeltaJson};
 
 /// Deeper nesting than this (in fields nobody reads) is left to serde_json, whose own limit is
 /// 128.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::at::{At, Dur};
 use super::error::Diagnostic;
-use super::validate::{MAX_OSL, MAX_RPS};
+use super::limits::{MAX_OSL, MAX_RPS};
 use super::workloads::{Cancel, Rate, TraceReplay};
 
 pub(super) struct Check {

@@ -8,6 +8,7 @@
 mod at;
 mod check;
 mod error;
+mod limits;
 mod schema;
 pub mod sim;
 mod summary;
@@ -20,9 +21,10 @@ use std::path::Path;
 
 pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
+pub use limits::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE};
 pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
-pub use validate::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE, read_token};
+pub use validate::{TokenError, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 pub use workloads::*;
 

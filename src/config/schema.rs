@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use super::at::{At, Dur};
 use super::target::{Api, Dialect, LengthControl, ServingMode};
@@ -379,6 +380,19 @@ fn marker_user() -> At<String> {
     At::dflt(DEFAULT_MARKER_USER.to_owned())
 }
 
+/// Why `client.marker_header` is not a header the client can send.
+#[derive(Debug, Error)]
+pub enum MarkerError {
+    #[error("write `Name: value`, e.g. `X-Canary: llm-canary`")]
+    NoColon,
+    #[error("`{0}` is not a header name")]
+    Name(String),
+    #[error("`{0}` is set by the client itself")]
+    Reserved(http::HeaderName),
+    #[error("the value has characters a header cannot carry")]
+    Value,
+}
+
 /// Headers the client sets itself, which a marker must not replace.
 const RESERVED_HEADERS: [&str; 9] = [
     "accept",
@@ -394,21 +408,20 @@ const RESERVED_HEADERS: [&str; 9] = [
 
 impl ClientConfig {
     /// `marker_header` as a header name and value; `None` when it is `""`.
-    pub fn marker(&self) -> Result<Option<(http::HeaderName, http::HeaderValue)>, String> {
+    pub fn marker(&self) -> Result<Option<(http::HeaderName, http::HeaderValue)>, MarkerError> {
         let text = self.marker_header.trim();
         if text.is_empty() {
             return Ok(None);
         }
         let Some((name, value)) = text.split_once(':') else {
-            return Err("write `Name: value`, e.g. `X-Canary: llm-canary`".into());
+            return Err(MarkerError::NoColon);
         };
         let name = http::HeaderName::from_bytes(name.trim().as_bytes())
-            .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+            .map_err(|_| MarkerError::Name(name.trim().to_owned()))?;
         if RESERVED_HEADERS.contains(&name.as_str()) {
-            return Err(format!("`{name}` is set by the client itself"));
+            return Err(MarkerError::Reserved(name));
         }
-        let value = http::HeaderValue::from_str(value.trim())
-            .map_err(|_| "the value has characters a header cannot carry".to_owned())?;
+        let value = http::HeaderValue::from_str(value.trim()).map_err(|_| MarkerError::Value)?;
         Ok(Some((name, value)))
     }
 

@@ -582,8 +582,20 @@ pub mod duration_text {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer, de};
+    use thiserror::Error;
 
-    pub fn parse(text: &str) -> Result<Duration, String> {
+    /// Why a text is not a duration.
+    #[derive(Debug, Error)]
+    pub enum DurationError {
+        #[error("invalid duration {0:?}: expected e.g. 250ms, 5s, 2m")]
+        Number(String),
+        #[error("invalid duration unit {unit:?} in {text:?}")]
+        Unit { unit: String, text: String },
+        #[error("invalid duration {0:?}")]
+        Range(String),
+    }
+
+    pub fn parse(text: &str) -> Result<Duration, DurationError> {
         let t = text.trim();
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -591,17 +603,22 @@ pub mod duration_text {
         let (num, unit) = t.split_at(split);
         let value: f64 = num
             .parse()
-            .map_err(|_| format!("invalid duration {text:?}: expected e.g. 250ms, 5s, 2m"))?;
+            .map_err(|_| DurationError::Number(text.to_owned()))?;
         let seconds = match unit.trim() {
             "" | "s" => value,
             "ms" => value / 1e3,
             "us" | "µs" => value / 1e6,
             "m" => value * 60.0,
             "h" => value * 3600.0,
-            other => return Err(format!("invalid duration unit {other:?} in {text:?}")),
+            other => {
+                return Err(DurationError::Unit {
+                    unit: other.to_owned(),
+                    text: text.to_owned(),
+                });
+            }
         };
         if !seconds.is_finite() || seconds < 0.0 {
-            return Err(format!("invalid duration {text:?}"));
+            return Err(DurationError::Range(text.to_owned()));
         }
         Ok(Duration::from_secs_f64(seconds))
     }

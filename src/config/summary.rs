@@ -51,6 +51,39 @@ impl Config {
     /// A short summary of everything the config will do.
     pub fn summary(&self) -> String {
         let mut out = String::new();
+        self.summary_targets(&mut out);
+        if let Some(d) = &self.discovery {
+            let _ = writeln!(
+                out,
+                "discovery: kubernetes namespaces={:?} dynamo_graph_deployments={}",
+                d.kubernetes.namespaces, d.kubernetes.dynamo_graph_deployments
+            );
+        }
+        let _ = writeln!(
+            out,
+            "tokenizer: {}",
+            self.tokenizer
+                .as_ref()
+                .map(|t| t.value.as_str())
+                .unwrap_or("built-in approximation (real lengths read back from usage)")
+        );
+        self.summary_cycle(&mut out);
+        self.summary_slos(&mut out);
+        let _ = writeln!(
+            out,
+            "export: listen {}{}",
+            *self.export.listen,
+            self.export
+                .otlp
+                .as_ref()
+                .map(|o| format!(", otlp {} every {}", *o.endpoint, *o.interval))
+                .unwrap_or_default()
+        );
+        out
+    }
+
+    /// One line per target: where it is, its model and API, what else it names.
+    fn summary_targets(&self, out: &mut String) {
         let _ = writeln!(out, "targets ({}):", self.targets.len());
         for t in &self.targets {
             let endpoint = match (&t.url, &t.simulated) {
@@ -76,21 +109,10 @@ impl Config {
             }
             out.push('\n');
         }
-        if let Some(d) = &self.discovery {
-            let _ = writeln!(
-                out,
-                "discovery: kubernetes namespaces={:?} dynamo_graph_deployments={}",
-                d.kubernetes.namespaces, d.kubernetes.dynamo_graph_deployments
-            );
-        }
-        let _ = writeln!(
-            out,
-            "tokenizer: {}",
-            self.tokenizer
-                .as_ref()
-                .map(|t| t.value.as_str())
-                .unwrap_or("built-in approximation (real lengths read back from usage)")
-        );
+    }
+
+    /// The cycle's length and steps, then one line per workload with its steps and settings.
+    fn summary_cycle(&self, out: &mut String) {
         let plan = self.cycle_plan();
         let total: Duration = plan.iter().map(|p| p.2).sum();
         let _ = writeln!(
@@ -102,58 +124,67 @@ impl Config {
             *self.time_scale,
             self.schedule.pairing
         );
-        let w = &self.workloads;
         for (name, steps, dur) in &plan {
-            let detail = match *name {
-                "concurrency_sweep" => w.concurrency_sweep.as_ref().map(|s| {
-                    format!(
-                        "levels {:?}, ISL {} / OSL {}, step {}, warmup {}",
-                        *s.levels, *s.isl, *s.osl, *s.step, *s.warmup
-                    )
-                }),
-                "multi_turn" => w.multi_turn.as_ref().map(|m| {
-                    format!(
-                        "{} conversations x {} turns, ISL {} / OSL {}, duration {}, think time {}",
-                        *m.conversations, *m.turns, *m.isl, *m.osl, *m.duration, *m.think_time
-                    )
-                }),
-                "sequence_distribution" => w.sequence_distribution.as_ref().map(|d| {
-                    format!(
-                        "{:?}, ISL {}-{} / OSL {}-{}, concurrency {}, step {}",
-                        d.distributions
-                            .iter()
-                            .map(|k| k.as_str())
-                            .collect::<Vec<_>>(),
-                        *d.isl.min,
-                        *d.isl.max,
-                        *d.osl.min,
-                        *d.osl.max,
-                        *d.concurrency,
-                        *d.step
-                    )
-                }),
-                "prefix_cache" => w.prefix_cache.as_ref().map(|p| {
-                    format!(
-                        "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}",
-                        *p.hit_ratios, *p.isl, *p.osl, *p.concurrency, *p.step, *p.block_size
-                    )
-                }),
-                "trace_replay" => w.trace_replay.as_ref().map(|r| {
-                    let names: Vec<&str> = r.traces.iter().map(|t| t.name.as_str()).collect();
-                    format!(
-                        "traces {names:?}, speed {}, sample {}, step {}, at most {} in flight",
-                        *r.speed, *r.sample, *r.step, *r.max_inflight
-                    )
-                }),
-                _ => None,
-            }
-            .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {name:<22} {steps} steps, {:>8}  {detail}",
-                Dur(round_secs(*dur)).to_string()
+                "  {name:<22} {steps} steps, {:>8}  {}",
+                Dur(round_secs(*dur)).to_string(),
+                self.workload_detail(name)
             );
         }
+    }
+
+    /// The settings of workload `name` in one line; empty when it is not configured.
+    fn workload_detail(&self, name: &str) -> String {
+        let w = &self.workloads;
+        match name {
+            "concurrency_sweep" => w.concurrency_sweep.as_ref().map(|s| {
+                format!(
+                    "levels {:?}, ISL {} / OSL {}, step {}, warmup {}",
+                    *s.levels, *s.isl, *s.osl, *s.step, *s.warmup
+                )
+            }),
+            "multi_turn" => w.multi_turn.as_ref().map(|m| {
+                format!(
+                    "{} conversations x {} turns, ISL {} / OSL {}, duration {}, think time {}",
+                    *m.conversations, *m.turns, *m.isl, *m.osl, *m.duration, *m.think_time
+                )
+            }),
+            "sequence_distribution" => w.sequence_distribution.as_ref().map(|d| {
+                format!(
+                    "{:?}, ISL {}-{} / OSL {}-{}, concurrency {}, step {}",
+                    d.distributions
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>(),
+                    *d.isl.min,
+                    *d.isl.max,
+                    *d.osl.min,
+                    *d.osl.max,
+                    *d.concurrency,
+                    *d.step
+                )
+            }),
+            "prefix_cache" => w.prefix_cache.as_ref().map(|p| {
+                format!(
+                    "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}",
+                    *p.hit_ratios, *p.isl, *p.osl, *p.concurrency, *p.step, *p.block_size
+                )
+            }),
+            "trace_replay" => w.trace_replay.as_ref().map(|r| {
+                let names: Vec<&str> = r.traces.iter().map(|t| t.name.as_str()).collect();
+                format!(
+                    "traces {names:?}, speed {}, sample {}, step {}, at most {} in flight",
+                    *r.speed, *r.sample, *r.step, *r.max_inflight
+                )
+            }),
+            _ => None,
+        }
+        .unwrap_or_default()
+    }
+
+    /// One line per SLO: its kind, window and thresholds.
+    fn summary_slos(&self, out: &mut String) {
         let _ = writeln!(out, "slos ({}):", self.slos.len());
         for s in &self.slos {
             let kind = match (&s.expr, &s.objective, &s.period) {
@@ -172,17 +203,6 @@ impl Config {
             };
             let _ = writeln!(out, "  {:<28} {kind}", *s.name);
         }
-        let _ = writeln!(
-            out,
-            "export: listen {}{}",
-            *self.export.listen,
-            self.export
-                .otlp
-                .as_ref()
-                .map(|o| format!(", otlp {} every {}", *o.endpoint, *o.interval))
-                .unwrap_or_default()
-        );
-        out
     }
 }
 

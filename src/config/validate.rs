@@ -4,42 +4,66 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use thiserror::Error;
+
 use super::at::{At, Dur};
 use super::check::Check;
 use super::error::{Diagnostic, did_you_mean};
+use super::limits::*;
 use super::schema::*;
 use super::workloads::*;
 
-/// Bounds that keep absurd values from reaching the scheduler (1e9 workers, 10 MB prompts).
-pub const MAX_CONCURRENCY: u32 = 4096;
-/// Levels of one concurrency sweep.
-pub const MAX_LEVELS: usize = 64;
-/// The longest cycle accepted: a week of steps per verdict is no canary.
-pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
-pub const MAX_ISL: u32 = 262_144;
-pub const MAX_OSL: u32 = 131_072;
-pub const MAX_TURNS: u32 = 100;
-pub const MAX_RPS: f64 = 100_000.0;
-pub const MAX_TIME_SCALE: f64 = 100.0;
+/// Why a lifecycle token file cannot guard the lifecycle endpoints.
+#[derive(Debug, Error)]
+pub enum TokenError {
+    #[error(transparent)]
+    Read(#[from] crate::files::FileError),
+    #[error("the token is shorter than 16 characters")]
+    TooShort,
+    #[error("the token has whitespace or control characters inside")]
+    Whitespace,
+}
 
-/// Checks every value of `cfg`; returns all problems found (empty = valid).
 /// The lifecycle token of `path`: the file's content without surrounding whitespace.
-pub fn read_token(path: &Path) -> Result<String, String> {
-    let text =
-        crate::files::read_text(path, crate::files::MAX_SECRET_BYTES).map_err(|e| e.to_string())?;
+pub fn read_token(path: &Path) -> Result<String, TokenError> {
+    let text = crate::files::read_text(path, crate::files::MAX_SECRET_BYTES)?;
     let token = text.trim();
     if token.len() < 16 {
-        return Err("the token is shorter than 16 characters".into());
+        return Err(TokenError::TooShort);
     }
     if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("the token has whitespace or control characters inside".into());
+        return Err(TokenError::Whitespace);
     }
     Ok(token.to_owned())
 }
 
+/// Checks every value of `cfg`; returns all problems found (empty = valid), section by section
+/// in the order below, the length of the plan's cycle last (it needs every other value valid).
 pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     let mut c = Check { diags: Vec::new() };
+    validate_targets(&mut c, cfg, base_dir);
+    validate_discovery(&mut c, cfg);
+    validate_tokenizer(&mut c, cfg, base_dir);
+    c.finite_in(&cfg.time_scale, "time_scale", 0.0, MAX_TIME_SCALE, true);
+    validate_client(&mut c, cfg);
+    validate_budget(&mut c, &cfg.budget, "budget");
+    validate_workloads(&mut c, &cfg.workloads);
+    if let Some(r) = &cfg.workloads.trace_replay {
+        c.trace_replay(r, base_dir);
+    }
+    validate_schedule(&mut c, cfg);
+    validate_slos(&mut c, cfg);
+    validate_export(&mut c, &cfg.export, base_dir);
+    if c.diags.is_empty() {
+        // Only for an otherwise valid config: the plan behind this needs valid values.
+        validate_cycle_length(&mut c, cfg);
+    }
+    c.diags
+}
 
+/// Something to send to, and each target: a unique name, one source (URL or simulator), its
+/// budget, model and key, the servers' metrics it names, its cost and its files.
+fn validate_targets(c: &mut Check, cfg: &Config, base_dir: &Path) {
     if cfg.targets.is_empty() && cfg.discovery.is_none() {
         c.err(
             Some((1, 1)),
@@ -49,39 +73,8 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     }
     let mut seen: HashMap<&str, Option<(u64, u64)>> = HashMap::new();
     for t in &cfg.targets {
-        c.label_safe_name(&t.name, "target name");
-        if let Some(first) = seen.insert(t.name.as_str(), t.name.pos) {
-            let at = first
-                .map(|(l, col)| format!(" (first at line {l}, column {col})"))
-                .unwrap_or_default();
-            c.err(
-                t.name.pos,
-                format!("duplicate target name `{}`{at}", *t.name),
-                Some("target names are the `target` label and must be unique".into()),
-            );
-        }
-        match (&t.url, &t.simulated) {
-            (Some(u), None) => c.url(u, "url"),
-            (None, Some(sim)) => {
-                for problem in sim.validate() {
-                    c.err(sim.pos, format!("simulated: {problem}"), None);
-                }
-            }
-            (Some(u), Some(_)) => c.err(
-                u.pos,
-                format!("target `{}` has both `url` and `simulated`", *t.name),
-                Some(
-                    "keep one: `url` for a real deployment, `simulated` for the embedded simulator"
-                        .into(),
-                ),
-            ),
-            (None, None) => c.err(
-                t.name.pos,
-                format!("target `{}` has neither `url` nor `simulated`", *t.name),
-                Some("add `url: http://host:port` or `simulated: {}`".into()),
-            ),
-        }
-        validate_budget(&mut c, &t.budget, &format!("targets[{}].budget", *t.name));
+        target_name_and_source(c, t, &mut seen);
+        validate_budget(c, &t.budget, &format!("targets[{}].budget", *t.name));
         if t.model.trim().is_empty() {
             c.err(
                 t.name.pos,
@@ -90,34 +83,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             );
         }
         if let Some(env) = &t.api_key_env {
-            let ok = !env.is_empty()
-                && env
-                    .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
-                && !env.starts_with(|ch: char| ch.is_ascii_digit());
-            if !ok {
-                c.err(
-                    env.pos,
-                    format!(
-                        "`api_key_env` `{}` is not an environment variable name",
-                        **env
-                    ),
-                    Some("name the variable, e.g. `OPENAI_API_KEY` — never the key itself".into()),
-                );
-            } else if std::env::var_os(env.as_str()).is_none_or(|v| v.is_empty()) {
-                c.err(
-                    env.pos,
-                    format!("environment variable `{}` (api_key_env) is not set", **env),
-                    Some("set it in the canary's environment (the chart's `env`), or name a file with `api_key_file`".into()),
-                );
-            }
-            if t.api_key_file.is_some() {
-                c.err(
-                    env.pos,
-                    "`api_key_env` and `api_key_file` are both set",
-                    Some("keep one source for the key".into()),
-                );
-            }
+            api_key_env(c, t, env);
         }
         for u in &t.server_metrics {
             c.url(u, "server_metrics");
@@ -125,40 +91,123 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         if let Some(cost) = &t.cost_per_hour_usd {
             c.finite_in(cost, "cost_per_hour_usd", 0.0, 1e6, false);
         }
-        if let Some(file) = &t.api_key_file {
-            c.file(
-                file,
-                base_dir,
-                "api_key_file",
-                crate::files::MAX_SECRET_BYTES,
-            );
-        }
-        if let Some(tls) = &t.tls {
-            for (key, file) in [
-                ("tls.ca_file", &tls.ca_file),
-                ("tls.cert_file", &tls.cert_file),
-                ("tls.key_file", &tls.key_file),
-            ] {
-                if let Some(file) = file {
-                    c.file(file, base_dir, key, crate::files::MAX_PEM_BYTES);
-                }
+        target_files(c, t, base_dir);
+    }
+}
+
+/// A target's name (label-safe, unique) and where it is: a URL or the embedded simulator.
+fn target_name_and_source<'a>(
+    c: &mut Check,
+    t: &'a TargetConfig,
+    seen: &mut HashMap<&'a str, Option<(u64, u64)>>,
+) {
+    c.label_safe_name(&t.name, "target name");
+    if let Some(first) = seen.insert(t.name.as_str(), t.name.pos) {
+        let at = first
+            .map(|(l, col)| format!(" (first at line {l}, column {col})"))
+            .unwrap_or_default();
+        c.err(
+            t.name.pos,
+            format!("duplicate target name `{}`{at}", *t.name),
+            Some("target names are the `target` label and must be unique".into()),
+        );
+    }
+    match (&t.url, &t.simulated) {
+        (Some(u), None) => c.url(u, "url"),
+        (None, Some(sim)) => {
+            for problem in sim.validate() {
+                c.err(sim.pos, format!("simulated: {problem}"), None);
             }
         }
-        if let Some(tls) = &t.tls
-            && tls.cert_file.is_some() != tls.key_file.is_some()
-        {
-            let pos = tls
-                .cert_file
-                .as_ref()
-                .or(tls.key_file.as_ref())
-                .and_then(|a| a.pos);
-            c.err(
-                pos,
-                "`tls.cert_file` and `tls.key_file` go together",
-                Some("a client certificate needs its key".into()),
-            );
+        (Some(u), Some(_)) => c.err(
+            u.pos,
+            format!("target `{}` has both `url` and `simulated`", *t.name),
+            Some(
+                "keep one: `url` for a real deployment, `simulated` for the embedded simulator"
+                    .into(),
+            ),
+        ),
+        (None, None) => c.err(
+            t.name.pos,
+            format!("target `{}` has neither `url` nor `simulated`", *t.name),
+            Some("add `url: http://host:port` or `simulated: {}`".into()),
+        ),
+    }
+}
+
+/// `api_key_env`: the name of a variable (never the key itself) that is set, and the key's only
+/// source.
+fn api_key_env(c: &mut Check, t: &TargetConfig, env: &At<String>) {
+    let ok = !env.is_empty()
+        && env
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+        && !env.starts_with(|ch: char| ch.is_ascii_digit());
+    if !ok {
+        c.err(
+            env.pos,
+            format!(
+                "`api_key_env` `{}` is not an environment variable name",
+                **env
+            ),
+            Some("name the variable, e.g. `OPENAI_API_KEY` — never the key itself".into()),
+        );
+    } else if std::env::var_os(env.as_str()).is_none_or(|v| v.is_empty()) {
+        c.err(
+            env.pos,
+            format!("environment variable `{}` (api_key_env) is not set", **env),
+            Some("set it in the canary's environment (the chart's `env`), or name a file with `api_key_file`".into()),
+        );
+    }
+    if t.api_key_file.is_some() {
+        c.err(
+            env.pos,
+            "`api_key_env` and `api_key_file` are both set",
+            Some("keep one source for the key".into()),
+        );
+    }
+}
+
+/// The files a target names, each readable: its API key, its CA, client certificate and key
+/// (the last two together).
+fn target_files(c: &mut Check, t: &TargetConfig, base_dir: &Path) {
+    if let Some(file) = &t.api_key_file {
+        c.file(
+            file,
+            base_dir,
+            "api_key_file",
+            crate::files::MAX_SECRET_BYTES,
+        );
+    }
+    if let Some(tls) = &t.tls {
+        for (key, file) in [
+            ("tls.ca_file", &tls.ca_file),
+            ("tls.cert_file", &tls.cert_file),
+            ("tls.key_file", &tls.key_file),
+        ] {
+            if let Some(file) = file {
+                c.file(file, base_dir, key, crate::files::MAX_PEM_BYTES);
+            }
         }
     }
+    if let Some(tls) = &t.tls
+        && tls.cert_file.is_some() != tls.key_file.is_some()
+    {
+        let pos = tls
+            .cert_file
+            .as_ref()
+            .or(tls.key_file.as_ref())
+            .and_then(|a| a.pos);
+        c.err(
+            pos,
+            "`tls.cert_file` and `tls.key_file` go together",
+            Some("a client certificate needs its key".into()),
+        );
+    }
+}
+
+/// Discovery that can find something, and the Kubernetes object names it writes.
+fn validate_discovery(c: &mut Check, cfg: &Config) {
     if let Some(d) = &cfg.discovery
         && !d.kubernetes.dynamo_graph_deployments
         && cfg.targets.is_empty()
@@ -191,7 +240,10 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             }
         }
     }
+}
 
+/// A tokenizer named by path, found locally.
+fn validate_tokenizer(c: &mut Check, cfg: &Config, base_dir: &Path) {
     if let Some(tok) = &cfg.tokenizer {
         let p = base_dir.join(tok.as_str());
         let ok = p.is_file() || p.join("tokenizer.json").is_file();
@@ -203,12 +255,20 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             );
         }
     }
-    c.finite_in(&cfg.time_scale, "time_scale", 0.0, MAX_TIME_SCALE, true);
+}
 
+/// The client's timeouts and limits, with the probe stream's and the goodput's right after the
+/// connect and request timeouts (the order `check` has always reported them in).
+fn validate_client(c: &mut Check, cfg: &Config) {
     let cc = &cfg.client;
     c.positive_dur(&cc.connect_timeout, "client.connect_timeout");
     c.positive_dur(&cc.request_timeout, "client.request_timeout");
-    let ps = &cfg.probe_stream;
+    validate_probe_stream(c, &cfg.probe_stream);
+    validate_goodput(c, cfg);
+    validate_client_limits(c, cc);
+}
+
+fn validate_probe_stream(c: &mut Check, ps: &ProbeStreamConfig) {
     if ps.interval.0 < std::time::Duration::from_secs(1) {
         c.err(
             ps.interval.pos,
@@ -221,6 +281,10 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     }
     c.range_u32(&ps.isl, "probe_stream.isl", 1, MAX_ISL);
     c.range_u32(&ps.osl, "probe_stream.osl", 1, 64);
+}
+
+/// The run's goodput definition and each target's own.
+fn validate_goodput(c: &mut Check, cfg: &Config) {
     c.positive_dur(&cfg.goodput.ttft, "goodput.ttft");
     c.positive_dur(&cfg.goodput.itl, "goodput.itl");
     for t in &cfg.targets {
@@ -229,6 +293,10 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             c.positive_dur(&g.itl, "goodput.itl");
         }
     }
+}
+
+/// The client's other timeouts (each shorter than a request), event size, marker and user.
+fn validate_client_limits(c: &mut Check, cc: &ClientConfig) {
     c.positive_dur(&cc.first_token_timeout, "client.first_token_timeout");
     c.positive_dur(&cc.stall_timeout, "client.stall_timeout");
     c.positive_dur(&cc.pool_idle_timeout, "client.pool_idle_timeout");
@@ -283,105 +351,6 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
             None,
         );
     }
-
-    validate_budget(&mut c, &cfg.budget, "budget");
-    validate_workloads(&mut c, &cfg.workloads);
-    if let Some(r) = &cfg.workloads.trace_replay {
-        c.trace_replay(r, base_dir);
-    }
-    validate_schedule(&mut c, cfg);
-    validate_slos(&mut c, cfg);
-
-    let ex = &cfg.export;
-    if ex.listen.parse::<SocketAddr>().is_err() {
-        c.err(
-            ex.listen.pos,
-            format!("`export.listen` `{}` is not an address", *ex.listen),
-            Some("write IP:PORT, e.g. `127.0.0.1:9464` or `0.0.0.0:9464`".into()),
-        );
-    }
-    c.positive_dur(
-        &ex.server_metrics_interval,
-        "export.server_metrics_interval",
-    );
-    if let Some(file) = &ex.lifecycle_token_file {
-        if !ex.lifecycle {
-            c.err(
-                file.pos,
-                "`export.lifecycle_token_file` is set but `export.lifecycle` is false: the token guards nothing",
-                Some("set `export.lifecycle: true` to serve reload, pause and resume with the token".into()),
-            );
-        } else {
-            match read_token(&base_dir.join(file.as_str())) {
-                Ok(_) => {}
-                Err(why) => c.err(
-                    file.pos,
-                    format!("`export.lifecycle_token_file` `{}`: {why}", **file),
-                    Some("mount the Secret holding the token there (the chart's `lifecycle.tokenSecret`)".into()),
-                ),
-            }
-        }
-    }
-    if let Some(o) = &ex.otlp {
-        c.url(&o.endpoint, "export.otlp.endpoint");
-        c.positive_dur(&o.interval, "export.otlp.interval");
-        if *o.protocol == OtlpProtocol::Grpc {
-            let pos = o.protocol.pos.or(o.endpoint.pos);
-            if !cfg!(feature = "otlp-grpc") {
-                c.err(
-                    pos,
-                    "`export.otlp.protocol` is grpc, but this binary was built without the \
-                     `otlp-grpc` feature",
-                    Some(
-                        "use `protocol: http/protobuf` (a collector's port 4318), or build with \
-                         `cargo build --release --features otlp-grpc`"
-                            .into(),
-                    ),
-                );
-            } else if o.endpoint.starts_with("https:") {
-                c.err(
-                    o.endpoint.pos,
-                    "`export.otlp.endpoint` is HTTPS, but OTLP over gRPC is plaintext only in this \
-                     build",
-                    Some(
-                        "use `protocol: http/protobuf`, which speaks HTTPS, or a plaintext \
-                         `http://` gRPC endpoint"
-                            .into(),
-                    ),
-                );
-            }
-        }
-    }
-    if c.diags.is_empty() {
-        // Only for an otherwise valid config: the plan behind this needs valid values.
-        let cycle = cfg.cycle_upper_bound();
-        if cycle > MAX_CYCLE {
-            let w = &cfg.workloads;
-            let pos = [
-                w.concurrency_sweep
-                    .as_ref()
-                    .and_then(|s| s.step.pos.or(s.levels.pos)),
-                w.multi_turn.as_ref().and_then(|m| m.duration.pos),
-                w.sequence_distribution.as_ref().and_then(|d| d.step.pos),
-                w.prefix_cache
-                    .as_ref()
-                    .and_then(|p| p.step.pos.or(p.hit_ratios.pos)),
-            ]
-            .into_iter()
-            .flatten()
-            .next();
-            c.err(
-                pos,
-                format!(
-                    "one cycle of this plan takes up to {} h, longer than the {} h accepted",
-                    cycle.as_secs() / 3600,
-                    MAX_CYCLE.as_secs() / 3600
-                ),
-                Some("an always-on canary needs its verdicts more often: shorten the steps or use fewer of them".into()),
-            );
-        }
-    }
-    c.diags
 }
 
 fn validate_workloads(c: &mut Check, w: &Workloads) {
@@ -398,165 +367,186 @@ fn validate_workloads(c: &mut Check, w: &Workloads) {
         );
     }
     if let Some(s) = &w.concurrency_sweep {
-        if s.levels.is_empty() {
-            c.err(
-                s.levels.pos,
-                "`concurrency_sweep.levels` is empty",
-                Some("e.g. `[1, 2, 4, 8, 16, 32, 64]`".into()),
-            );
-        }
-        if s.levels.len() > MAX_LEVELS {
-            c.err(
-                s.levels.pos,
-                format!(
-                    "`concurrency_sweep.levels` has {} levels, at most {MAX_LEVELS} are accepted",
-                    s.levels.len()
-                ),
-                Some("a sweep of powers of two from 1 to 4096 has 13".into()),
-            );
-        }
-        for &l in s.levels.iter().take(MAX_LEVELS) {
-            if l == 0 || l > MAX_CONCURRENCY {
-                c.err(
-                    s.levels.pos,
-                    format!("concurrency level {l} must be between 1 and {MAX_CONCURRENCY}"),
-                    None,
-                );
-            }
-        }
-        c.range_u32(&s.isl, "concurrency_sweep.isl", 1, MAX_ISL);
-        c.range_u32(&s.osl, "concurrency_sweep.osl", 1, MAX_OSL);
-        c.step_and_warmup(&s.step, &s.warmup, "concurrency_sweep");
-        c.rate(&s.rate, "concurrency_sweep");
-        c.cancel(&s.cancel, "concurrency_sweep");
+        validate_sweep(c, s);
     }
     if let Some(m) = &w.multi_turn {
-        c.range_u32(&m.turns, "multi_turn.turns", 1, MAX_TURNS);
-        c.range_u32(
-            &m.conversations,
-            "multi_turn.conversations",
-            1,
-            MAX_CONCURRENCY,
-        );
-        c.range_u32(&m.isl, "multi_turn.isl", 1, MAX_ISL);
-        c.range_u32(&m.osl, "multi_turn.osl", 1, MAX_OSL);
-        c.positive_dur(&m.duration, "multi_turn.duration");
-        let context = u64::from(*m.turns) * (u64::from(*m.isl) + u64::from(*m.osl));
-        if context > u64::from(MAX_ISL) {
-            c.err(m.turns.pos, format!("the last turn's context would be {context} tokens (turns × (isl + osl)), above {MAX_ISL}"), Some("use fewer turns or shorter messages".into()));
-        }
+        validate_multi_turn(c, m);
     }
     if let Some(d) = &w.sequence_distribution {
-        if d.distributions.is_empty() {
+        validate_distribution(c, d);
+    }
+    if let Some(p) = &w.prefix_cache {
+        validate_prefix_cache(c, p);
+    }
+}
+
+fn validate_sweep(c: &mut Check, s: &ConcurrencySweep) {
+    if s.levels.is_empty() {
+        c.err(
+            s.levels.pos,
+            "`concurrency_sweep.levels` is empty",
+            Some("e.g. `[1, 2, 4, 8, 16, 32, 64]`".into()),
+        );
+    }
+    if s.levels.len() > MAX_LEVELS {
+        c.err(
+            s.levels.pos,
+            format!(
+                "`concurrency_sweep.levels` has {} levels, at most {MAX_LEVELS} are accepted",
+                s.levels.len()
+            ),
+            Some("a sweep of powers of two from 1 to 4096 has 13".into()),
+        );
+    }
+    for &l in s.levels.iter().take(MAX_LEVELS) {
+        if l == 0 || l > MAX_CONCURRENCY {
             c.err(
-                d.distributions.pos,
-                "`sequence_distribution.distributions` is empty",
-                Some("e.g. `[uniform, zipf, lognormal]`".into()),
-            );
-        }
-        let mut kinds = d.distributions.to_vec();
-        kinds.sort_by_key(|k| k.as_str());
-        kinds.dedup();
-        if kinds.len() != d.distributions.len() {
-            c.err(
-                d.distributions.pos,
-                "`sequence_distribution.distributions` names a distribution twice",
+                s.levels.pos,
+                format!("concurrency level {l} must be between 1 and {MAX_CONCURRENCY}"),
                 None,
             );
         }
-        for (r, key, hi) in [(&d.isl, "isl", MAX_ISL), (&d.osl, "osl", MAX_OSL)] {
-            c.range_u32(&r.min, &format!("sequence_distribution.{key}.min"), 1, hi);
-            c.range_u32(&r.max, &format!("sequence_distribution.{key}.max"), 1, hi);
-            if *r.min > *r.max {
-                c.err(
-                    r.min.pos,
-                    format!(
-                        "`sequence_distribution.{key}.min` ({}) is above `max` ({})",
-                        *r.min, *r.max
-                    ),
-                    Some("swap them".into()),
-                );
-            }
-        }
-        c.range_u32(
-            &d.concurrency,
-            "sequence_distribution.concurrency",
-            1,
-            MAX_CONCURRENCY,
-        );
-        c.step_and_warmup(&d.step, &d.warmup, "sequence_distribution");
-        c.finite_in(
-            &d.zipf_exponent,
-            "sequence_distribution.zipf_exponent",
-            0.0,
-            10.0,
-            true,
-        );
-        c.finite_in(
-            &d.lognormal_sigma,
-            "sequence_distribution.lognormal_sigma",
-            0.0,
-            5.0,
-            true,
-        );
-        for (m, r, key) in [
-            (&d.lognormal_isl_median, &d.isl, "lognormal_isl_median"),
-            (&d.lognormal_osl_median, &d.osl, "lognormal_osl_median"),
-        ] {
-            if let Some(m) = m {
-                c.finite_in(
-                    m,
-                    &format!("sequence_distribution.{key}"),
-                    f64::from(*r.min),
-                    f64::from(*r.max),
-                    false,
-                );
-            }
-        }
-        c.rate(&d.rate, "sequence_distribution");
-        c.cancel(&d.cancel, "sequence_distribution");
     }
-    if let Some(p) = &w.prefix_cache {
-        if p.hit_ratios.is_empty() {
+    c.range_u32(&s.isl, "concurrency_sweep.isl", 1, MAX_ISL);
+    c.range_u32(&s.osl, "concurrency_sweep.osl", 1, MAX_OSL);
+    c.step_and_warmup(&s.step, &s.warmup, "concurrency_sweep");
+    c.rate(&s.rate, "concurrency_sweep");
+    c.cancel(&s.cancel, "concurrency_sweep");
+}
+
+fn validate_multi_turn(c: &mut Check, m: &MultiTurn) {
+    c.range_u32(&m.turns, "multi_turn.turns", 1, MAX_TURNS);
+    c.range_u32(
+        &m.conversations,
+        "multi_turn.conversations",
+        1,
+        MAX_CONCURRENCY,
+    );
+    c.range_u32(&m.isl, "multi_turn.isl", 1, MAX_ISL);
+    c.range_u32(&m.osl, "multi_turn.osl", 1, MAX_OSL);
+    c.positive_dur(&m.duration, "multi_turn.duration");
+    let context = u64::from(*m.turns) * (u64::from(*m.isl) + u64::from(*m.osl));
+    if context > u64::from(MAX_ISL) {
+        c.err(m.turns.pos, format!("the last turn's context would be {context} tokens (turns × (isl + osl)), above {MAX_ISL}"), Some("use fewer turns or shorter messages".into()));
+    }
+}
+
+fn validate_distribution(c: &mut Check, d: &SequenceDistribution) {
+    if d.distributions.is_empty() {
+        c.err(
+            d.distributions.pos,
+            "`sequence_distribution.distributions` is empty",
+            Some("e.g. `[uniform, zipf, lognormal]`".into()),
+        );
+    }
+    let mut kinds = d.distributions.to_vec();
+    kinds.sort_by_key(|k| k.as_str());
+    kinds.dedup();
+    if kinds.len() != d.distributions.len() {
+        c.err(
+            d.distributions.pos,
+            "`sequence_distribution.distributions` names a distribution twice",
+            None,
+        );
+    }
+    for (r, key, hi) in [(&d.isl, "isl", MAX_ISL), (&d.osl, "osl", MAX_OSL)] {
+        c.range_u32(&r.min, &format!("sequence_distribution.{key}.min"), 1, hi);
+        c.range_u32(&r.max, &format!("sequence_distribution.{key}.max"), 1, hi);
+        if *r.min > *r.max {
+            c.err(
+                r.min.pos,
+                format!(
+                    "`sequence_distribution.{key}.min` ({}) is above `max` ({})",
+                    *r.min, *r.max
+                ),
+                Some("swap them".into()),
+            );
+        }
+    }
+    c.range_u32(
+        &d.concurrency,
+        "sequence_distribution.concurrency",
+        1,
+        MAX_CONCURRENCY,
+    );
+    c.step_and_warmup(&d.step, &d.warmup, "sequence_distribution");
+    validate_distribution_shapes(c, d);
+    c.rate(&d.rate, "sequence_distribution");
+    c.cancel(&d.cancel, "sequence_distribution");
+}
+
+/// The parameters of the zipf and lognormal length distributions.
+fn validate_distribution_shapes(c: &mut Check, d: &SequenceDistribution) {
+    c.finite_in(
+        &d.zipf_exponent,
+        "sequence_distribution.zipf_exponent",
+        0.0,
+        10.0,
+        true,
+    );
+    c.finite_in(
+        &d.lognormal_sigma,
+        "sequence_distribution.lognormal_sigma",
+        0.0,
+        5.0,
+        true,
+    );
+    for (m, r, key) in [
+        (&d.lognormal_isl_median, &d.isl, "lognormal_isl_median"),
+        (&d.lognormal_osl_median, &d.osl, "lognormal_osl_median"),
+    ] {
+        if let Some(m) = m {
+            c.finite_in(
+                m,
+                &format!("sequence_distribution.{key}"),
+                f64::from(*r.min),
+                f64::from(*r.max),
+                false,
+            );
+        }
+    }
+}
+
+fn validate_prefix_cache(c: &mut Check, p: &PrefixCache) {
+    if p.hit_ratios.is_empty() {
+        c.err(
+            p.hit_ratios.pos,
+            "`prefix_cache.hit_ratios` is empty",
+            Some("e.g. `[0.0, 0.25, 0.5, 0.75, 1.0]`".into()),
+        );
+    }
+    for &r in p.hit_ratios.iter() {
+        if !(0.0..=1.0).contains(&r) {
             c.err(
                 p.hit_ratios.pos,
-                "`prefix_cache.hit_ratios` is empty",
-                Some("e.g. `[0.0, 0.25, 0.5, 0.75, 1.0]`".into()),
+                format!("hit ratio {r} is outside [0, 1]"),
+                Some("ratios are fractions: 0.25, not 25".into()),
             );
         }
-        for &r in p.hit_ratios.iter() {
-            if !(0.0..=1.0).contains(&r) {
-                c.err(
-                    p.hit_ratios.pos,
-                    format!("hit ratio {r} is outside [0, 1]"),
-                    Some("ratios are fractions: 0.25, not 25".into()),
-                );
-            }
-        }
-        c.range_u32(&p.isl, "prefix_cache.isl", 1, MAX_ISL);
-        c.range_u32(&p.osl, "prefix_cache.osl", 1, MAX_OSL);
-        c.range_u32(
-            &p.concurrency,
-            "prefix_cache.concurrency",
-            1,
-            MAX_CONCURRENCY,
-        );
-        c.range_u32(&p.pool_size, "prefix_cache.pool_size", 1, 1024);
-        c.range_u32(&p.block_size, "prefix_cache.block_size", 1, 1024);
-        if *p.block_size > *p.isl {
-            c.err(
-                p.block_size.pos,
-                format!(
-                    "`prefix_cache.block_size` ({}) is larger than the ISL ({})",
-                    *p.block_size, *p.isl
-                ),
-                Some("no whole block could be shared".into()),
-            );
-        }
-        c.step_and_warmup(&p.step, &p.warmup, "prefix_cache");
-        c.rate(&p.rate, "prefix_cache");
-        c.cancel(&p.cancel, "prefix_cache");
     }
+    c.range_u32(&p.isl, "prefix_cache.isl", 1, MAX_ISL);
+    c.range_u32(&p.osl, "prefix_cache.osl", 1, MAX_OSL);
+    c.range_u32(
+        &p.concurrency,
+        "prefix_cache.concurrency",
+        1,
+        MAX_CONCURRENCY,
+    );
+    c.range_u32(&p.pool_size, "prefix_cache.pool_size", 1, 1024);
+    c.range_u32(&p.block_size, "prefix_cache.block_size", 1, 1024);
+    if *p.block_size > *p.isl {
+        c.err(
+            p.block_size.pos,
+            format!(
+                "`prefix_cache.block_size` ({}) is larger than the ISL ({})",
+                *p.block_size, *p.isl
+            ),
+            Some("no whole block could be shared".into()),
+        );
+    }
+    c.step_and_warmup(&p.step, &p.warmup, "prefix_cache");
+    c.rate(&p.rate, "prefix_cache");
+    c.cancel(&p.cancel, "prefix_cache");
 }
 
 fn validate_budget(c: &mut Check, b: &Budget, at: &str) {
@@ -577,40 +567,45 @@ fn validate_budget(c: &mut Check, b: &Budget, at: &str) {
     }
 }
 
+/// `schedule.active`: windows that compile, one of them long enough for the longest step.
+fn validate_active_windows(c: &mut Check, cfg: &Config, active: &ActiveWindows) {
+    match active.compile() {
+        Err(diags) => c.diags.extend(diags),
+        Ok(set) => {
+            // A step starts only when the window outlasts it (warmup, steady, drain).
+            let longest_step = cfg
+                .cycle_plan()
+                .iter()
+                .filter(|(_, steps, _)| *steps > 0)
+                .map(|(_, steps, total)| *total / *steps as u32)
+                .max()
+                .unwrap_or_default()
+                + cfg.schedule.drain_grace.0;
+            let longest_window = set
+                .windows
+                .iter()
+                .map(|w| std::time::Duration::from_secs(u64::from(w.length_minutes()) * 60))
+                .max()
+                .unwrap_or_default();
+            let touching = set.windows.len() > 1;
+            if longest_window < longest_step && !touching {
+                c.err(
+                    active.time_zone.pos,
+                    format!(
+                        "no window of `schedule.active` is as long as the longest step with its drain ({}): no step would ever start",
+                        Dur(longest_step)
+                    ),
+                    Some("lengthen a window, or shorten the steps (`step`, `duration`, `time_scale`)".into()),
+                );
+            }
+        }
+    }
+}
+
 fn validate_schedule(c: &mut Check, cfg: &Config) {
     let s = &cfg.schedule;
     if let Some(active) = &s.active {
-        match active.compile() {
-            Err(diags) => c.diags.extend(diags),
-            Ok(set) => {
-                // A step starts only when the window outlasts it (warmup, steady, drain).
-                let longest_step = cfg
-                    .cycle_plan()
-                    .iter()
-                    .filter(|(_, steps, _)| *steps > 0)
-                    .map(|(_, steps, total)| *total / *steps as u32)
-                    .max()
-                    .unwrap_or_default()
-                    + s.drain_grace.0;
-                let longest_window = set
-                    .windows
-                    .iter()
-                    .map(|w| std::time::Duration::from_secs(u64::from(w.length_minutes()) * 60))
-                    .max()
-                    .unwrap_or_default();
-                let touching = set.windows.len() > 1;
-                if longest_window < longest_step && !touching {
-                    c.err(
-                        active.time_zone.pos,
-                        format!(
-                            "no window of `schedule.active` is as long as the longest step with its drain ({}): no step would ever start",
-                            Dur(longest_step)
-                        ),
-                        Some("lengthen a window, or shorten the steps (`step`, `duration`, `time_scale`)".into()),
-                    );
-                }
-            }
-        }
+        validate_active_windows(c, cfg, active);
     }
     for name in &s.cycle {
         if !WORKLOAD_NAMES.contains(&name.as_str()) {
@@ -670,6 +665,45 @@ fn alert_labels(c: &mut Check, labels: &std::collections::BTreeMap<String, At<St
     }
 }
 
+/// A burn-rate SLO: its SLI, a period no shorter than the window, an objective below 100 %, and
+/// every request counted.
+fn validate_burn_rate(c: &mut Check, s: &SloConfig, sli: &At<String>, obj: &At<f64>) {
+    if sli.trim().is_empty() {
+        c.err(sli.pos, "`sli` is empty", None);
+    }
+    if let Some(p) = &s.period
+        && **p < *s.window
+    {
+        c.err(
+            p.pos,
+            format!(
+                "`period` ({}) is shorter than `window` ({})",
+                **p, *s.window
+            ),
+            None,
+        );
+    }
+    c.finite_in(obj, "objective", 0.0, 100.0, true);
+    if **obj >= 100.0 {
+        c.err(
+            obj.pos,
+            "an objective of 100 % leaves no error budget",
+            Some("use e.g. 99.0".into()),
+        );
+    }
+    if let Some(p) = &s.period {
+        c.positive_dur(p, "period");
+    }
+    if *s.saturated_steps != SaturatedSteps::Include {
+        c.err(
+            s.saturated_steps.pos,
+            "a burn-rate SLO counts every request against its budget: \
+             `saturated_steps` applies to `expr` SLOs",
+            Some("remove it, or write the SLO as an `expr`".into()),
+        );
+    }
+}
+
 fn validate_slos(c: &mut Check, cfg: &Config) {
     alert_labels(c, &cfg.alerting.labels, "alerting.labels");
     if let Some(base) = &cfg.alerting.runbook_base_url
@@ -699,33 +733,7 @@ fn validate_slos(c: &mut Check, cfg: &Config) {
                 }
             }
             (None, Some(sli), Some(obj)) => {
-                if sli.trim().is_empty() {
-                    c.err(sli.pos, "`sli` is empty", None);
-                }
-                if let Some(p) = &s.period
-                    && **p < *s.window
-                {
-                    c.err(
-                        p.pos,
-                        format!("`period` ({}) is shorter than `window` ({})", **p, *s.window),
-                        None,
-                    );
-                }
-                c.finite_in(obj, "objective", 0.0, 100.0, true);
-                if **obj >= 100.0 {
-                    c.err(obj.pos, "an objective of 100 % leaves no error budget", Some("use e.g. 99.0".into()));
-                }
-                if let Some(p) = &s.period {
-                    c.positive_dur(p, "period");
-                }
-                if *s.saturated_steps != SaturatedSteps::Include {
-                    c.err(
-                        s.saturated_steps.pos,
-                        "a burn-rate SLO counts every request against its budget: \
-                         `saturated_steps` applies to `expr` SLOs",
-                        Some("remove it, or write the SLO as an `expr`".into()),
-                    );
-                }
+                validate_burn_rate(c, s, sli, obj);
             }
             _ => c.err(
                 s.name.pos,
@@ -737,6 +745,103 @@ fn validate_slos(c: &mut Check, cfg: &Config) {
         if *s.min_samples == 0 {
             c.err(s.min_samples.pos, "`min_samples` must be at least 1", None);
         }
+    }
+}
+
+/// The HTTP surface (listen address, lifecycle token) and the OTLP push.
+fn validate_export(c: &mut Check, ex: &Export, base_dir: &Path) {
+    if ex.listen.parse::<SocketAddr>().is_err() {
+        c.err(
+            ex.listen.pos,
+            format!("`export.listen` `{}` is not an address", *ex.listen),
+            Some("write IP:PORT, e.g. `127.0.0.1:9464` or `0.0.0.0:9464`".into()),
+        );
+    }
+    c.positive_dur(
+        &ex.server_metrics_interval,
+        "export.server_metrics_interval",
+    );
+    if let Some(file) = &ex.lifecycle_token_file {
+        if !ex.lifecycle {
+            c.err(
+                file.pos,
+                "`export.lifecycle_token_file` is set but `export.lifecycle` is false: the token guards nothing",
+                Some("set `export.lifecycle: true` to serve reload, pause and resume with the token".into()),
+            );
+        } else {
+            match read_token(&base_dir.join(file.as_str())) {
+                Ok(_) => {}
+                Err(why) => c.err(
+                    file.pos,
+                    format!("`export.lifecycle_token_file` `{}`: {why}", **file),
+                    Some("mount the Secret holding the token there (the chart's `lifecycle.tokenSecret`)".into()),
+                ),
+            }
+        }
+    }
+    if let Some(o) = &ex.otlp {
+        validate_otlp(c, o);
+    }
+}
+
+fn validate_otlp(c: &mut Check, o: &Otlp) {
+    c.url(&o.endpoint, "export.otlp.endpoint");
+    c.positive_dur(&o.interval, "export.otlp.interval");
+    if *o.protocol == OtlpProtocol::Grpc {
+        let pos = o.protocol.pos.or(o.endpoint.pos);
+        if !cfg!(feature = "otlp-grpc") {
+            c.err(
+                pos,
+                "`export.otlp.protocol` is grpc, but this binary was built without the \
+                 `otlp-grpc` feature",
+                Some(
+                    "use `protocol: http/protobuf` (a collector's port 4318), or build with \
+                     `cargo build --release --features otlp-grpc`"
+                        .into(),
+                ),
+            );
+        } else if o.endpoint.starts_with("https:") {
+            c.err(
+                o.endpoint.pos,
+                "`export.otlp.endpoint` is HTTPS, but OTLP over gRPC is plaintext only in this \
+                 build",
+                Some(
+                    "use `protocol: http/protobuf`, which speaks HTTPS, or a plaintext \
+                     `http://` gRPC endpoint"
+                        .into(),
+                ),
+            );
+        }
+    }
+}
+
+/// One cycle of the plan within [`MAX_CYCLE`].
+fn validate_cycle_length(c: &mut Check, cfg: &Config) {
+    let cycle = cfg.cycle_upper_bound();
+    if cycle > MAX_CYCLE {
+        let w = &cfg.workloads;
+        let pos = [
+            w.concurrency_sweep
+                .as_ref()
+                .and_then(|s| s.step.pos.or(s.levels.pos)),
+            w.multi_turn.as_ref().and_then(|m| m.duration.pos),
+            w.sequence_distribution.as_ref().and_then(|d| d.step.pos),
+            w.prefix_cache
+                .as_ref()
+                .and_then(|p| p.step.pos.or(p.hit_ratios.pos)),
+        ]
+        .into_iter()
+        .flatten()
+        .next();
+        c.err(
+            pos,
+            format!(
+                "one cycle of this plan takes up to {} h, longer than the {} h accepted",
+                cycle.as_secs() / 3600,
+                MAX_CYCLE.as_secs() / 3600
+            ),
+            Some("an always-on canary needs its verdicts more often: shorten the steps or use fewer of them".into()),
+        );
     }
 }
 

@@ -53,7 +53,7 @@ pub enum DaemonError {
     #[error("Kubernetes: {0}")]
     Kube(#[from] crate::k8s::KubeError),
     #[error("export.lifecycle_token_file: {0}")]
-    Token(String),
+    Token(crate::config::TokenError),
 }
 
 /// The targets measured now, as the schedule reports them (discovery, leader election and

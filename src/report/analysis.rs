@@ -1,6 +1,7 @@
 //! From step results to the benchmark plan's result tables (concurrency sweep, multi-turn,
 //! sequence distribution, prefix cache, cost efficiency), the answers to its four questions with
-//! the numbers behind them, and the recommendation table, each derived from the measurements.
+//! the numbers behind them, and the recommendation table, each derived from the measurements;
+//! the SLO verdicts close the report.
 
 use serde::Serialize;
 
@@ -97,7 +98,7 @@ impl Report {
         for (i, table) in extra.enumerate() {
             tables.insert(6 + i, table);
         }
-        tables.push(super::questions::slo_table(&data.slo));
+        tables.push(slo_table(&data.slo));
         Report {
             run: data.run.clone(),
             tables,
@@ -158,6 +159,34 @@ impl Report {
         }
         s
     }
+}
+
+/// The SLO verdicts of the run: the report's last table, after the answers.
+fn slo_table(verdicts: &[SloVerdict]) -> Table {
+    let mut t = Table::new(
+        "slo",
+        "SLO verdicts",
+        vec![
+            Column::text("slo"),
+            Column::text("state"),
+            Column::num("value", "", 3),
+            Column::num("threshold", "", 3),
+            Column::text("reason"),
+        ],
+    );
+    for v in verdicts {
+        t.push(vec![
+            Cell::text(&v.name),
+            Cell::text(&v.state),
+            Cell::num(v.value),
+            Cell::num(v.threshold),
+            Cell::text(v.reason.clone().unwrap_or_default()),
+        ]);
+    }
+    if verdicts.is_empty() {
+        t.notes.push("no SLOs in the config".into());
+    }
+    t
 }
 
 /// A target with the name its rows carry.

@@ -2,7 +2,6 @@
 //! §11) answered with the numbers behind them and the SLO verdicts filed under each, and the
 //! recommendation table, each derived from the measurements the tables show.
 
-use super::SloVerdict;
 use super::analysis::{
     DISAGG_MARGIN, Fit, HIGH_CONCURRENCY, Index, LINEAR_R2, LOW_CONCURRENCY, Side, gain, ms,
 };
@@ -526,33 +525,6 @@ impl Answer {
             evidence: "-".into(),
         }
     }
-}
-
-pub(super) fn slo_table(verdicts: &[SloVerdict]) -> Table {
-    let mut t = Table::new(
-        "slo",
-        "SLO verdicts",
-        vec![
-            Column::text("slo"),
-            Column::text("state"),
-            Column::num("value", "", 3),
-            Column::num("threshold", "", 3),
-            Column::text("reason"),
-        ],
-    );
-    for v in verdicts {
-        t.push(vec![
-            Cell::text(&v.name),
-            Cell::text(&v.state),
-            Cell::num(v.value),
-            Cell::num(v.threshold),
-            Cell::text(v.reason.clone().unwrap_or_default()),
-        ]);
-    }
-    if verdicts.is_empty() {
-        t.notes.push("no SLOs in the config".into());
-    }
-    t
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::plan::{RatePlan, StepKind, StepPlan};
-use super::runner::Target;
+use super::target::Target;
 use crate::config::Pairing;
 use crate::model::{BudgetAction, BudgetReport, BudgetUsage};
 

@@ -19,9 +19,9 @@ use crate::workload::sampler::{
     ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed,
 };
 
-use super::runner::{
-    CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, Runner, StepCtx, Target, as_prompt,
-};
+use super::context::{Runner, StepCtx, as_prompt};
+use super::runner::{CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN};
+use super::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use tokio_util::sync::CancellationToken;
 

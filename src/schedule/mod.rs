@@ -1,9 +1,11 @@
 //! The schedule: the cycle of workloads and their steps (`plan`), the one step loop of every run
-//! (`scheduler`) over the targets its sources name (`source`), the step runner with warmup,
-//! steady window and drain (`runner`), where the schedule's data goes (`recorder`), and the
-//! board that keeps each workload's phase and the latest step results for `/api/v1/status`.
+//! (`scheduler`) over the targets its sources name (`source`, each a `target`), the step runner
+//! with warmup, steady window and drain (`runner`, on the parts it shares with its drivers in
+//! `context`), where the schedule's data goes (`recorder`), and the board that keeps each
+//! workload's phase and the latest step results for `/api/v1/status`.
 
 pub mod budget;
+mod context;
 pub mod cost;
 mod drivers;
 pub mod gate;
@@ -14,6 +16,7 @@ mod replay;
 pub mod runner;
 pub mod scheduler;
 pub mod source;
+mod target;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -24,12 +27,14 @@ use serde_json::json;
 use crate::model::{
     BudgetAction, BudgetReport, BudgetUsage, Finished, PauseState, Sink, StepInfo, StepResult,
 };
+pub use context::Runner;
 pub use plan::{StepKind, StepPlan, plan_cycle};
 pub use probe_stream::ProbeStream;
 pub use recorder::{InFlight, Recorder};
-pub use runner::{CALIBRATION_TIMEOUT, Runner, Target};
+pub use runner::CALIBRATION_TIMEOUT;
 pub use scheduler::{RunSummary, Scheduler};
 pub use source::{Leadership, TargetSet, TargetSource};
+pub use target::Target;
 
 /// What a workload is doing now.
 #[derive(Debug, Clone, Serialize)]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::gate::Gate;
 use super::recorder::Recorder;
-use super::runner::Target;
+use super::target::Target;
 use crate::client::{Prompt, StreamClient, StreamRequest};
 use crate::config::{Api, ProbeStreamConfig};
 use crate::model::{Phase, RecordContext};

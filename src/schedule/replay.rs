@@ -12,8 +12,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::context::{Runner, StepCtx, as_prompt};
 use super::plan::{StepKind, StepPlan};
-use super::runner::{Runner, StepCtx, Target, as_prompt};
+use super::target::Target;
 use crate::client::StreamRequest;
 use crate::workload::prompt::{PromptError, body_tokens};
 use crate::workload::sampler::derive_seed;

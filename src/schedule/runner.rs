@@ -14,22 +14,19 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::context::{Built, Runner, StepCtx, as_prompt};
 use super::plan::{StepKind, StepPlan};
-use super::recorder::Recorder;
-use crate::client::{
-    Cancel, ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
-};
-use crate::config::{Api, Pairing, ServingMode};
+use super::target::Target;
+use crate::client::{Cancel, RequestRecord, StreamRequest};
+use crate::config::Pairing;
 use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
-use crate::model::{Phase, RecordContext, StepConnections, StepResult, TargetInfo};
-use crate::request::GoodputLimits;
+use crate::model::{RecordContext, StepConnections, StepResult};
 use crate::request::RequestLabels;
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
 use crate::workload::sampler::{LengthSampler, derive_seed, isl_bucket};
-use crate::workload::tokenizer::TokenModel;
 
 /// The longest one calibration probe (one output token) may take before the target counts as not
 /// calibrated: long enough for a busy server's queue, short enough that a dead target barely
@@ -44,130 +41,11 @@ pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Domain tag of the cancellation draws, so they never share a random stream with prompts.
 const CANCEL_DOMAIN: u64 = 0x6361_6e63; // "canc"
 
-/// One target as the runner sees it.
-#[derive(Debug)]
-pub struct Target {
-    pub name: String,
-    pub mode: ServingMode,
-    pub endpoint: Endpoint,
-    pub cost_per_hour_usd: Option<f64>,
-    /// The target's own goodput definition; `None`: the run's.
-    pub goodput: Option<GoodputLimits>,
-}
-
-impl Target {
-    /// The target as the sinks know it.
-    pub fn info(&self) -> TargetInfo {
-        TargetInfo {
-            name: self.name.clone(),
-            serving_mode: self.mode,
-            url: crate::config::display_url(self.endpoint.url()),
-            model: self.endpoint.model().to_owned(),
-            api: self.endpoint.api(),
-        }
-    }
-}
-
-/// Everything a step needs, shared by all steps of a run.
-pub struct Runner {
-    pub targets: Vec<Arc<Target>>,
-    pub client: StreamClient,
-    pub tokens: Arc<TokenModel>,
-    pub overhead: Arc<OverheadLearner>,
-    pub recorder: Arc<Recorder>,
-    pub seed: u64,
-    /// Differs per run so caches warmed by earlier runs cannot inflate hit ratios.
-    pub run_salt: u64,
-    pub drain_grace: Duration,
-    pub max_lag_p99: Duration,
-    pub pairing: Pairing,
-    /// Every send takes a grant of the traffic budget.
-    pub budget: Arc<super::budget::Budget>,
-    /// The goodput definition of targets without their own.
-    pub goodput: GoodputLimits,
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// The per-step context every driver task shares.
-pub(super) struct StepCtx {
-    pub(super) plan: StepPlan,
-    pub(super) cycle: u64,
-    pub(super) step_seed: u64,
-    pub(super) builder: PromptBuilder,
-    /// Each target's prompt-overhead estimate at the step's start, by target name.
-    pub(super) estimates: std::collections::HashMap<String, OverheadEstimate>,
-    /// When the step's clock started (after its connections were opened).
-    pub(super) start: Instant,
-    pub(super) warmup_end: Instant,
-    pub(super) send_end: Instant,
-    pub(super) drain_end: Instant,
-    /// Stop sending (shutdown): in-flight requests still get the drain.
-    pub(super) soft_stop: CancellationToken,
-    /// Cut in-flight requests now: they count as `timeout`.
-    pub(super) hard_stop: CancellationToken,
-    /// Open-loop steps: each target's arrivals over the steady window, by target index, left
-    /// here by its arrival loop when it ends.
-    pub(super) arrivals: Mutex<HashMap<usize, Arrivals>>,
-}
-
-impl StepCtx {
-    /// The phase a finished request counts in: steady when it was intended after the warmup;
-    /// also when it failed after the warmup ended, whenever it was sent. A target that hangs
-    /// holds every worker's first request (sent in the warmup) until the drain cuts it: those
-    /// failures happened in the steady window, and counting them there is what makes the step
-    /// show the outage (error ratio 1, faulted) instead of no requests at all.
-    pub(super) fn phase(&self, intended: Instant, rec: &RequestRecord) -> Phase {
-        if intended >= self.warmup_end || (rec.outcome.is_error() && rec.end >= self.warmup_end) {
-            Phase::Steady
-        } else {
-            Phase::Warmup
-        }
-    }
-
-    pub(super) fn sending(&self) -> bool {
-        Instant::now() < self.send_end && !self.soft_stop.is_cancelled()
-    }
-
-    pub(super) fn base_labels(&self, target: &Target) -> RequestLabels {
-        self.plan.labels(&target.name, target.mode)
-    }
-
-    pub(super) fn request_id(&self, run_salt: u64, target: usize, worker: u64, k: u64) -> String {
-        let w = match self.plan.workload {
-            "concurrency_sweep" => "cs",
-            "multi_turn" => "mt",
-            "sequence_distribution" => "sd",
-            "prefix_cache" => "pc",
-            _ => "tr",
-        };
-        format!(
-            "{:08x}-{}-{w}{}-{worker}-{k}-t{target}",
-            run_salt as u32, self.cycle, self.plan.index
-        )
-    }
-}
-
-/// One request ready to send.
-pub(super) struct Built {
-    pub(super) prompt: Prompt,
-    pub(super) osl: u32,
-    /// Tokens the prompt was built with (before the server's template).
-    pub(super) body_tokens: usize,
-    pub(super) isl: u32,
-    pub(super) shared_prefix_tokens: u64,
-}
-
-pub(super) fn as_prompt(api: Api, text: String) -> Prompt {
-    match api {
-        Api::Chat => Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
-        Api::Completions => Prompt::Text(text),
-    }
 }
 
 impl Runner {

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::context::Runner;
 use super::gate::{Gate, GateState, SystemClock};
 use super::plan::StepPlan;
-use super::runner::{Runner, Target};
 use super::source::{TargetSet, TargetSource};
+use super::target::Target;
 use crate::measure::step::Spread;
 use crate::model::{BudgetAction, PauseState, StepInfo, StepResult, TargetChange, TargetInfo};
 use crate::scrape::{ScrapeTarget, ServerMetricsSink, ServerScraper};

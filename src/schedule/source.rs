@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures_util::future::{FutureExt, select_all};
 use tokio::sync::watch;
 
-use super::runner::Target;
+use super::target::Target;
 use crate::scrape::ScrapeTarget;
 
 /// Targets and the endpoints of their servers' own metrics, as one source publishes them.

@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::cluster::Cluster;
-use super::server::ServerState;
 
 /// Latency buckets (seconds) of the frontend histograms: fine below 100 ms where ITL lives, then
 /// roughly ×2.5 steps up to the longest request.
@@ -168,12 +167,12 @@ fn escape(v: &str) -> String {
 }
 
 /// Renders every metric family.
-pub fn render(state: &ServerState, cluster: &Cluster) -> String {
+pub fn render(model: &str, frontend: &FrontendMetrics, cluster: &Cluster) -> String {
     let mut out = String::with_capacity(16 * 1024);
-    let model = escape(&state.model);
+    let model = escape(model);
     let ml = format!("model=\"{model}\"");
     {
-        let f = state.frontend.lock();
+        let f = frontend.lock();
         f.ttft.render(
             &mut out,
             "dynamo_frontend_time_to_first_token_seconds",

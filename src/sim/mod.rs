@@ -16,6 +16,7 @@ pub mod profile;
 mod request;
 mod server;
 mod sse;
+mod state;
 pub mod text;
 
 use std::collections::HashMap;
@@ -138,7 +139,7 @@ pub struct SimHandle {
     mode: ServingMode,
     profile: String,
     cluster: Cluster,
-    state: Arc<server::ServerState>,
+    state: Arc<state::ServerState>,
     faults: watch::Sender<Arc<FaultSpec>>,
     cancel: CancellationToken,
     server: JoinHandle<()>,
@@ -192,7 +193,7 @@ impl SimHandle {
 
     /// The `/metrics` text as the server would answer it now.
     pub fn metrics_text(&self) -> String {
-        metrics::render(&self.state, &self.cluster)
+        metrics::render(&self.state.model, &self.state.frontend, &self.cluster)
     }
 
     /// Stops accepting, lets open connections finish their current responses, then stops the
@@ -256,7 +257,7 @@ pub async fn start(
         });
     let cluster = Cluster::start(&spec, mode, table)?;
     let (faults_tx, faults_rx) = watch::channel(Arc::new(spec.faults.clone()));
-    let state = Arc::new(server::ServerState::new(
+    let state = Arc::new(state::ServerState::new(
         &spec,
         mode,
         tokenizer,

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::server::{Endpoint, ServerState};
+use super::state::{Endpoint, ServerState};
 use super::text;
 
 /// The request fields the simulator reads; others are accepted and ignored, as real servers do.

@@ -4,8 +4,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -17,21 +17,19 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::cluster::{Cluster, GenerateRequest, RequestStream};
-use super::engine::{Completion, StreamEvent};
+use super::cluster::{GenerateRequest, RequestStream};
+use super::engine::StreamEvent;
 use super::faults::FaultPlan;
-use super::metrics::{FrontendMetrics, RequestOutcome};
+use super::metrics::{self, RequestOutcome};
 use super::request::{CompletionBody, log_request, prompt_tokens, unknown_field};
-use super::sse::{ChunkFormat, SimBody, SseBody, SseState};
-use super::text::{self, PromptTokenizer};
-use super::{SendLog, metrics};
-use crate::config::ServingMode;
-use crate::config::sim::{FaultSpec, RefuseMode, SimSpec};
+use super::sse::{ChunkFormat, SimBody, SseBody, SseState, nvext_json, usage_json};
+use super::state::{Endpoint, RequestTracker, ServerState};
+use super::text;
+use crate::config::sim::RefuseMode;
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 32 << 20;
@@ -39,61 +37,6 @@ const MAX_BODY_BYTES: usize = 32 << 20;
 const DEFAULT_MAX_TOKENS: u32 = 256;
 /// How long shutdown waits for open responses.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
-/// Pause before an injected reset, so the bytes before it reach the client.
-pub(super) const ABORT_FLUSH: Duration = Duration::from_millis(20);
-/// Above this many buffered bytes a frame is handed over even if more tokens are ready.
-pub(super) const FRAME_BYTES: usize = 64 * 1024;
-
-/// Everything the handlers share.
-#[derive(Debug)]
-pub struct ServerState {
-    pub model: String,
-    pub mode: ServingMode,
-    pub tokenizer: PromptTokenizer,
-    pub cluster: Cluster,
-    pub faults: watch::Receiver<Arc<FaultSpec>>,
-    pub send_log: Mutex<SendLog>,
-    pub frontend: FrontendMetrics,
-    /// Record each token's send instant (the `fixed` profile).
-    pub record_send_times: bool,
-    pub created: u64,
-    /// Refuse the fields the OpenAI API does not define.
-    pub reject_unknown_fields: bool,
-    /// One JSON line per completion request.
-    pub request_log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
-    /// `--send-log`: every finished completion's send instants.
-    pub(crate) send_file: Option<super::SendFile>,
-}
-
-impl ServerState {
-    pub fn new(
-        spec: &SimSpec,
-        mode: ServingMode,
-        tokenizer: PromptTokenizer,
-        cluster: Cluster,
-        faults: watch::Receiver<Arc<FaultSpec>>,
-        request_log: Option<std::fs::File>,
-        send_file: Option<super::SendFile>,
-    ) -> Self {
-        ServerState {
-            model: spec.model.clone(),
-            mode,
-            tokenizer,
-            cluster,
-            faults,
-            send_log: Mutex::new(SendLog::default()),
-            frontend: FrontendMetrics::default(),
-            record_send_times: spec.profile == "fixed" || send_file.is_some(),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            reject_unknown_fields: spec.reject_unknown_fields,
-            request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
-            send_file,
-        }
-    }
-}
-
 /// The accept queue the simulator's listener asks for (the kernel caps it at
 /// `net.core.somaxconn`). A client opens connections in ramps whose handshakes complete in the
 /// kernel, not in the accept loop, so several ramps can queue up: a short queue (the 128 that
@@ -282,7 +225,11 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Sim
             )
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(SimBody::full(metrics::render(&state, &state.cluster)));
+            let mut resp = Response::new(SimBody::full(metrics::render(
+                &state.model,
+                &state.frontend,
+                &state.cluster,
+            )));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -291,74 +238,6 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Sim
         }
         (_, path) => error_response(StatusCode::NOT_FOUND, &format!("no route for {path}")),
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Endpoint {
-    Chat,
-    Completions,
-}
-
-impl Endpoint {
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat_completions",
-            Endpoint::Completions => "completions",
-        }
-    }
-}
-
-fn now_unix_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
-pub(super) fn usage_json(c: &Completion) -> Value {
-    let mut usage = json!({
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
-    });
-    // vLLM and Dynamo omit the details when nothing was cached; clients must treat absence as 0.
-    if c.cached_tokens > 0 {
-        usage["prompt_tokens_details"] = json!({"cached_tokens": c.cached_tokens});
-    }
-    usage
-}
-
-pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -> Option<Value> {
-    if !want_timing && !want_worker {
-        return None;
-    }
-    let mut nvext = json!({});
-    if want_timing {
-        let t = &c.timing;
-        let age = Instant::now().saturating_duration_since(t.received);
-        nvext["timing"] = json!({
-            "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
-            "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
-            "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
-            // As Dynamo counts it: the first token at the worker that prefilled, i.e. wait +
-            // prefill. In disaggregated serving the client's first token comes later, after
-            // the handoff to the decode worker.
-            "ttft_ms": ms(t.prefill_done.saturating_duration_since(t.received)),
-            "total_time_ms": ms(t.finished.saturating_duration_since(t.received)),
-            "kv_hit_rate": if c.prompt_tokens == 0 { 0.0 } else { f64::from(c.cached_tokens) / f64::from(c.prompt_tokens) },
-            "kv_transfer_estimated_latency_ms": ms(t.kv_transfer),
-        });
-    }
-    if want_worker {
-        nvext["worker_id"] = json!({
-            "prefill_worker_id": c.prefill_worker_id.unwrap_or(c.worker_id),
-            "decode_worker_id": c.worker_id,
-        });
-    }
-    Some(nvext)
 }
 
 async fn completion(
@@ -594,77 +473,6 @@ async fn unary(
         SimBody::full(text)
     };
     resp
-}
-
-/// Request-level bookkeeping shared by both answer shapes; records metrics once, even when the
-/// client disconnects mid-stream (on drop).
-pub(super) struct RequestTracker {
-    pub(super) state: Arc<ServerState>,
-    pub(super) outcome: RequestOutcome,
-    pub(super) received: Instant,
-    pub(super) first_token: Option<Instant>,
-    pub(super) last_token: Option<Instant>,
-    pub(super) tokens: u32,
-    pub(super) queued: bool,
-    pub(super) finished: bool,
-    pub(super) send_times: Option<Vec<Instant>>,
-    pub(super) log_key: String,
-}
-
-impl RequestTracker {
-    pub(super) fn token(&mut self, now: Instant) {
-        self.tokens += 1;
-        if self.first_token.is_none() {
-            self.first_token = Some(now);
-            self.queued = false;
-            self.state
-                .frontend
-                .dequeued(Some(now.saturating_duration_since(self.received)));
-        }
-        self.last_token = Some(now);
-        if let Some(t) = &mut self.send_times {
-            t.push(now);
-        }
-    }
-
-    pub(super) fn finish(&mut self, success: bool, completion: Option<&Completion>) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        if self.queued {
-            self.queued = false;
-            self.state.frontend.dequeued(None);
-        }
-        self.outcome.success = success;
-        let end = self.last_token.unwrap_or_else(Instant::now);
-        let itl = match (self.first_token, self.last_token) {
-            (Some(a), Some(b)) if self.tokens >= 2 => Some((b - a) / (self.tokens - 1)),
-            _ => None,
-        };
-        self.state.frontend.request_finished(
-            self.outcome,
-            end.saturating_duration_since(self.received),
-            completion.map(|c| (c.prompt_tokens, c.completion_tokens, c.cached_tokens, itl)),
-        );
-        if let Some(times) = self.send_times.take() {
-            if let Some(f) = &self.state.send_file {
-                f.write(&self.log_key, self.received, &times, success);
-            }
-            self.state
-                .send_log
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(std::mem::take(&mut self.log_key), times);
-        }
-    }
-}
-
-impl Drop for RequestTracker {
-    fn drop(&mut self) {
-        // A client that hung up mid-stream: count it as an error, keep the gauges balanced.
-        self.finish(false, None);
-    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The simulator's response bodies: the SSE stream of one `data:` event per token as the engine
 //! emits it (with the injected stalls, truncations and resets on the wire), and the whole-body
-//! and truncated answers.
+//! and truncated answers; the `usage` and `nvext` members both shapes of reply carry.
 
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
@@ -14,8 +15,13 @@ use tokio::time::{Instant, Sleep};
 use super::cluster::RequestStream;
 use super::engine::{Completion, StreamEvent};
 use super::faults::FaultPlan;
-use super::server::{ABORT_FLUSH, Endpoint, FRAME_BYTES, RequestTracker, nvext_json, usage_json};
+use super::state::{Endpoint, RequestTracker};
 use super::text::{self};
+
+/// Pause before an injected reset, so the bytes before it reach the client.
+const ABORT_FLUSH: Duration = Duration::from_millis(20);
+/// Above this many buffered bytes a frame is handed over even if more tokens are ready.
+const FRAME_BYTES: usize = 64 * 1024;
 
 /// Precomputed pieces of the per-token chunk, so a token costs two copies and a word.
 pub(super) struct ChunkFormat {
@@ -313,4 +319,59 @@ impl Body for SimBody {
             SimBody::Sse(_) => SizeHint::default(),
         }
     }
+}
+
+fn now_unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// The `usage` member of a reply.
+pub(super) fn usage_json(c: &Completion) -> Value {
+    let mut usage = json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    });
+    // vLLM and Dynamo omit the details when nothing was cached; clients must treat absence as 0.
+    if c.cached_tokens > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": c.cached_tokens});
+    }
+    usage
+}
+
+/// The `nvext` member of a reply: the timing and the workers, as far as the request asked.
+pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -> Option<Value> {
+    if !want_timing && !want_worker {
+        return None;
+    }
+    let mut nvext = json!({});
+    if want_timing {
+        let t = &c.timing;
+        let age = Instant::now().saturating_duration_since(t.received);
+        nvext["timing"] = json!({
+            "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
+            "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
+            "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
+            // As Dynamo counts it: the first token at the worker that prefilled, i.e. wait +
+            // prefill. In disaggregated serving the client's first token comes later, after
+            // the handoff to the decode worker.
+            "ttft_ms": ms(t.prefill_done.saturating_duration_since(t.received)),
+            "total_time_ms": ms(t.finished.saturating_duration_since(t.received)),
+            "kv_hit_rate": if c.prompt_tokens == 0 { 0.0 } else { f64::from(c.cached_tokens) / f64::from(c.prompt_tokens) },
+            "kv_transfer_estimated_latency_ms": ms(t.kv_transfer),
+        });
+    }
+    if want_worker {
+        nvext["worker_id"] = json!({
+            "prefill_worker_id": c.prefill_worker_id.unwrap_or(c.worker_id),
+            "decode_worker_id": c.worker_id,
+        });
+    }
+    Some(nvext)
 }

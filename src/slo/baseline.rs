@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::eval::Interval;
+use crate::measure::stats::Interval;
 
 /// Entries older than this are dropped: the longest baseline span anyone should need.
 const MAX_AGE_SECONDS: f64 = 8.0 * 86_400.0;

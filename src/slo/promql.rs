@@ -5,10 +5,12 @@
 use std::time::Duration;
 
 use super::ast::*;
-use super::rules::RECORD_SIDE;
 use super::{LabelDomain, fit_groups, pin_label};
 use crate::request::{REQUEST_LABELS, STEP_LEVEL_LABELS};
 
+/// Recording rule of each comparison side (labels `slo`, `side`): written by the rules
+/// ([`super::rules`]), read by the compliance expression over both sides.
+pub const RECORD_SIDE: &str = "llm_canary:slo_side";
 /// The request series of failures: every outcome but `ok` and `cancelled` (a cancellation is
 /// the canary's own choice, docs/METRICS.md).
 pub const ERRORS: &str = "outcome!~\"ok|cancelled\"";

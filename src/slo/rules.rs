@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use super::ast::*;
 use super::promql::{
-    DaemonOnly, Pq, compliance, le_label, prom_duration, prom_string, side_names, unexported,
+    DaemonOnly, Pq, RECORD_SIDE, compliance, le_label, prom_duration, prom_string, side_names,
+    unexported,
 };
 use super::{LabelDomain, SloDef, SloKind};
 use crate::config::Severity;
@@ -30,8 +31,6 @@ pub const ALERT_NO_DATA: &str = "LlmCanarySloNoData";
 pub const ALERT_WORKLOAD_SILENT: &str = "LlmCanaryWorkloadSilent";
 /// The burn-rate alerts (severity `page` and `ticket`).
 pub const ALERT_BURN: &str = "LlmCanarySloErrorBudgetBurn";
-/// Recording rule of each comparison side (labels `slo`, `side`).
-pub const RECORD_SIDE: &str = "llm_canary:slo_side";
 /// Recording rule of a comparison SLO's verdict: 1 holds, 0 does not (label `slo`).
 pub const RECORD_COMPLIANT: &str = "llm_canary:slo_compliant";
 /// Prefix of the burn-rate error-ratio records; the window follows (`...:rate5m`).

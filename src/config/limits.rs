@@ -1,0 +1,19 @@
+//! The bounds of config values, which keep absurd values from reaching the scheduler (1e9
+//! workers, 10 MB prompts): read by the whole-config validation and the per-value checks alike.
+
+/// Workers, conversations and streams of one step; a budget's `max_inflight` may be 64 times it.
+pub const MAX_CONCURRENCY: u32 = 4096;
+/// Levels of one concurrency sweep.
+pub const MAX_LEVELS: usize = 64;
+/// The longest cycle accepted: a week of steps per verdict is no canary.
+pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+/// Prompt tokens of one request, a conversation's last turn included.
+pub const MAX_ISL: u32 = 262_144;
+/// Output tokens of one request.
+pub const MAX_OSL: u32 = 131_072;
+/// Turns of one conversation.
+pub const MAX_TURNS: u32 = 100;
+/// Requests per second of an open-loop rate or a budget.
+pub const MAX_RPS: f64 = 100_000.0;
+/// The factor of every workload duration (`time_scale`).
+pub const MAX_TIME_SCALE: f64 = 100.0;
