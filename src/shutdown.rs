@@ -3,7 +3,8 @@
 //! behind. A stop first ends sending (`stop_sending`) and lets the requests in flight drain;
 //! after the drain bound they are cut (`cut`); once the schedule has returned, every service
 //! (HTTP surface, config watch, discovery, SLO evaluation, scrapes) stops with the root and the
-//! tracked tasks are awaited.
+//! tracked tasks are awaited. The process's signals come in here too ([`Shutdown::on_signals`]):
+//! the one place that turns SIGTERM, SIGINT and SIGHUP into stages of the stop and reloads.
 
 use std::future::Future;
 use std::time::Duration;
@@ -11,6 +12,17 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// How a run answers SIGTERM and SIGINT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnSignal {
+    /// The daemon: the first signal stops sending and cuts what is still in flight this long
+    /// later; a second exits at once (status 130). SIGHUP is handed on, as a reload.
+    Drain(Duration),
+    /// The bench: the first signal stops sending and lets the running step drain; a second cuts
+    /// the requests in flight. SIGHUP keeps its default (it ends the process).
+    StopThenCut,
+}
 
 /// A run's stop tokens and its tasks. Clones share them.
 #[derive(Clone, Debug, Default)]
@@ -78,6 +90,78 @@ impl Shutdown {
         });
     }
 
+    /// Hands SIGTERM and SIGINT to this stop as `on` says. With [`OnSignal::Drain`], SIGHUP is
+    /// caught as well and every one arrives on the returned channel (installed now: an uncaught
+    /// SIGHUP would end the process), for whoever reloads.
+    ///
+    /// The handler is not a tracked task: it lives as long as the process, so that a second
+    /// signal is heard at any point of the stop, including while [`Shutdown::finish`] waits.
+    pub fn on_signals(&self, on: OnSignal) -> Option<tokio::sync::mpsc::UnboundedReceiver<()>> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return None;
+        };
+        let mut hup = match on {
+            OnSignal::Drain(_) => match signal(SignalKind::hangup()) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install the SIGHUP handler");
+                    None
+                }
+            },
+            OnSignal::StopThenCut => None,
+        };
+        let (hups, hangups) = tokio::sync::mpsc::unbounded_channel();
+        let stop = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    Some(()) = async { hup.as_mut()?.recv().await } => {
+                        let _ = hups.send(());
+                        continue;
+                    }
+                }
+                if !stop.on_stop_signal(on) {
+                    return;
+                }
+            }
+        });
+        hup_receiver(on, hangups)
+    }
+
+    /// One SIGTERM or SIGINT; false when the handler has nothing left to do.
+    fn on_stop_signal(&self, on: OnSignal) -> bool {
+        match (on, self.stopping()) {
+            (OnSignal::Drain(_), true) => {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(130);
+            }
+            (OnSignal::Drain(drain), false) => {
+                tracing::info!(drain = ?drain, "signal received: draining in-flight requests");
+                self.drain(drain);
+                true
+            }
+            (OnSignal::StopThenCut, true) => {
+                tracing::warn!("second signal: cutting the requests in flight");
+                self.hard.cancel();
+                false
+            }
+            (OnSignal::StopThenCut, false) => {
+                tracing::warn!(
+                    "signal received: draining the running step, then reporting the finished steps (again to cut now)"
+                );
+                self.soft.cancel();
+                true
+            }
+        }
+    }
+
     /// Ends the run: every service stops with the root, and every tracked task is awaited for
     /// at most `bound`. Returns whether they all ended in time.
     pub async fn finish(&self, bound: Duration) -> bool {
@@ -85,6 +169,14 @@ impl Shutdown {
         self.tasks.close();
         tokio::time::timeout(bound, self.tasks.wait()).await.is_ok()
     }
+}
+
+/// The SIGHUP channel of a run that reloads.
+fn hup_receiver(
+    on: OnSignal,
+    rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> Option<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    matches!(on, OnSignal::Drain(_)).then_some(rx)
 }
 
 #[cfg(test)]

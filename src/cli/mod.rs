@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::config::sim::FaultSpec;
 use crate::config::{ConfigError, ServingMode};
 use crate::setup::Setup;
+use crate::shutdown::{OnSignal, Shutdown};
 
 /// An always-on canary for LLM serving: synthetic streaming traffic, client-side TTFT/ITL,
 /// Prometheus/OTLP export and SLOs that compare aggregated with disaggregated serving.
@@ -379,7 +380,8 @@ async fn bench(args: BenchArgs) -> ExitCode {
         record_tokens: args.record_tokens,
         live_progress: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
     };
-    let stop = crate::report::bench::stop_on_signals();
+    let stop = Shutdown::new();
+    stop.on_signals(OnSignal::StopThenCut);
     let outcome = match crate::report::run_bench(opts, &stop).await {
         Ok(o) => o,
         Err(e) => {
@@ -438,7 +440,8 @@ async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) 
         max_level: args.search_max,
         out: args.out,
     };
-    let stop = crate::report::bench::stop_on_signals();
+    let stop = Shutdown::new();
+    stop.on_signals(OnSignal::StopThenCut);
     let result = match crate::report::search::run_search(opts, &stop).await {
         Ok(r) => r,
         Err(e) => {

@@ -22,7 +22,7 @@ use crate::schedule::gate::{Gate, Switch, SystemClock};
 use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
 use crate::scrape::ServerMetricsSink;
 use crate::setup::Setup;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{OnSignal, Shutdown};
 use crate::slo::SloEngine;
 use crate::slo::baseline::BaselineStore;
 use crate::slo::state::{EngineState, FileBackend, StateBackend};
@@ -189,8 +189,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     // Installed before the port is bound and announced, so a signal at any moment after
     // "listening on" (and during the possibly slow start) is a drain, not a kill.
     let shutdown = Shutdown::new();
-    let (live_tx, live_rx) = tokio::sync::oneshot::channel::<Arc<Live>>();
-    spawn_signal_handlers(live_rx, shutdown.clone());
+    let hangups = shutdown.on_signals(OnSignal::Drain(SHUTDOWN_DRAIN));
 
     let cfg = &setup.config;
     let addr = listen.unwrap_or_else(|| cfg.export.listen.parse().expect("validated"));
@@ -309,7 +308,13 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     let live = Arc::new(live);
     live.set_failed(failed);
     shutdown.spawn(Arc::clone(&live).retry_failed(shutdown.service()));
-    let _ = live_tx.send(Arc::clone(&live));
+    if let Some(hangups) = hangups {
+        shutdown.spawn(reload_on_hangup(
+            hangups,
+            Arc::clone(&live),
+            shutdown.clone(),
+        ));
+    }
     if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
         shutdown.spawn(take_over_on_leading(
             leadership,
@@ -521,47 +526,27 @@ async fn take_over_on_leading(
     }
 }
 
-/// SIGTERM/SIGINT: stop sending and drain (bounded by [`SHUTDOWN_DRAIN`]); a second one exits at
-/// once. SIGHUP: reload (once the daemon has started; before, it is ignored with a warning).
-/// The handler lives as long as the process, to hear a second signal at any point of the stop.
-fn spawn_signal_handlers(live: tokio::sync::oneshot::Receiver<Arc<Live>>, shutdown: Shutdown) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::spawn(async move {
-        let mut live = live;
-        let mut started: Option<Arc<Live>> = None;
-        loop {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-                _ = hup.recv() => {
-                    if started.is_none() {
-                        started = live.try_recv().ok();
-                    }
-                    match &started {
-                        // Off the signal loop, so a second SIGTERM is heard during a long reload.
-                        Some(l) => {
-                            let l = Arc::clone(l);
-                            shutdown.spawn(async move { let _ = l.reload().await; });
-                        }
-                        None => tracing::warn!("SIGHUP before the daemon started: ignored"),
-                    }
-                    continue;
-                }
+/// Reloads on every SIGHUP once the daemon has started; those that came before it started are
+/// ignored, each with a warning. Each reload runs on its own task, so a SIGTERM during a long
+/// reload is heard.
+async fn reload_on_hangup(
+    mut hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+    live: Arc<Live>,
+    shutdown: Shutdown,
+) {
+    while hangups.try_recv().is_ok() {
+        tracing::warn!("SIGHUP before the daemon started: ignored");
+    }
+    let service = shutdown.service();
+    loop {
+        tokio::select! {
+            Some(()) = hangups.recv() => {
+                let live = Arc::clone(&live);
+                shutdown.spawn(async move {
+                    let _ = live.reload().await;
+                });
             }
-            if shutdown.stopping() {
-                tracing::warn!("second signal: exiting now");
-                std::process::exit(130);
-            }
-            tracing::info!(drain = ?SHUTDOWN_DRAIN, "signal received: draining in-flight requests");
-            shutdown.drain(SHUTDOWN_DRAIN);
+            _ = service.cancelled() => return,
         }
-    });
+    }
 }

@@ -110,7 +110,7 @@ fn unix_now() -> f64 {
 }
 
 /// Runs the bench: one cycle of the plan through the same scheduler as the daemon. A stop
-/// ([`stop_on_signals`]) ends it after draining the running step (or, cut, at once). Nothing is
+/// (signals: [`crate::shutdown::OnSignal::StopThenCut`]) ends it after draining the running step (or, cut, at once). Nothing is
 /// sent and no file is created when the options are bad.
 pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutcome, ReportError> {
     let setup = effective_setup(opts.setup, &opts.workloads, opts.time_scale)?;
@@ -254,39 +254,6 @@ pub fn write_files(
     }
     write("report.html".into(), super::html::render(data, report))?;
     Ok(files)
-}
-
-/// The bench's stop, driven by SIGINT / SIGTERM: the first signal stops sending and drains the
-/// running step, the second also cuts the requests in flight.
-pub fn stop_on_signals() -> Shutdown {
-    use tokio::signal::unix::{SignalKind, signal};
-    let stop = Shutdown::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            if s.stopping() {
-                tracing::warn!("second signal: cutting the requests in flight");
-                s.cut().cancel();
-                return;
-            }
-            tracing::warn!(
-                "signal received: draining the running step, then reporting the finished steps (again to cut now)"
-            );
-            s.stop_sending().cancel();
-        }
-    });
-    stop
 }
 
 #[cfg(test)]
