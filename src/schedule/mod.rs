@@ -22,6 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::client::RequestRecord;
+use crate::clock::unix_now;
 use crate::model::{
     BudgetAction, BudgetReport, BudgetUsage, PauseState, RecordContext, Sink, StepInfo, StepResult,
 };
@@ -114,13 +115,6 @@ impl Board {
             })
         })
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// The board reads the schedule's progress as every other consumer does.

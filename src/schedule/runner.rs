@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -19,6 +19,7 @@ use super::recorder::Recorder;
 use crate::client::{
     Cancel, ChatMessage, Endpoint, Prompt, RequestRecord, Role, StreamClient, StreamRequest,
 };
+use crate::clock::unix_now;
 use crate::config::{Api, Pairing, ServingMode};
 use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, GoodputLimits, StepAccumulator};
@@ -83,13 +84,6 @@ pub struct Runner {
     pub budget: Arc<super::budget::Budget>,
     /// The goodput definition of targets without their own.
     pub goodput: GoodputLimits,
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// The per-step context every driver task shares.

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -30,6 +30,7 @@ use super::request::{CompletionBody, log_request, prompt_tokens, unknown_field};
 use super::sse::{ChunkFormat, SimBody, SseBody, SseState};
 use super::text::{self, PromptTokenizer};
 use super::{SendLog, metrics};
+use crate::clock::unix_now;
 use crate::config::ServingMode;
 use crate::config::sim::{FaultSpec, RefuseMode, SimSpec};
 
@@ -84,9 +85,7 @@ impl ServerState {
             send_log: Mutex::new(SendLog::default()),
             frontend: FrontendMetrics::default(),
             record_send_times: spec.profile == "fixed" || send_file.is_some(),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: crate::clock::since_unix_epoch().as_secs(),
             reject_unknown_fields: spec.reject_unknown_fields,
             request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
             send_file,
@@ -308,12 +307,6 @@ impl Endpoint {
     }
 }
 
-fn now_unix_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
@@ -340,7 +333,7 @@ pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -
         let t = &c.timing;
         let age = Instant::now().saturating_duration_since(t.received);
         nvext["timing"] = json!({
-            "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
+            "request_received_ms": (unix_now() * 1e3 - age.as_secs_f64() * 1e3).round(),
             "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
             "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
             // As Dynamo counts it: the first token at the worker that prefilled, i.e. wait +

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
 use crate::client::RequestRecord;
+use crate::clock::unix_now;
 use crate::measure::step::Counts;
 use crate::model::{Phase, RecordContext, RequestLabels, Sink, StepInfo, StepResult, TargetChange};
 
@@ -120,13 +121,6 @@ impl ActiveClock {
             _ => {}
         }
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl SloEngine {
