@@ -397,7 +397,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
                 base_dir: setup.base_dir().to_owned(),
                 events: k.events,
             };
-            sets.push(resolver.spawn(shutdown.service()));
+            sets.push(resolver.spawn(shutdown.service(), shutdown.tracker()));
         }
         leadership = k.leadership;
     }

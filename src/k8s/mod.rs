@@ -146,9 +146,9 @@ impl KubeParts {
             }
             None => None,
         };
-        let events = cfg
-            .events
-            .then(|| events::SloEvents::start(client.clone(), &identity));
+        let events = cfg.events.then(|| {
+            events::SloEvents::start(client.clone(), &identity, stop.clone(), shutdown.tracker())
+        });
         let state = cfg.state_configmap.as_ref().map(|name| {
             tracing::info!(configmap = %**name, namespace = %identity.namespace, "SLO state kept in a ConfigMap");
             std::sync::Arc::new(state::ConfigMapState::start(
