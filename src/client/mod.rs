@@ -262,7 +262,7 @@ impl Endpoint {
             "https" => Some(TargetTls::platform()?),
             _ => None,
         };
-        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e))?;
+        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e.to_string()))?;
         Ok(Self {
             authorization: http::basic_authorization(&url),
             url,
@@ -279,12 +279,11 @@ impl Endpoint {
     /// Connects to this `https://` endpoint with `tls` (built by [`TargetTls::from_files`])
     /// instead of the platform's roots; an `http://` endpoint stays plain.
     pub fn with_tls(mut self, tls: Arc<TargetTls>) -> Result<Self, ClientError> {
-        let origin = transport::Origin::new(&self.url, Some(tls)).map_err(|reason| {
-            ClientError::InvalidUrl {
+        let origin =
+            transport::Origin::new(&self.url, Some(tls)).map_err(|e| ClientError::InvalidUrl {
                 url: crate::config::display_url(&self.url),
-                reason,
-            }
-        })?;
+                reason: e.to_string(),
+            })?;
         self.origin = Arc::new(origin);
         Ok(self)
     }
