@@ -49,6 +49,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Targets(#[from] crate::targets::TargetError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("OTLP: {0}")]
     Otlp(#[from] crate::export::otlp::OtlpError),
     #[error("Kubernetes: {0}")]
