@@ -403,7 +403,7 @@ async fn completion(
         request_type,
         success: false,
     };
-    let mut tracker = RequestTracker::new(&state, outcome, received, log_key);
+    let mut tracker = request_tracker(&state, outcome, received, log_key);
     let (want_timing, want_worker) = nvext_wants(&body);
     let mut resp = if body.stream {
         let sse = SseBody {
@@ -433,6 +433,27 @@ async fn completion(
         resp.headers_mut().insert("x-request-id", id);
     }
     resp
+}
+
+/// The bookkeeping of a request received at `received`, queued until its first token.
+fn request_tracker(
+    state: &Arc<ServerState>,
+    outcome: RequestOutcome,
+    received: Instant,
+    log_key: String,
+) -> RequestTracker {
+    RequestTracker {
+        state: Arc::clone(state),
+        outcome,
+        received,
+        first_token: None,
+        last_token: None,
+        tokens: 0,
+        queued: true,
+        finished: false,
+        send_times: state.record_send_times.then(Vec::new),
+        log_key,
+    }
 }
 
 /// Why a completion's body is refused before the request reaches the engine.
@@ -635,27 +656,6 @@ pub(super) struct RequestTracker {
 }
 
 impl RequestTracker {
-    /// The bookkeeping of a request received at `received`, queued until its first token.
-    fn new(
-        state: &Arc<ServerState>,
-        outcome: RequestOutcome,
-        received: Instant,
-        log_key: String,
-    ) -> Self {
-        RequestTracker {
-            state: Arc::clone(state),
-            outcome,
-            received,
-            first_token: None,
-            last_token: None,
-            tokens: 0,
-            queued: true,
-            finished: false,
-            send_times: state.record_send_times.then(Vec::new),
-            log_key,
-        }
-    }
-
     pub(super) fn token(&mut self, now: Instant) {
         self.tokens += 1;
         if self.first_token.is_none() {
