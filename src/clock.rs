@@ -1,10 +1,24 @@
-//! The monotonic clock shared with other processes: `tokio::time::Instant`s as CLOCK_MONOTONIC
+//! The clocks shared with other processes: `tokio::time::Instant`s as CLOCK_MONOTONIC
 //! nanoseconds, so the bench's `requests.jsonl` and the simulator's `--send-log` line up on the
-//! same host.
+//! same host; and the wall clock as Unix time ([`unix_now`]), the one reading of it every
+//! timestamp the canary writes or serves comes from.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
+
+/// Time since the Unix epoch by the wall clock; zero on a clock set before 1970, so a timestamp is
+/// never negative.
+pub fn since_unix_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Unix time in seconds, as the canary's files and gauges write it.
+pub fn unix_now() -> f64 {
+    since_unix_epoch().as_secs_f64()
+}
 
 /// Ties `tokio::time::Instant` to CLOCK_MONOTONIC and to Unix time. On Linux tokio's (and std's)
 /// `Instant` reads CLOCK_MONOTONIC, so one reading of each next to the other gives the offset of
@@ -29,10 +43,7 @@ impl MonoClock {
         let before = monotonic_ns();
         let anchor = Instant::now();
         let after = monotonic_ns();
-        let unix_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        let unix_ns = u64::try_from(since_unix_epoch().as_nanos()).unwrap_or(u64::MAX);
         MonoClock {
             anchor,
             mono_ns: before + (after - before) / 2,

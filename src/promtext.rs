@@ -1,8 +1,10 @@
 //! The Prometheus text exposition format (0.0.4) and OpenMetrics text, both ways: the escaping
 //! of label values every writer of an exposition or a PromQL string uses ([`escape_into`],
-//! [`quoted`]), and a parser of sample lines for reading a serving engine's own `/metrics`.
+//! [`quoted`]), and the one parser of sample lines: for reading a serving engine's own
+//! `/metrics` ([`parse`]), and for looking samples up by name and labels ([`sample`], [`sum`],
+//! [`lines_named`]), as the tests of every exposition the canary and its simulator serve do.
 //!
-//! Only what the server-metrics scrape needs is kept: each sample's name, labels and value.
+//! Only what those readers need is kept: each sample's name, labels and value.
 //! `# HELP`/`# TYPE`/`# UNIT` lines, timestamps and exemplars are skipped. The input is
 //! server-controlled, so a line that does not parse is counted and skipped rather than failing the
 //! scrape, and nothing here panics on any input (property-tested below).
@@ -51,6 +53,14 @@ impl Sample<'_> {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.as_ref())
     }
+
+    /// Whether the sample has every `k="v"` of `labels` (and maybe others); as in Prometheus, an
+    /// absent label is `""`.
+    pub fn has(&self, labels: &[(&str, &str)]) -> bool {
+        labels
+            .iter()
+            .all(|(k, v)| self.label(k).unwrap_or("") == *v)
+    }
 }
 
 /// Every sample of an exposition, and how many non-comment lines could not be parsed.
@@ -75,6 +85,34 @@ pub fn parse(text: &str) -> Exposition<'_> {
         }
     }
     out
+}
+
+/// The sample lines of `text` named exactly `name` (`x_total` is not `x`), in order, unparsed:
+/// a reader that treats a malformed one as an error parses each with [`parse_line`].
+pub fn lines_named<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = &'a str> {
+    text.lines().filter(move |l| {
+        l.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with(['{', ' ']))
+    })
+}
+
+/// The value of the first sample of `name` in `text` that has every `k="v"` of `labels` (an
+/// absent label matches `""`); lines that do not parse are skipped.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    lines_named(text, name)
+        .filter_map(parse_line)
+        .find(|s| s.has(labels))
+        .map(|s| s.value)
+}
+
+/// The sum of the samples of `name` in `text` that have every `k="v"` of `labels` (0 without
+/// any); lines that do not parse are skipped.
+pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    lines_named(text, name)
+        .filter_map(parse_line)
+        .filter(|s| s.has(labels))
+        .map(|s| s.value)
+        .sum()
 }
 
 fn is_name_start(b: u8) -> bool {
@@ -180,7 +218,8 @@ fn parse_value(s: &str) -> Option<f64> {
     }
 }
 
-fn parse_line(line: &str) -> Option<Sample<'_>> {
+/// Parses one sample line (no surrounding blanks); `None` when it is not one.
+pub fn parse_line(line: &str) -> Option<Sample<'_>> {
     let (name, rest) = take_name(line)?;
     let (labels, rest) = match rest.strip_prefix('{') {
         Some(inner) => parse_labels(inner)?,

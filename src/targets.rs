@@ -27,6 +27,16 @@ pub enum TargetError {
     Client(#[from] crate::client::ClientError),
 }
 
+impl TargetError {
+    /// A problem of the configured target `t`.
+    fn of(t: &TargetConfig, message: String) -> TargetError {
+        TargetError::Target {
+            target: t.name.value.clone(),
+            message,
+        }
+    }
+}
+
 /// Everything `run` and `bench` need to send traffic: the started simulators and the targets.
 pub struct Deployment {
     pub targets: Vec<Arc<Target>>,
@@ -208,10 +218,7 @@ pub fn stream_client(cfg: &Config) -> Result<StreamClient, TargetError> {
 
 /// Where `t`'s requests go: its `url`, or its embedded simulator, started now on loopback.
 pub async fn serve(t: &TargetConfig) -> Result<(String, Option<SimHandle>), TargetError> {
-    let fail = |message: String| TargetError::Target {
-        target: t.name.value.clone(),
-        message,
-    };
+    let fail = |message: String| TargetError::of(t, message);
     match (&t.url, &t.simulated) {
         (Some(u), _) => Ok((u.value.clone(), None)),
         (None, Some(spec)) => {
@@ -288,10 +295,7 @@ pub async fn resolve_at(
     client: &StreamClient,
     attempts: u32,
 ) -> Result<Target, TargetError> {
-    let fail = |message: String| TargetError::Target {
-        target: t.name.value.clone(),
-        message,
-    };
+    let fail = |message: String| TargetError::of(t, message);
     // The target's own TLS (private CA, client certificate), also for the model lookup.
     let tls = match &t.tls {
         Some(tls) => {
@@ -307,14 +311,14 @@ pub async fn resolve_at(
         }
         None => None,
     };
-    let key = api_key(t, base_dir).map_err(fail)?;
+    let key = api_key(t, base_dir)?;
     let lookup = ModelLookup {
         tls: tls.clone(),
         key: key.as_ref(),
         marker: &client.config().marker,
         attempts,
     };
-    let model = resolve_model(t, url, lookup).await.map_err(fail)?;
+    let model = resolve_model(t, url, lookup).await?;
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
         .with_nvext(t.dialect.supports_nvext());
@@ -352,7 +356,8 @@ async fn resolve_model(
     t: &TargetConfig,
     base: &str,
     lookup: ModelLookup<'_>,
-) -> Result<String, String> {
+) -> Result<String, TargetError> {
+    let fail = |message: String| TargetError::of(t, message);
     if t.model != "auto" {
         return Ok(t.model.clone());
     }
@@ -363,7 +368,7 @@ async fn resolve_model(
     if let Some(tls) = &lookup.tls {
         builder = tls.reqwest_builder(builder);
     }
-    let http = builder.build().map_err(|e| e.to_string())?;
+    let http = builder.build().map_err(|e| fail(e.to_string()))?;
     // A deployment that is still starting answers after a while.
     let mut last = String::new();
     for attempt in 0..lookup.attempts.max(1) {
@@ -372,7 +377,7 @@ async fn resolve_model(
         }
         let mut request = http.get(&url).timeout(MODEL_LOOKUP_TIMEOUT);
         if let Some(key) = lookup.key {
-            let value = key.authorization().map_err(|e| e.to_string())?;
+            let value = key.authorization().map_err(|e| fail(e.to_string()))?;
             request = request.header(reqwest::header::AUTHORIZATION, value);
         }
         if let Some((name, value)) = &lookup.marker.header {
@@ -385,30 +390,30 @@ async fn resolve_model(
                 while let Some(chunk) = r
                     .chunk()
                     .await
-                    .map_err(|e| format!("{shown}: {}", crate::client::error_text(&e)))?
+                    .map_err(|e| fail(format!("{shown}: {}", crate::client::error_text(&e))))?
                 {
                     if bytes.len() + chunk.len() > MODEL_LIST_MAX_BYTES {
-                        return Err(format!(
+                        return Err(fail(format!(
                             "{shown}: the model list is over {MODEL_LIST_MAX_BYTES} bytes; set `model:` on the target"
-                        ));
+                        )));
                     }
                     bytes.extend_from_slice(&chunk);
                 }
                 let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-                    format!("{shown}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`")
+                    fail(format!("{shown}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`"))
                 })?;
                 let id = body["data"][0]["id"]
                     .as_str()
-                    .ok_or_else(|| format!("{shown} lists no models; set `model:` on the target to the served model name instead of `auto`"))?;
+                    .ok_or_else(|| fail(format!("{shown} lists no models; set `model:` on the target to the served model name instead of `auto`")))?;
                 // The id goes into every request body and `/api/v1/status`: refuse what no real
                 // model name looks like rather than carry it around.
                 if id.is_empty()
                     || id.len() > MODEL_ID_MAX_BYTES
                     || id.chars().any(char::is_control)
                 {
-                    return Err(format!(
+                    return Err(fail(format!(
                         "{shown} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
-                    ));
+                    )));
                 }
                 return Ok(id.to_owned());
             }
@@ -416,31 +421,36 @@ async fn resolve_model(
             // a model by path): waiting would not help. Only gateway and overload statuses of a
             // deployment still starting are retried.
             Ok(r) if !matches!(r.status().as_u16(), 429 | 502..=504) => {
-                return Err(format!(
+                return Err(fail(format!(
                     "{shown} answered {}; set `model:` on the target to the served model name instead of `auto`",
                     r.status()
-                ));
+                )));
             }
             Ok(r) => last = format!("{shown} answered {}", r.status()),
             Err(e) => last = format!("{shown}: {}", crate::client::error_text(&e)),
         }
     }
-    Err(format!(
+    Err(fail(format!(
         "{last}; set `model:` on the target to skip the lookup"
-    ))
+    )))
 }
 
-fn api_key(t: &TargetConfig, base_dir: &Path) -> Result<Option<ApiKey>, String> {
+fn api_key(t: &TargetConfig, base_dir: &Path) -> Result<Option<ApiKey>, TargetError> {
     if let Some(var) = &t.api_key_env {
         return std::env::var(var.as_str())
             .map(|k| Some(ApiKey::new(k.trim())))
-            .map_err(|_| format!("environment variable `{}` (api_key_env) is not set", **var));
+            .map_err(|_| {
+                TargetError::of(
+                    t,
+                    format!("environment variable `{}` (api_key_env) is not set", **var),
+                )
+            });
     }
     if let Some(file) = &t.api_key_file {
         let path = base_dir.join(file.as_str());
         return crate::files::read_text(&path, crate::files::MAX_SECRET_BYTES)
             .map(|k| Some(ApiKey::new(k.trim())))
-            .map_err(|e| format!("api_key_file {}: {e}", path.display()));
+            .map_err(|e| TargetError::of(t, format!("api_key_file {}: {e}", path.display())));
     }
     Ok(None)
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use llm_canary::config::ServingMode;
 use llm_canary::export::{
-    AppState, HttpLimits, HttpServer, Lifecycle, Metrics, OPENMETRICS_CONTENT_TYPE, PauseHook,
-    Readiness, ReloadFuture, ReloadHook, ShutdownOutcome,
+    AppState, HttpError, HttpLimits, HttpServer, Lifecycle, Metrics, OPENMETRICS_CONTENT_TYPE,
+    PauseHook, Readiness, ReloadFuture, ReloadHook, ShutdownOutcome,
 };
 use llm_canary::model::Phase;
 use llm_canary::model::{
@@ -411,7 +411,9 @@ async fn reload_reports_success_and_failure() {
         Box::pin(async move {
             metrics.record_config_reload(!fail);
             if fail {
-                Err("canary.yaml:3:7: unknown field `targetz`".to_owned())
+                Err(HttpError::Reload(
+                    "canary.yaml:3:7: unknown field `targetz`".into(),
+                ))
             } else {
                 Ok("config reloaded: 2 targets, 4 SLOs".to_owned())
             }

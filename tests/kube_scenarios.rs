@@ -368,7 +368,12 @@ async fn slo_state_changes_post_events_on_the_deployment_or_the_pod() {
         namespace: "monitoring".into(),
         pod_uid: Some("pod-uid".into()),
     };
-    let hook = SloEvents::start(api.client(), &identity);
+    let hook = SloEvents::start(
+        api.client(),
+        &identity,
+        CancellationToken::new(),
+        &TaskTracker::new(),
+    );
     let cfg: llm_canary::config::Config = serde_saphyr::from_str(
         r#"
 targets: []

@@ -263,7 +263,7 @@ impl Endpoint {
             "https" => Some(TargetTls::platform()?),
             _ => None,
         };
-        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e))?;
+        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e.to_string()))?;
         Ok(Self {
             authorization: http::basic_authorization(&url),
             url,
@@ -280,12 +280,11 @@ impl Endpoint {
     /// Connects to this `https://` endpoint with `tls` (built by [`TargetTls::from_files`])
     /// instead of the platform's roots; an `http://` endpoint stays plain.
     pub fn with_tls(mut self, tls: Arc<TargetTls>) -> Result<Self, ClientError> {
-        let origin = transport::Origin::new(&self.url, Some(tls)).map_err(|reason| {
-            ClientError::InvalidUrl {
+        let origin =
+            transport::Origin::new(&self.url, Some(tls)).map_err(|e| ClientError::InvalidUrl {
                 url: crate::config::display_url(&self.url),
-                reason,
-            }
-        })?;
+                reason: e.to_string(),
+            })?;
         self.origin = Arc::new(origin);
         Ok(self)
     }
@@ -360,6 +359,61 @@ pub enum Cancel {
     AfterTokens(u32),
     /// This long after sending, wherever the request is then (queued, in prefill, streaming).
     After(Duration),
+}
+
+/// What one exchange of [`StreamClient::send_cancelling`] works with, handed by reference to
+/// each of its steps.
+struct Exchange<'a> {
+    endpoint: &'a Endpoint,
+    request: &'a StreamRequest,
+    /// The request's own deadline (its request timeout).
+    deadline: Instant,
+    /// Until the first content chunk: the first-token limit, never past `deadline`.
+    first_token_deadline: Instant,
+    /// The size of the request's body, which usage is checked against.
+    body_bytes_sent: usize,
+    /// Abandon the request once this many output tokens have arrived.
+    cancel_after_tokens: Option<u64>,
+}
+
+impl Exchange<'_> {
+    /// Whether the client abandons the request now, with `rec`'s tokens so far.
+    fn cancels_at(&self, rec: &RequestRecord) -> bool {
+        self.cancel_after_tokens
+            .is_some_and(|n| rec.client_tokens() >= n)
+    }
+}
+
+/// Why a successful response is not an event stream the client can time: not
+/// `text/event-stream`, or a compressed body (the request asked for identity); `None` when it is.
+fn not_a_plain_event_stream(response: &transport::Response) -> Option<String> {
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("text/event-stream")
+    {
+        return Some(format!(
+            "HTTP {status} with content type {content_type:?}, not SSE"
+        ));
+    }
+    let encoding = response
+        .headers()
+        .get(CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
+    encoding.map(|encoding| {
+        format!(
+            "HTTP {status} with a {encoding:?}-encoded body, which the request did not accept \
+             (Accept-Encoding: identity)"
+        )
+    })
 }
 
 /// The measurement client, cheap to clone (the pool is shared).
@@ -496,19 +550,18 @@ impl StreamClient {
         cancel_after_tokens: Option<u64>,
         rec: &mut RequestRecord,
     ) {
-        let body_bytes_sent = body.len();
-        let first_token_deadline = deadline.min(rec.sent + self.config.first_token_timeout);
+        let ex = Exchange {
+            endpoint,
+            request,
+            deadline,
+            first_token_deadline: deadline.min(rec.sent + self.config.first_token_timeout),
+            body_bytes_sent: body.len(),
+            cancel_after_tokens,
+        };
         let post = http::post(self, endpoint, &request.request_id, body);
-        let sent = tokio::time::timeout_at(first_token_deadline, post).await;
+        let sent = tokio::time::timeout_at(ex.first_token_deadline, post).await;
         let Ok(sent) = sent else {
-            let mut why = self.silence(rec, first_token_deadline);
-            if first_token_deadline == deadline {
-                why = format!(
-                    "no complete response within {:?}: {why}",
-                    self.config.request_timeout
-                );
-            }
-            rec.settle(Outcome::Timeout, Instant::now(), Some(why));
+            self.time_out(rec, ex.first_token_deadline, deadline);
             return;
         };
         let mut response = match sent {
@@ -526,80 +579,88 @@ impl StreamClient {
         let status = response.status();
         rec.http_status = Some(status.as_u16());
         if !status.is_success() {
-            // The outcome is decided at the status line; the body only adds a message.
+            self.refused(&ex, &mut response, at, rec).await;
+            return;
+        }
+        if let Some(message) = not_a_plain_event_stream(&response) {
             rec.settle(
-                Outcome::from_status(status.as_u16()),
+                Outcome::BadResponse,
                 at,
-                Some(format!("HTTP {status}")),
+                Some(sanitize(&message, self.config.max_error_bytes)),
             );
-            let tail_deadline = deadline.min(at + self.config.tail_grace);
-            let text =
-                read_error_body(&mut response, tail_deadline, self.config.max_error_bytes).await;
-            let message = match rejected_fields_hint(
-                status.as_u16(),
-                &text,
-                endpoint,
-                self.config.marker.user.is_some(),
-            ) {
-                // The fix first, so truncation never cuts it off.
-                Some(hint) => {
-                    if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
-                        let said = sanitize(text.trim(), self.config.max_error_bytes);
-                        let url = crate::config::display_url(&endpoint.url);
-                        tracing::error!(url = %url, status = status.as_u16(), server_said = %said, "{hint}");
-                    }
-                    format!("HTTP {status}: {hint}; the server said: {}", text.trim())
+            return;
+        }
+        self.follow_stream(&ex, &mut response, rec).await;
+    }
+
+    /// Gives a request up as `timeout` at `gave_up`, saying why; the request's own `deadline`
+    /// is named when that was the limit.
+    fn time_out(&self, rec: &mut RequestRecord, gave_up: Instant, deadline: Instant) {
+        let mut why = self.silence(rec, gave_up);
+        if gave_up == deadline {
+            why = format!(
+                "no complete response within {:?}: {why}",
+                self.config.request_timeout
+            );
+        }
+        rec.settle(Outcome::Timeout, Instant::now(), Some(why));
+    }
+
+    /// An error status, answered at `at`: the outcome is decided at the status line, and the
+    /// body (read for the tail grace at most) only adds a message, with the fix first when the
+    /// server rejected the body's extension fields.
+    async fn refused(
+        &self,
+        ex: &Exchange<'_>,
+        response: &mut transport::Response,
+        at: Instant,
+        rec: &mut RequestRecord,
+    ) {
+        let status = response.status();
+        rec.settle(
+            Outcome::from_status(status.as_u16()),
+            at,
+            Some(format!("HTTP {status}")),
+        );
+        let tail_deadline = ex.deadline.min(at + self.config.tail_grace);
+        let text = read_error_body(response, tail_deadline, self.config.max_error_bytes).await;
+        let endpoint = ex.endpoint;
+        let message = match rejected_fields_hint(
+            status.as_u16(),
+            &text,
+            endpoint,
+            self.config.marker.user.is_some(),
+        ) {
+            // The fix first, so truncation never cuts it off.
+            Some(hint) => {
+                if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
+                    let said = sanitize(text.trim(), self.config.max_error_bytes);
+                    let url = crate::config::display_url(&endpoint.url);
+                    tracing::error!(url = %url, status = status.as_u16(), server_said = %said, "{hint}");
                 }
-                None => format!("HTTP {status}: {}", text.trim()),
-            };
-            rec.error = Some(sanitize(&message, self.config.max_error_bytes));
-            return;
-        }
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !content_type
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("text/event-stream")
-        {
-            let message = format!("HTTP {status} with content type {content_type:?}, not SSE");
-            rec.settle(
-                Outcome::BadResponse,
-                at,
-                Some(sanitize(&message, self.config.max_error_bytes)),
-            );
-            return;
-        }
+                format!("HTTP {status}: {hint}; the server said: {}", text.trim())
+            }
+            None => format!("HTTP {status}: {}", text.trim()),
+        };
+        rec.error = Some(sanitize(&message, self.config.max_error_bytes));
+    }
 
-        let encoding = response
-            .headers()
-            .get(CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
-        if let Some(encoding) = encoding {
-            let message = format!(
-                "HTTP {status} with a {encoding:?}-encoded body, which the request did not accept \
-                 (Accept-Encoding: identity)"
-            );
-            rec.settle(
-                Outcome::BadResponse,
-                at,
-                Some(sanitize(&message, self.config.max_error_bytes)),
-            );
-            return;
-        }
-
+    /// Reads a successful response's event stream to its end, stamping each read as it arrives,
+    /// and settles the record: finished, failed, cut off as too long, cancelled, or timed out
+    /// by the first-token or stall limit.
+    async fn follow_stream(
+        &self,
+        ex: &Exchange<'_>,
+        response: &mut transport::Response,
+        rec: &mut RequestRecord,
+    ) {
         let mut decoder = StreamDecoder::new(
             self.config.max_event_bytes,
             self.counter.as_deref(),
             self.config.max_error_bytes,
         )
-        .ending_at_finish_reason(endpoint.ends_at_finish_reason);
-        let body_limit = response_limit(&self.config, request.osl);
+        .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason);
+        let body_limit = response_limit(&self.config, ex.request.osl);
         let mut body_bytes = 0usize;
         let mut last_read = rec.sent;
         // One timer for the whole body, moved only when it fires: a timeout per read would
@@ -607,7 +668,7 @@ impl StreamClient {
         // every other stream wait behind. When it fires, the limit that applies now decides:
         // until the first content chunk the first-token limit, then the stall limit since the
         // last read; either way never past the request's own deadline.
-        let mut timer = std::pin::pin!(tokio::time::sleep_until(first_token_deadline));
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(ex.first_token_deadline));
         loop {
             let read = tokio::select! {
                 biased;
@@ -616,21 +677,14 @@ impl StreamClient {
             };
             let Some(read) = read else {
                 let read_deadline = match rec.first_token_at() {
-                    None => first_token_deadline,
-                    Some(_) => deadline.min(last_read + self.config.stall_timeout),
+                    None => ex.first_token_deadline,
+                    Some(_) => ex.deadline.min(last_read + self.config.stall_timeout),
                 };
                 if Instant::now() < read_deadline {
                     timer.as_mut().reset(read_deadline);
                     continue;
                 }
-                let mut why = self.silence(rec, read_deadline);
-                if read_deadline == deadline {
-                    why = format!(
-                        "no complete response within {:?}: {why}",
-                        self.config.request_timeout
-                    );
-                }
-                rec.settle(Outcome::Timeout, Instant::now(), Some(why));
+                self.time_out(rec, read_deadline, ex.deadline);
                 return;
             };
             // Stamped before anything looks at the bytes.
@@ -645,15 +699,12 @@ impl StreamClient {
                             Outcome::BadResponse,
                             Some(format!(
                                 "response body over {body_limit} bytes for {} requested tokens: cut off",
-                                request.osl
+                                ex.request.osl
                             )),
                         )
                     } else {
                         match decoder.on_read(rec, bytes, at) {
-                            Flow::Continue
-                                if cancel_after_tokens
-                                    .is_some_and(|n| rec.client_tokens() >= n) =>
-                            {
+                            Flow::Continue if ex.cancels_at(rec) => {
                                 // Returning drops the response unread: its connection closes.
                                 let n = rec.client_tokens();
                                 rec.settle(
@@ -674,25 +725,41 @@ impl StreamClient {
                 ),
             };
             if let Flow::Finished(outcome, message) = flow {
-                let (outcome, message) = match rec.implausible(request.osl, body_bytes_sent) {
-                    Some(why) if outcome.is_ok() => (Outcome::BadResponse, Some(why)),
-                    _ => (outcome, message),
-                };
-                rec.settle(outcome, at, message);
-                // Reading the end of the chunked body lets the connection return to the pool;
-                // a body announced far longer than what came is not waited for (a lying
-                // Content-Length would hold every request for the tail grace).
-                let announced_rest = response
-                    .content_length()
-                    .map_or(0, |n| n.saturating_sub(body_bytes as u64));
-                if outcome.is_ok() && announced_rest <= MAX_TAIL_BYTES {
-                    let tail_deadline = deadline.min(at + self.config.tail_grace);
-                    drain(&mut response, tail_deadline).await;
-                }
-                // A failed stream is dropped unread: its connection is closed, not reused.
+                self.finish_stream(ex, response, rec, (outcome, message), at, body_bytes)
+                    .await;
                 return;
             }
         }
+    }
+
+    /// Settles a stream that finished at `at` after `body_bytes` of body (an `ok` with
+    /// implausible usage becomes a `bad_response`), and reads the rest of a successful body so
+    /// its connection can return to the pool.
+    async fn finish_stream(
+        &self,
+        ex: &Exchange<'_>,
+        response: &mut transport::Response,
+        rec: &mut RequestRecord,
+        (outcome, message): (Outcome, Option<String>),
+        at: Instant,
+        body_bytes: usize,
+    ) {
+        let (outcome, message) = match rec.implausible(ex.request.osl, ex.body_bytes_sent) {
+            Some(why) if outcome.is_ok() => (Outcome::BadResponse, Some(why)),
+            _ => (outcome, message),
+        };
+        rec.settle(outcome, at, message);
+        // Reading the end of the chunked body lets the connection return to the pool;
+        // a body announced far longer than what came is not waited for (a lying
+        // Content-Length would hold every request for the tail grace).
+        let announced_rest = response
+            .content_length()
+            .map_or(0, |n| n.saturating_sub(body_bytes as u64));
+        if outcome.is_ok() && announced_rest <= MAX_TAIL_BYTES {
+            let tail_deadline = ex.deadline.min(at + self.config.tail_grace);
+            drain(response, tail_deadline).await;
+        }
+        // A failed stream is dropped unread: its connection is closed, not reused.
     }
 
     /// Why a request that went silent was given up, and since when it was silent.

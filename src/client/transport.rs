@@ -65,6 +65,15 @@ pub enum TransportError {
     Framing(&'static str),
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{name:?} is not a TLS server name: {source}")]
+    ServerName {
+        name: String,
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("no host")]
+    NoHost,
+    #[error("an https:// URL needs a TLS config")]
+    NoTlsConfig,
 }
 
 impl TransportError {
@@ -81,6 +90,11 @@ impl TransportError {
             | TransportError::ClosedMidBody
             | TransportError::Framing(_)
             | TransportError::Io(_) => Outcome::StreamTruncated,
+            // An origin that cannot be set up is refused with the endpoint, before any request;
+            // were one sent, it could not connect.
+            TransportError::ServerName { .. }
+            | TransportError::NoHost
+            | TransportError::NoTlsConfig => Outcome::Connect,
         }
     }
 }
@@ -99,22 +113,27 @@ pub struct Origin {
 impl Origin {
     /// The origin of `url`: TLS with `tls` for an `https://` URL (which then needs one), plain
     /// TCP for `http://`.
-    pub fn new(url: &Url, tls: Option<Arc<TargetTls>>) -> Result<Self, String> {
+    pub fn new(url: &Url, tls: Option<Arc<TargetTls>>) -> Result<Self, TransportError> {
         let authority = authority(url);
-        let tls = match (url.scheme(), tls) {
-            ("https", Some(tls)) => {
-                let name = match url.host() {
-                    Some(url::Host::Domain(d)) => ServerName::try_from(d.to_owned())
-                        .map_err(|e| format!("{d:?} is not a TLS server name: {e}"))?,
-                    Some(url::Host::Ipv4(ip)) => ServerName::from(std::net::IpAddr::V4(ip)),
-                    Some(url::Host::Ipv6(ip)) => ServerName::from(std::net::IpAddr::V6(ip)),
-                    None => return Err("no host".into()),
-                };
-                Some((tls, name))
-            }
-            ("https", None) => return Err("an https:// URL needs a TLS config".into()),
-            _ => None,
-        };
+        let tls =
+            match (url.scheme(), tls) {
+                ("https", Some(tls)) => {
+                    let name =
+                        match url.host() {
+                            Some(url::Host::Domain(d)) => ServerName::try_from(d.to_owned())
+                                .map_err(|source| TransportError::ServerName {
+                                    name: d.to_owned(),
+                                    source,
+                                })?,
+                            Some(url::Host::Ipv4(ip)) => ServerName::from(std::net::IpAddr::V4(ip)),
+                            Some(url::Host::Ipv6(ip)) => ServerName::from(std::net::IpAddr::V6(ip)),
+                            None => return Err(TransportError::NoHost),
+                        };
+                    Some((tls, name))
+                }
+                ("https", None) => return Err(TransportError::NoTlsConfig),
+                _ => None,
+            };
         let key = match &tls {
             Some((tls, _)) => format!("tls{}:{authority}", tls.id()),
             None => authority.clone(),

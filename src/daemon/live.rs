@@ -12,9 +12,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::DaemonError;
 use crate::client::StreamClient;
 use crate::config::TargetConfig;
-use crate::export::http::{ReloadFuture, ReloadHook};
+use crate::export::http::{HttpError, ReloadFuture, ReloadHook};
 use crate::export::metrics::Metrics;
 use crate::k8s::events::SloEvents;
 use crate::model::{Finished, Sink, TargetChange};
@@ -266,7 +267,7 @@ impl Live {
 
     /// Re-reads the config file and applies it; a bad file, or a new target that cannot be
     /// started, leaves the running config untouched.
-    pub(super) async fn reload(&self) -> Result<String, String> {
+    pub(super) async fn reload(&self) -> Result<String, DaemonError> {
         let _one = self.reloading.lock().await;
         let current = self.setup();
         let result = match &current.path {
@@ -281,7 +282,7 @@ impl Live {
                         .apply(new)
                         .await
                         .map(|m| format!("reloaded {}: {m}", path.display())),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e.into()),
                 }
             }
         };
@@ -295,7 +296,7 @@ impl Live {
 
     /// Starts the targets `new` adds or changes, then swaps the target set, the SLOs and the
     /// setup; on any failure stops what it started and keeps everything as it was.
-    async fn apply(&self, new: Setup) -> Result<String, String> {
+    async fn apply(&self, new: Setup) -> Result<String, DaemonError> {
         let before = self.setup();
         let mut old = std::mem::take(&mut *lock(&self.targets));
         let mut next: Vec<LiveTarget> = Vec::new();
@@ -312,7 +313,7 @@ impl Live {
                     ..LiveTarget::new(t, target, sim)
                 }),
                 Err(e) => {
-                    failure = Some(e.to_string());
+                    failure = Some(e);
                     break;
                 }
             }
@@ -329,7 +330,7 @@ impl Live {
             }
             old.sort_by_key(|t| before.config.targets.iter().position(|c| *c.name == t.name));
             *lock(&self.targets) = old;
-            return Err(e);
+            return Err(e.into());
         }
         let names = |v: &[&LiveTarget]| {
             v.iter()
@@ -472,6 +473,10 @@ pub(super) struct Reload(pub(super) Arc<Live>);
 impl ReloadHook for Reload {
     fn reload(&self) -> ReloadFuture {
         let live = Arc::clone(&self.0);
-        Box::pin(async move { live.reload().await })
+        Box::pin(async move {
+            live.reload()
+                .await
+                .map_err(|e| HttpError::Reload(Box::new(e)))
+        })
     }
 }

@@ -48,6 +48,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Targets(#[from] crate::targets::TargetError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("OTLP: {0}")]
     Otlp(#[from] crate::export::otlp::OtlpError),
     #[error("Kubernetes: {0}")]
@@ -401,7 +403,7 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
                 base_dir: setup.base_dir().to_owned(),
                 events: k.events,
             };
-            sets.push(resolver.spawn(shutdown.service()));
+            sets.push(resolver.spawn(shutdown.service(), shutdown.tracker()));
         }
         leadership = k.leadership;
     }

@@ -92,6 +92,9 @@ pub enum HttpError {
     Bind { addr: SocketAddr, source: io::Error },
     #[error("cannot read the listening address: {0}")]
     LocalAddr(io::Error),
+    /// A reload kept the running config; its own error says why (the 500 answer's text).
+    #[error("{0}")]
+    Reload(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Produces the `/api/v1/status` document (targets, workload phases, SLO verdicts). Called on
@@ -109,8 +112,9 @@ where
     }
 }
 
-/// What a reload returns: a message for the 200 answer, or the error text for the 500 answer.
-pub type ReloadFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+/// What a reload returns: a message for the 200 answer, or [`HttpError::Reload`] for the 500
+/// answer.
+pub type ReloadFuture = Pin<Box<dyn Future<Output = Result<String, HttpError>> + Send>>;
 
 /// Reloads the config (docs/DESIGN.md §3: validate completely, keep the old config on failure). The same
 /// hook should serve SIGHUP, so it must tolerate concurrent calls and record the outcome with
@@ -628,7 +632,7 @@ async fn reload(lifecycle: &Lifecycle) -> Response<ChunksBody> {
         }
         Err(error) => {
             tracing::warn!(%error, "config reload via HTTP failed; keeping the running config");
-            text(StatusCode::INTERNAL_SERVER_ERROR, error)
+            text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
         }
     }
 }

@@ -26,7 +26,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
@@ -546,11 +545,8 @@ impl Metrics {
     pub fn record_config_reload(&self, success: bool) {
         self.config_last_reload_successful.set(i64::from(success));
         if success {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0);
-            self.config_last_reload_success_timestamp.set(now);
+            self.config_last_reload_success_timestamp
+                .set(crate::clock::unix_now());
         }
     }
 
@@ -753,6 +749,8 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
     use super::*;
     use crate::config::ServingMode;
     use crate::export::testing::{agg, sample};

@@ -30,25 +30,7 @@ pub(crate) mod testing {
         RequestLabels::new("agg", ServingMode::Aggregated, workload)
     }
 
-    /// The value of the sample `name{labels...}` in `text`, matching every given label pair (an
-    /// absent label matches `""`, as in Prometheus).
-    pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        text.lines().find_map(|line| {
-            let rest = line.strip_prefix(name)?;
-            let (label_part, value) = match rest.strip_prefix('{') {
-                Some(r) => r.split_once("} ")?,
-                None => ("", rest.strip_prefix(' ')?),
-            };
-            let has = |k: &str, v: &str| {
-                let pairs = || label_part.split(',');
-                match v {
-                    "" => !pairs()
-                        .any(|p| p.starts_with(&format!("{k}=\"")) && p != format!("{k}=\"\"")),
-                    v => pairs().any(|p| p == format!("{k}=\"{v}\"")),
-                }
-            };
-            let all = labels.iter().all(|(k, v)| has(k, v));
-            all.then(|| value.parse().ok()).flatten()
-        })
-    }
+    /// The value of the sample `name{labels...}` in a `/metrics` text, matching every given
+    /// label pair (an absent label matches `""`, as in Prometheus).
+    pub use crate::promtext::sample;
 }

@@ -12,9 +12,20 @@ impl Metrics {
     /// Registers every family under its contract name (docs/DESIGN.md §6). Counters are registered without
     /// `_total`, which the encoder appends; `Unit::Seconds` appends `_seconds` and emits `# UNIT`.
     pub(super) fn register(mut self) -> Self {
+        self.register_requests();
+        self.register_step_quantiles();
+        self.register_step_gauges();
+        self.register_servers();
+        self.register_slos();
+        self.register_canary();
+        self.register_budget();
+        self
+    }
+
+    /// The per-request families: the server's own timing, outcomes and token counts.
+    fn register_requests(&mut self) {
         let r = &mut self.registry;
         let s = || Unit::Seconds;
-
         // TTFT, ITL and request duration encode themselves (`LatencyFamily`), ahead of these.
         r.register_with_unit(
             "llm_canary_chunk_gap",
@@ -70,7 +81,12 @@ impl Metrics {
             "Requests whose client-side token count disagreed with usage.completion_tokens",
             self.token_count_mismatch.clone(),
         );
+    }
 
+    /// The per-step latency quantiles (`llm_canary_step_*`), with their confidence intervals.
+    fn register_step_quantiles(&mut self) {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
         r.register_with_unit(
             "llm_canary_step_ttft",
             "TTFT quantile over the step's steady window",
@@ -110,6 +126,12 @@ impl Metrics {
                 upper.clone(),
             );
         }
+    }
+
+    /// The per-step gauges of throughput, errors, cache, cost and the step's flags.
+    fn register_step_gauges(&mut self) {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
         r.register(
             "llm_canary_step_output_tokens_per_second",
             "Output tokens per second over the step's steady window",
@@ -161,7 +183,12 @@ impl Metrics {
             "Open-loop steps: 1 when the server fell behind the arrivals (arrivals left unsent, or a queue growing through the window); closed-loop steps have no series",
             self.step_saturated.clone(),
         );
+    }
 
+    /// What the servers' own metrics said, and the scrapes of them.
+    fn register_servers(&mut self) {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
         r.register(
             "llm_canary_server_prefix_cache_hit_ratio",
             "Prefix cache hit ratio reported by the server's own metrics",
@@ -210,7 +237,11 @@ impl Metrics {
             "Failed scrapes of the server's own metrics endpoints",
             self.server_scrape_errors.clone(),
         );
+    }
 
+    /// The SLO verdicts and the values they compared.
+    fn register_slos(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "llm_canary_slo_state",
             "SLO verdict as a state set: exactly one of pass, fail, insufficient_data is 1",
@@ -242,7 +273,13 @@ impl Metrics {
             Unit::Seconds,
             self.slo_data_age.clone(),
         );
+    }
 
+    /// The canary itself: targets, its own sending delays and connections, build and config,
+    /// pause and probe.
+    fn register_canary(&mut self) {
+        let r = &mut self.registry;
+        let s = || Unit::Seconds;
         r.register(
             "llm_canary_target_up",
             "1 when the last request or probe of the target reached it",
@@ -300,6 +337,11 @@ impl Metrics {
             "1 when the start-up probe of the target passed (reachable, model, dialect, streaming)",
             self.probe_success.clone(),
         );
+    }
+
+    /// The traffic budget's actions, use and limits.
+    fn register_budget(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "llm_canary_budget_steps",
             "Steps the traffic budget skipped, scaled, serialized or cut",
@@ -320,6 +362,5 @@ impl Metrics {
             "A configured budget limit (max_inflight, max_rps, max_output_tokens_per_hour)",
             self.budget_limit.clone(),
         );
-        self
     }
 }

@@ -11,6 +11,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::ServingMode;
 use crate::model::{Finished, Sink, TargetChange};
@@ -46,8 +48,15 @@ pub struct SloEvents {
 }
 
 impl SloEvents {
-    /// Starts the posting task; Events about the canary itself go on `own_pod`.
-    pub fn start(client: Client, identity: &super::Identity) -> Arc<SloEvents> {
+    /// Starts the posting task, a task of `tasks` (the run's tracker): at `stop` the queue
+    /// closes, what is in it is still posted, and the task ends. Events about the canary itself
+    /// go on `own_pod`.
+    pub fn start(
+        client: Client,
+        identity: &super::Identity,
+        stop: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Arc<SloEvents> {
         let recorder = Recorder::new(
             client,
             Reporter {
@@ -55,8 +64,22 @@ impl SloEvents {
                 instance: Some(identity.name.clone()),
             },
         );
-        Self::with_poster(identity.pod_reference(), move |mut rx| async move {
-            while let Some((regarding, event)) = rx.recv().await {
+        Self::with_poster(identity.pod_reference(), tasks, move |mut rx| async move {
+            let mut stopping = std::pin::pin!(stop.cancelled_owned());
+            let mut closed = false;
+            loop {
+                let (regarding, event) = tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(queued) => queued,
+                        None => return,
+                    },
+                    () = &mut stopping, if !closed => {
+                        // Nothing more is queued; what is queued already still goes out.
+                        rx.close();
+                        closed = true;
+                        continue;
+                    }
+                };
                 if let Err(e) = recorder.publish(&event, &regarding).await {
                     tracing::warn!(error = %e, reason = %event.reason, object = ?regarding.name, "cannot post Kubernetes Event");
                 }
@@ -64,13 +87,17 @@ impl SloEvents {
         })
     }
 
-    fn with_poster<F, Fut>(own_pod: ObjectReference, poster: F) -> Arc<SloEvents>
+    fn with_poster<F, Fut>(
+        own_pod: ObjectReference,
+        tasks: &TaskTracker,
+        poster: F,
+    ) -> Arc<SloEvents>
     where
         F: FnOnce(mpsc::Receiver<(ObjectReference, Event)>) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let (queue, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(poster(rx));
+        tasks.spawn(poster(rx));
         Arc::new(SloEvents {
             queue,
             own_pod,
@@ -223,7 +250,7 @@ mod tests {
             name: Some("canary-0".into()),
             ..ObjectReference::default()
         };
-        let events = SloEvents::with_poster(own.clone(), |_rx| async {});
+        let events = SloEvents::with_poster(own.clone(), &TaskTracker::new(), |_rx| async {});
         events.set_slos(&defs(
             r#"
 targets: []

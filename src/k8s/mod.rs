@@ -37,6 +37,15 @@ pub enum KubeError {
     Lease { lease: String, message: String },
     #[error("leader election: {0}")]
     Settings(String),
+    /// The rules to publish as a PrometheusRule are not a YAML document.
+    #[error("generated rules: {0}")]
+    GeneratedRules(serde_saphyr::Error),
+    /// The PrometheusRule object could not be built from the rules.
+    #[error(transparent)]
+    RuleObject(serde_json::Error),
+    /// Writing the PrometheusRule failed, as the API says it.
+    #[error(transparent)]
+    RuleWrite(kube::Error),
 }
 
 impl KubeError {
@@ -47,6 +56,9 @@ impl KubeError {
             KubeError::Api(_) => "api",
             KubeError::Lease { .. } => "lease",
             KubeError::Settings(_) => "settings",
+            KubeError::GeneratedRules(_) | KubeError::RuleObject(_) | KubeError::RuleWrite(_) => {
+                "rules"
+            }
         }
     }
 }
@@ -146,9 +158,9 @@ impl KubeParts {
             }
             None => None,
         };
-        let events = cfg
-            .events
-            .then(|| events::SloEvents::start(client.clone(), &identity));
+        let events = cfg.events.then(|| {
+            events::SloEvents::start(client.clone(), &identity, stop.clone(), shutdown.tracker())
+        });
         let state = cfg.state_configmap.as_ref().map(|name| {
             tracing::info!(configmap = %**name, namespace = %identity.namespace, "SLO state kept in a ConfigMap");
             std::sync::Arc::new(state::ConfigMapState::start(

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
+use super::KubeError;
+
 /// `monitoring.coreos.com/v1` PrometheusRule.
 pub fn prometheus_rule_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -40,9 +42,9 @@ impl ManagedRules {
 
     /// Writes `rules` (a `groups:` rule file, as `llm-canary rules` prints it) as the object's
     /// spec: a merge patch, or the object created when absent.
-    pub async fn publish(&self, rules: &str) -> Result<(), String> {
+    pub async fn publish(&self, rules: &str) -> Result<(), KubeError> {
         let spec: serde_json::Value =
-            serde_saphyr::from_str(rules).map_err(|e| format!("generated rules: {e}"))?;
+            serde_saphyr::from_str(rules).map_err(KubeError::GeneratedRules)?;
         let mut labels = self.labels.clone();
         labels.insert("app.kubernetes.io/name".into(), "llm-canary".into());
         labels.insert("app.kubernetes.io/component".into(), "slo-rules".into());
@@ -60,14 +62,14 @@ impl ManagedRules {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 let obj: DynamicObject =
-                    serde_json::from_value(object).map_err(|e| e.to_string())?;
+                    serde_json::from_value(object).map_err(KubeError::RuleObject)?;
                 self.api
                     .create(&PostParams::default(), &obj)
                     .await
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(KubeError::RuleWrite)
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(KubeError::RuleWrite(e)),
         }
     }
 }

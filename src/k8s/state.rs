@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::schedule::Leadership;
+use crate::slo::SloError;
 use crate::slo::state::{BoxFuture, MAX_STATE_BYTES, StateBackend};
 
 /// The ConfigMap key that holds the state document.
@@ -110,19 +111,22 @@ impl StateBackend for ConfigMapState {
         format!("configmap {}/{}", self.namespace, self.name)
     }
 
-    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, String>> {
+    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, SloError>> {
         Box::pin(async move {
             let cm = self
                 .api
                 .get_opt(&self.name)
                 .await
-                .map_err(|e| format!("{}: {e}", self.describe()))?;
+                .map_err(|e| SloError::StateUnreadable {
+                    place: self.describe(),
+                    source: Box::new(e),
+                })?;
             let text = cm.and_then(|c| c.data).and_then(|d| d.get(KEY).cloned());
             match text {
-                Some(t) if t.len() > MAX_STATE_BYTES => Err(format!(
-                    "{}: larger than {MAX_STATE_BYTES} bytes",
-                    self.describe()
-                )),
+                Some(t) if t.len() > MAX_STATE_BYTES => Err(SloError::StateTooLarge {
+                    place: self.describe(),
+                    max: MAX_STATE_BYTES,
+                }),
                 Some(t) => Ok(Some(t.into_bytes())),
                 None => Ok(None),
             }

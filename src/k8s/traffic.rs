@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::discovery::DiscoveredTarget;
 use super::events::SloEvents;
@@ -31,10 +32,11 @@ pub struct DiscoveredTargets {
 }
 
 impl DiscoveredTargets {
-    /// Starts resolving; the returned set changes whenever a deployment comes, goes or changes.
-    pub fn spawn(self, stop: CancellationToken) -> watch::Receiver<TargetSet> {
+    /// Starts resolving until `stop`, a task of `tasks` (the run's tracker, so a stop awaits
+    /// it); the returned set changes whenever a deployment comes, goes or changes.
+    pub fn spawn(self, stop: CancellationToken, tasks: &TaskTracker) -> watch::Receiver<TargetSet> {
         let (tx, rx) = watch::channel(TargetSet::default());
-        tokio::spawn(self.run(tx, stop));
+        tasks.spawn(self.run(tx, stop));
         rx
     }
 

@@ -11,6 +11,7 @@ use super::analysis::Report;
 use super::progress::Progress;
 use super::records::BenchSink;
 use super::{BenchData, ReportError, RunInfo, SloVerdict, TargetInfo};
+use crate::clock::unix_now;
 use crate::config::{At, MAX_TIME_SCALE, WORKLOAD_NAMES};
 use crate::export::metrics::Metrics;
 use crate::model::Sink;
@@ -100,13 +101,6 @@ pub fn effective_setup(
     setup
         .with_config(cfg)
         .map_err(|e| ReportError::Usage(format!("SLOs: {e}")))
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// Runs the bench: one cycle of the plan through the same scheduler as the daemon. A stop

@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 
 use super::BenchData;
-use super::analysis::{Index, Report};
+use super::analysis::{Index, Report, Side};
 use super::svg::{BoxChart, BoxGroup, BoxStat, LineChart, PALETTE, Series, esc};
 use super::table::Table;
+use crate::measure::step::StepMeasurements;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}\
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}.run{color:#555}\
@@ -39,95 +40,16 @@ fn charts(data: &BenchData, report: &Report) -> Vec<String> {
     let mut prefix = Vec::new();
     let mut turns = Vec::new();
     for (i, side) in ix.targets.iter().enumerate() {
-        let name = &side.info.name;
-        let sweep: Vec<(u32, &crate::measure::step::StepMeasurements)> = levels
+        let sweep: Vec<(u32, &StepMeasurements)> = levels
             .iter()
-            .filter_map(|(n, l)| Some((*n, ix.sweep(name, l)?)))
+            .filter_map(|(n, l)| Some((*n, ix.sweep(&side.info.name, l)?)))
             .collect();
-        let mut p = Series::new(
-            side.label.clone(),
-            color(i),
-            sweep
-                .iter()
-                .filter_map(|(_, m)| Some((m.output_tokens_per_second, ms(m.ttft, |s| s.p50)?)))
-                .collect(),
-        );
-        p.point_labels = sweep
-            .iter()
-            .filter(|(_, m)| m.ttft.is_some())
-            .map(|(n, _)| format!("c={n}"))
-            .collect();
-        pareto.push(p);
-        for (q, dashed) in [("p50", false), ("p99", true)] {
-            let mut s = Series::new(
-                format!("{} {q}", side.label),
-                color(i),
-                sweep
-                    .iter()
-                    .filter_map(|(n, m)| {
-                        let v = if dashed {
-                            ms(m.ttft, |s| s.p99)
-                        } else {
-                            ms(m.ttft, |s| s.p50)
-                        };
-                        Some((f64::from(*n), v?))
-                    })
-                    .collect(),
-            );
-            s.dashed = dashed;
-            by_level.push(s);
-        }
-        let mut measured = Series::new(
-            format!("{} measured", side.label),
-            color(i),
-            ix.prefix_points(side.info)
-                .into_iter()
-                .map(|(r, y)| (r * 100.0, y))
-                .collect(),
-        );
-        measured.line = false;
-        prefix.push(measured);
-        if let Some(f) = report.prefix_fits.iter().find(|f| f.target == *name) {
-            let mut line = Series::new(
-                format!("{} fit (R² {:.2})", side.label, f.r2),
-                color(i),
-                vec![(0.0, f.at(0.0)), (100.0, f.at(1.0))],
-            );
-            line.dashed = true;
-            line.markers = false;
-            prefix.push(line);
-        }
-        turns.push(Series::new(
-            side.label.clone(),
-            color(i),
-            ix.values("multi_turn", "turn")
-                .iter()
-                .filter_map(|t| {
-                    let m = ix.get("multi_turn", name, &[("turn", t)])?;
-                    Some((t.parse().ok()?, ms(m.ttft, |s| s.p50)?))
-                })
-                .collect(),
-        ));
+        pareto.push(pareto_series(side, color(i), &sweep));
+        by_level.extend(level_series(side, color(i), &sweep));
+        prefix.extend(prefix_series(&ix, side, color(i), report));
+        turns.push(turn_series(&ix, side, color(i)));
     }
-    let groups = ix
-        .values("sequence_distribution", "distribution")
-        .into_iter()
-        .map(|dist| BoxGroup {
-            boxes: ix
-                .targets
-                .iter()
-                .enumerate()
-                .filter_map(|(i, side)| {
-                    let samples = data
-                        .ttft_by_distribution
-                        .get(&(side.info.name.clone(), dist.clone()))?;
-                    let ms: Vec<f64> = samples.iter().map(|s| s * 1e3).collect();
-                    Some((side.label.clone(), color(i), BoxStat::of(&ms)?))
-                })
-                .collect(),
-            label: dist,
-        })
-        .collect();
+    let groups = distribution_groups(&ix, data);
     vec![
         LineChart {
             id: "chart-pareto",
@@ -173,6 +95,117 @@ fn charts(data: &BenchData, report: &Report) -> Vec<String> {
         }
         .render(),
     ]
+}
+
+/// A target's TTFT p50 against its throughput, one point per concurrency of the sweep.
+fn pareto_series(side: &Side, color: &'static str, sweep: &[(u32, &StepMeasurements)]) -> Series {
+    let mut p = Series::new(
+        side.label.clone(),
+        color,
+        sweep
+            .iter()
+            .filter_map(|(_, m)| Some((m.output_tokens_per_second, ms(m.ttft, |s| s.p50)?)))
+            .collect(),
+    );
+    p.point_labels = sweep
+        .iter()
+        .filter(|(_, m)| m.ttft.is_some())
+        .map(|(n, _)| format!("c={n}"))
+        .collect();
+    p
+}
+
+/// A target's TTFT p50 (solid) and p99 (dashed) by concurrency.
+fn level_series(
+    side: &Side,
+    color: &'static str,
+    sweep: &[(u32, &StepMeasurements)],
+) -> [Series; 2] {
+    [("p50", false), ("p99", true)].map(|(q, dashed)| {
+        let mut s = Series::new(
+            format!("{} {q}", side.label),
+            color,
+            sweep
+                .iter()
+                .filter_map(|(n, m)| {
+                    let v = if dashed {
+                        ms(m.ttft, |s| s.p99)
+                    } else {
+                        ms(m.ttft, |s| s.p50)
+                    };
+                    Some((f64::from(*n), v?))
+                })
+                .collect(),
+        );
+        s.dashed = dashed;
+        s
+    })
+}
+
+/// A target's TTFT p50 by prefix hit ratio as measured, and its fitted line when there is one.
+fn prefix_series(ix: &Index, side: &Side, color: &'static str, report: &Report) -> Vec<Series> {
+    let mut measured = Series::new(
+        format!("{} measured", side.label),
+        color,
+        ix.prefix_points(side.info)
+            .into_iter()
+            .map(|(r, y)| (r * 100.0, y))
+            .collect(),
+    );
+    measured.line = false;
+    let mut out = vec![measured];
+    if let Some(f) = report
+        .prefix_fits
+        .iter()
+        .find(|f| f.target == side.info.name)
+    {
+        let mut line = Series::new(
+            format!("{} fit (R² {:.2})", side.label, f.r2),
+            color,
+            vec![(0.0, f.at(0.0)), (100.0, f.at(1.0))],
+        );
+        line.dashed = true;
+        line.markers = false;
+        out.push(line);
+    }
+    out
+}
+
+/// A target's TTFT p50 per turn of the multi-turn conversations.
+fn turn_series(ix: &Index, side: &Side, color: &'static str) -> Series {
+    Series::new(
+        side.label.clone(),
+        color,
+        ix.values("multi_turn", "turn")
+            .iter()
+            .filter_map(|t| {
+                let m = ix.get("multi_turn", &side.info.name, &[("turn", t)])?;
+                Some((t.parse().ok()?, ms(m.ttft, |s| s.p50)?))
+            })
+            .collect(),
+    )
+}
+
+/// One group of TTFT boxes per sequence distribution, a box per target.
+fn distribution_groups(ix: &Index, data: &BenchData) -> Vec<BoxGroup> {
+    ix.values("sequence_distribution", "distribution")
+        .into_iter()
+        .map(|dist| BoxGroup {
+            boxes: ix
+                .targets
+                .iter()
+                .enumerate()
+                .filter_map(|(i, side)| {
+                    let samples = data
+                        .ttft_by_distribution
+                        .get(&(side.info.name.clone(), dist.clone()))?;
+                    let ms: Vec<f64> = samples.iter().map(|s| s * 1e3).collect();
+                    Some((side.label.clone(), color(i), BoxStat::of(&ms)?))
+                })
+                .collect(),
+            label: dist,
+        })
+        .collect()
 }
 
 fn table_html(out: &mut String, t: &Table) {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::records::BenchSink;
 use crate::measure::step::StepMeasurements;
@@ -28,7 +28,8 @@ pub(crate) struct Progress {
 /// The display of one running step.
 pub(crate) struct StepProgress {
     bars: Vec<ProgressBar>,
-    ticker: Option<JoinHandle<()>>,
+    /// Refreshes the bars; it lives as long as the display (aborted when it is dropped).
+    ticker: Option<AbortOnDropHandle<()>>,
 }
 
 fn style(template: &str) -> ProgressStyle {
@@ -109,7 +110,7 @@ impl Progress {
         let sink = Arc::clone(&self.sink);
         let tick_bars = bars.clone();
         let started = Instant::now();
-        let ticker = tokio::spawn(async move {
+        let ticker = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut every = tokio::time::interval(TICK);
             loop {
                 every.tick().await;
@@ -128,7 +129,7 @@ impl Progress {
                     ));
                 }
             }
-        });
+        }));
         StepProgress {
             bars,
             ticker: Some(ticker),

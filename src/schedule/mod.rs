@@ -24,6 +24,7 @@ use std::sync::{Mutex, PoisonError};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::clock::unix_now;
 use crate::model::{
     BudgetAction, BudgetReport, BudgetUsage, Finished, PauseState, Sink, StepInfo, StepResult,
 };
@@ -118,13 +119,6 @@ impl Board {
             })
         })
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// The board reads the schedule's progress as every other consumer does.

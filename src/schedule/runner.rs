@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -18,6 +18,7 @@ use super::context::{Built, Runner, StepCtx, as_prompt};
 use super::plan::{StepKind, StepPlan};
 use super::target::Target;
 use crate::client::{Cancel, RequestRecord, StreamRequest};
+use crate::clock::unix_now;
 use crate::config::Pairing;
 use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
@@ -41,11 +42,29 @@ pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Domain tag of the cancellation draws, so they never share a random stream with prompts.
 const CANCEL_DOMAIN: u64 = 0x6361_6e63; // "canc"
 
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+/// Awaits every driver task of a step. At the step's drain deadline whatever is still in flight
+/// is cut (it counts as `timeout`); the cut is a branch of this wait, not a task of its own, so
+/// nothing of the step outlives it.
+async fn join_drivers(ctx: &StepCtx, tasks: &mut JoinSet<()>) {
+    let mut cut = std::pin::pin!(async {
+        tokio::select! {
+            _ = tokio::time::sleep_until(ctx.drain_end) => ctx.hard_stop.cancel(),
+            _ = ctx.hard_stop.cancelled() => {}
+        }
+    });
+    let mut cut_done = false;
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(Err(e)) if e.is_panic() => {
+                    tracing::error!(step = %ctx.plan.name(), "a request task panicked: {e}");
+                }
+                Some(_) => {}
+                None => break,
+            },
+            () = &mut cut, if !cut_done => cut_done = true,
+        }
+    }
 }
 
 impl Runner {
@@ -210,6 +229,122 @@ impl Runner {
         }
     }
 
+    /// Each target's prompt-overhead estimate now, by target name.
+    fn estimates(&self, targets: &[usize]) -> HashMap<String, OverheadEstimate> {
+        targets
+            .iter()
+            .filter_map(|&t| {
+                let name = &self.targets[t].name;
+                Some((name.clone(), self.overhead.estimate(name)?))
+            })
+            .collect()
+    }
+
+    /// The prompt builder of `plan`'s KV blocks and prefix pool; `None` (logged) when it cannot
+    /// be built, and the step is skipped.
+    fn step_builder(&self, plan: &StepPlan) -> Option<PromptBuilder> {
+        let (block_size, pool) = match &plan.kind {
+            StepKind::Prefix {
+                block_size,
+                pool_size,
+                ..
+            } => (*block_size as usize, *pool_size as usize),
+            _ => (crate::workload::prompt::DEFAULT_BLOCK_SIZE, 1),
+        };
+        match PromptBuilder::new(
+            Arc::clone(&self.tokens),
+            PromptConfig {
+                block_size,
+                prefix_pool_size: pool,
+                run_salt: self.run_salt,
+            },
+        ) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::error!(step = %plan.name(), error = %e, "cannot build prompts; step skipped");
+                None
+            }
+        }
+    }
+
+    /// A prefix step's shared prefixes, sent once to each target before the step, so the steady
+    /// window measures hits, not first fills.
+    async fn warm_step_prefixes(
+        &self,
+        plan: &StepPlan,
+        cycle: u64,
+        targets: &[usize],
+        builder: &PromptBuilder,
+        estimates: &HashMap<String, OverheadEstimate>,
+        hard_stop: &CancellationToken,
+    ) {
+        let StepKind::Prefix { ratio, isl, .. } = &plan.kind else {
+            return;
+        };
+        let shared: Vec<(usize, usize)> = targets
+            .iter()
+            .map(|&t| {
+                let estimate = estimates.get(&self.targets[t].name).copied();
+                let body = body_tokens(estimate, *isl as usize);
+                let shared = builder.shared_prefix_tokens(*isl as usize, *ratio);
+                (t, builder.prefix_len(body, shared))
+            })
+            .filter(|(_, shared)| *shared > 0)
+            .collect();
+        if !shared.is_empty() {
+            self.warm_prefixes(builder, &shared, cycle, plan, hard_stop)
+                .await;
+        }
+    }
+
+    /// Spawns target `t`'s drivers of the step onto `tasks`: its trace replay, its conversations,
+    /// its open-loop arrivals or its closed-loop workers.
+    fn spawn_drivers(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        ctx: &Arc<StepCtx>,
+        t: usize,
+        replay: Option<&Arc<super::replay::Replay>>,
+    ) {
+        let plan = &ctx.plan;
+        let target = Arc::clone(&self.targets[t]);
+        match (&plan.kind, plan.rate) {
+            (StepKind::Trace { .. }, _) => {
+                if let Some(r) = replay {
+                    tasks.spawn(Arc::clone(self).replay(Arc::clone(ctx), t, target, Arc::clone(r)));
+                }
+            }
+            (StepKind::MultiTurn { conversations, .. }, _) => {
+                for c in 0..u64::from(*conversations) {
+                    tasks.spawn(Arc::clone(self).conversation_worker(
+                        Arc::clone(ctx),
+                        t,
+                        Arc::clone(&target),
+                        c,
+                    ));
+                }
+            }
+            (_, Some(rate)) => {
+                tasks.spawn(Arc::clone(self).open_loop(
+                    Arc::clone(ctx),
+                    t,
+                    Arc::clone(&target),
+                    rate,
+                ));
+            }
+            (_, None) => {
+                for w in 0..u64::from(plan.concurrency()) {
+                    tasks.spawn(Arc::clone(self).closed_worker(
+                        Arc::clone(ctx),
+                        t,
+                        Arc::clone(&target),
+                        w,
+                    ));
+                }
+            }
+        }
+    }
+
     async fn run_step_on(
         self: &Arc<Self>,
         plan: &StepPlan,
@@ -222,52 +357,12 @@ impl Runner {
             self.seed,
             &[workload_code(plan.workload), plan.index as u64, cycle],
         );
-        let (block_size, pool) = match &plan.kind {
-            StepKind::Prefix {
-                block_size,
-                pool_size,
-                ..
-            } => (*block_size as usize, *pool_size as usize),
-            _ => (crate::workload::prompt::DEFAULT_BLOCK_SIZE, 1),
+        let estimates = self.estimates(targets);
+        let Some(builder) = self.step_builder(plan) else {
+            return Vec::new();
         };
-        let estimates: std::collections::HashMap<String, OverheadEstimate> = targets
-            .iter()
-            .filter_map(|&t| {
-                let name = &self.targets[t].name;
-                Some((name.clone(), self.overhead.estimate(name)?))
-            })
-            .collect();
-        let builder = match PromptBuilder::new(
-            Arc::clone(&self.tokens),
-            PromptConfig {
-                block_size,
-                prefix_pool_size: pool,
-                run_salt: self.run_salt,
-            },
-        ) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(step = %plan.name(), error = %e, "cannot build prompts; step skipped");
-                return Vec::new();
-            }
-        };
-        // Warm the shared prefixes so the steady window measures hits, not first fills.
-        if let StepKind::Prefix { ratio, isl, .. } = &plan.kind {
-            let shared: Vec<(usize, usize)> = targets
-                .iter()
-                .map(|&t| {
-                    let estimate = estimates.get(&self.targets[t].name).copied();
-                    let body = body_tokens(estimate, *isl as usize);
-                    let shared = builder.shared_prefix_tokens(*isl as usize, *ratio);
-                    (t, builder.prefix_len(body, shared))
-                })
-                .filter(|(_, shared)| *shared > 0)
-                .collect();
-            if !shared.is_empty() {
-                self.warm_prefixes(&builder, &shared, cycle, plan, hard_stop)
-                    .await;
-            }
-        }
+        self.warm_step_prefixes(plan, cycle, targets, &builder, &estimates, hard_stop)
+            .await;
         // A trace is read once per step, before its clock starts, and replayed alike to every
         // target.
         let replay = match super::replay::Replay::for_step(
@@ -303,66 +398,9 @@ impl Runner {
         let started_unix = unix_now();
         let mut tasks = JoinSet::new();
         for &t in targets {
-            let target = Arc::clone(&self.targets[t]);
-            match (&plan.kind, plan.rate) {
-                (StepKind::Trace { .. }, _) => {
-                    if let Some(r) = &replay {
-                        tasks.spawn(Arc::clone(self).replay(
-                            Arc::clone(&ctx),
-                            t,
-                            target,
-                            Arc::clone(r),
-                        ));
-                    }
-                }
-                (StepKind::MultiTurn { conversations, .. }, _) => {
-                    for c in 0..u64::from(*conversations) {
-                        tasks.spawn(Arc::clone(self).conversation_worker(
-                            Arc::clone(&ctx),
-                            t,
-                            Arc::clone(&target),
-                            c,
-                        ));
-                    }
-                }
-                (_, Some(rate)) => {
-                    tasks.spawn(Arc::clone(self).open_loop(
-                        Arc::clone(&ctx),
-                        t,
-                        Arc::clone(&target),
-                        rate,
-                    ));
-                }
-                (_, None) => {
-                    for w in 0..u64::from(plan.concurrency()) {
-                        tasks.spawn(Arc::clone(self).closed_worker(
-                            Arc::clone(&ctx),
-                            t,
-                            Arc::clone(&target),
-                            w,
-                        ));
-                    }
-                }
-            }
+            self.spawn_drivers(&mut tasks, &ctx, t, replay.as_ref());
         }
-        // A cut at the drain deadline: anything still in flight then counts as `timeout`.
-        let cutter = {
-            let ctx = Arc::clone(&ctx);
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(ctx.drain_end) => ctx.hard_stop.cancel(),
-                    _ = ctx.hard_stop.cancelled() => {}
-                }
-            })
-        };
-        while let Some(joined) = tasks.join_next().await {
-            if let Err(e) = joined
-                && e.is_panic()
-            {
-                tracing::error!(step = %plan.name(), "a request task panicked: {e}");
-            }
-        }
-        cutter.abort();
+        join_drivers(&ctx, &mut tasks).await;
         let ended_unix = unix_now();
         // The steady window is what was scheduled, or less when shutdown cut it short.
         let steady_end = Instant::now().min(send_end);

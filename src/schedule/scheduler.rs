@@ -197,7 +197,7 @@ impl Scheduler {
         cycle: u64,
         stop: &Shutdown,
     ) -> Option<Vec<StepResult>> {
-        self.refresh(std::slice::from_ref(plan));
+        self.refresh(std::slice::from_ref(plan), stop);
         match self.run_turn(plan, &info(plan, cycle, 0, 1), stop).await {
             Turn::Done(results) => Some(results),
             _ => None,
@@ -294,7 +294,7 @@ impl Scheduler {
         // The step's requests and records are freed: their pages go back to the system before
         // the next step, so resident memory follows what is in use.
         drop(runner);
-        crate::heap::release_freed();
+        crate::heap::release_freed(stop.tracker());
         turn
     }
 
@@ -353,7 +353,7 @@ impl Scheduler {
     /// Waits until there is a target to send to, refreshing the target set; false on a stop.
     async fn wait_for_targets(&mut self, stop: &Shutdown, steps: &[StepPlan]) -> bool {
         loop {
-            self.refresh(steps);
+            self.refresh(steps, stop);
             if stop.stopping() {
                 return false;
             }
@@ -368,8 +368,9 @@ impl Scheduler {
     }
 
     /// Re-reads the target set; on a change tells the sinks and restarts the scrape of the
-    /// servers' metrics for the new set.
-    fn refresh(&mut self, steps: &[StepPlan]) {
+    /// servers' metrics for the new set, a task of `stop`'s tracker that ends with the set, or
+    /// with the run.
+    fn refresh(&mut self, steps: &[StepPlan], stop: &Shutdown) {
         let TargetSet { targets, scrape } = self.source.current();
         let same = targets.len() == self.active.targets.len()
             && targets
@@ -403,7 +404,7 @@ impl Scheduler {
             removed: &removed,
         });
         self.active.scraper_stop.cancel();
-        self.active.scraper_stop = CancellationToken::new();
+        self.active.scraper_stop = stop.service();
         self.active.scraper = match &self.server_metrics {
             Some(sink) if !scrape.is_empty() => {
                 let idle = self.runner.client.config().pool_idle_timeout;
@@ -411,7 +412,7 @@ impl Scheduler {
                     Ok(s) => {
                         let s = Arc::new(s);
                         let every = scrape_interval(self.scrape_interval, steps);
-                        tokio::spawn(Arc::clone(&s).run(every, self.active.scraper_stop.clone()));
+                        stop.spawn(Arc::clone(&s).run(every, self.active.scraper_stop.clone()));
                         Some(s)
                     }
                     Err(e) => {

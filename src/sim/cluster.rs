@@ -134,6 +134,147 @@ fn tier(spec: Option<TierSpec>, bytes_per_block: f64) -> Option<TierConfig> {
     })
 }
 
+/// The timing model of `spec.profile`; `table` is the loaded timing table for `profile: table`.
+fn timing(spec: &SimSpec, table: Option<TimingTable>) -> Result<Timing, SimError> {
+    Ok(match spec.profile.as_str() {
+        "fast" => Timing::Fast,
+        "fixed" => Timing::Fixed {
+            ttft: spec.fixed_ttft,
+            itl: spec.fixed_itl,
+        },
+        "table" => Timing::Table(Arc::new(table.or_else(|| spec.table.clone()).ok_or_else(
+            || SimError::InvalidSpec(vec!["profile: table needs a table".into()]),
+        )?)),
+        _ => Timing::Formula {
+            prefill: H200_PREFILL,
+            decode: H200_DECODE,
+        },
+    })
+}
+
+/// The worker pools of the deployment, each with its role, its number of workers and its
+/// resolved hardware: one aggregated pool, or prefill and decode pools. A pool whose GPUs cannot
+/// hold the model's weights is an error.
+fn pools(spec: &SimSpec, disaggregated: bool) -> Result<Vec<(WorkerRole, u32, PoolHw)>, SimError> {
+    let profile_gpu = Gpu::by_name(&spec.profile).unwrap_or(H200);
+    let shape = spec.model_shape();
+    let resolve = |pool: &PoolSpec| -> PoolHw {
+        let gpu = pool
+            .gpu
+            .as_deref()
+            .and_then(Gpu::by_name)
+            .unwrap_or(profile_gpu);
+        let derived = shape.kv_blocks(&gpu, pool.tp, spec.block_size);
+        PoolHw {
+            gpu,
+            tp: pool.tp,
+            cost_per_hour_usd: pool
+                .cost_per_hour_usd
+                .unwrap_or(gpu.cost_per_hour_usd * f64::from(pool.tp)),
+            kv_blocks: pool
+                .kv_blocks
+                .unwrap_or(derived)
+                .min(u64::from(u32::MAX - 1)),
+        }
+    };
+    let pools: Vec<(WorkerRole, u32, PoolHw)> = if disaggregated {
+        vec![
+            (
+                WorkerRole::Prefill,
+                spec.prefill_workers,
+                resolve(&spec.prefill),
+            ),
+            (
+                WorkerRole::Decode,
+                spec.decode_workers,
+                resolve(&spec.decode),
+            ),
+        ]
+    } else {
+        vec![(
+            WorkerRole::Aggregated,
+            spec.workers,
+            resolve(&spec.aggregated),
+        )]
+    };
+    if let Some((role, _, hw)) = pools.iter().find(|(_, _, hw)| hw.kv_blocks == 0) {
+        return Err(SimError::InvalidSpec(vec![format!(
+            "{} pool: {} × {} cannot hold the model's weights ({} GB); set kv_blocks or use more GPUs",
+            role.as_str(),
+            hw.tp,
+            hw.gpu.name,
+            shape.weights_gb
+        )]));
+    }
+    Ok(pools)
+}
+
+/// The started workers of every pool, and what they cost together.
+struct Workers {
+    /// Aggregated workers, or the prefill pool.
+    front: Vec<Arc<Worker>>,
+    decode: Vec<Arc<Worker>>,
+    cost_per_hour_usd: f64,
+}
+
+/// Starts one engine loop per worker of `pools`, each stopped by a child of `cancel`; prefill
+/// workers hand finished prefills to `handoff_tx`. Workers are numbered across the pools.
+fn start_workers(
+    spec: &SimSpec,
+    pools: Vec<(WorkerRole, u32, PoolHw)>,
+    timing: &Timing,
+    handoff_tx: &mpsc::UnboundedSender<Seq>,
+    cancel: &CancellationToken,
+) -> Workers {
+    let bytes_per_block =
+        (spec.model_shape().kv_bytes_per_token() * u64::from(spec.block_size)) as f64;
+    // The real-time daemon needs a clock-accurate loop; the scales make A100/L40S estimates.
+    let scaled = matches!(timing, Timing::Formula { .. } | Timing::Table(_));
+    let mut workers = Workers {
+        front: Vec::new(),
+        decode: Vec::new(),
+        cost_per_hour_usd: 0.0,
+    };
+    let mut next_worker = 0u32;
+    for (role, count, hw) in pools {
+        for _ in 0..count {
+            let cfg = EngineConfig {
+                worker_id: next_worker,
+                role,
+                block_size: spec.block_size as usize,
+                max_batched_tokens: spec.max_batched_tokens,
+                max_running: spec.max_running as usize,
+                timing: timing.clone(),
+                prefill_scale: if scaled {
+                    hw.gpu.prefill_scale(hw.tp)
+                } else {
+                    1.0
+                },
+                decode_scale: if scaled {
+                    hw.gpu.decode_scale(hw.tp)
+                } else {
+                    1.0
+                },
+                num_blocks: hw.kv_blocks as u32,
+                bytes_per_block,
+                cpu_tier: tier(spec.cpu_tier, bytes_per_block),
+                disk_tier: tier(spec.disk_tier, bytes_per_block),
+            };
+            next_worker += 1;
+            workers.cost_per_hour_usd += hw.cost_per_hour_usd;
+            let worker = Worker::new(cfg);
+            let tx = (role == WorkerRole::Prefill).then(|| handoff_tx.clone());
+            tokio::spawn(Arc::clone(&worker).run(tx, cancel.child_token()));
+            if role == WorkerRole::Decode {
+                workers.decode.push(worker);
+            } else {
+                workers.front.push(worker);
+            }
+        }
+    }
+    workers
+}
+
 impl Cluster {
     /// Builds the pools of `spec` for `mode` and starts one engine loop per worker on the current
     /// tokio runtime. `table` is the loaded timing table for `profile: table`.
@@ -146,122 +287,18 @@ impl Cluster {
         if !errors.is_empty() {
             return Err(SimError::InvalidSpec(errors));
         }
-        let profile_gpu = Gpu::by_name(&spec.profile).unwrap_or(H200);
-        let timing = match spec.profile.as_str() {
-            "fast" => Timing::Fast,
-            "fixed" => Timing::Fixed {
-                ttft: spec.fixed_ttft,
-                itl: spec.fixed_itl,
-            },
-            "table" => Timing::Table(Arc::new(table.or_else(|| spec.table.clone()).ok_or_else(
-                || SimError::InvalidSpec(vec!["profile: table needs a table".into()]),
-            )?)),
-            _ => Timing::Formula {
-                prefill: H200_PREFILL,
-                decode: H200_DECODE,
-            },
-        };
-        let shape = spec.model_shape();
-        let kv_bytes_per_token = shape.kv_bytes_per_token();
-        let bytes_per_block = (kv_bytes_per_token * u64::from(spec.block_size)) as f64;
-        let resolve = |pool: &PoolSpec| -> PoolHw {
-            let gpu = pool
-                .gpu
-                .as_deref()
-                .and_then(Gpu::by_name)
-                .unwrap_or(profile_gpu);
-            let derived = shape.kv_blocks(&gpu, pool.tp, spec.block_size);
-            PoolHw {
-                gpu,
-                tp: pool.tp,
-                cost_per_hour_usd: pool
-                    .cost_per_hour_usd
-                    .unwrap_or(gpu.cost_per_hour_usd * f64::from(pool.tp)),
-                kv_blocks: pool
-                    .kv_blocks
-                    .unwrap_or(derived)
-                    .min(u64::from(u32::MAX - 1)),
-            }
-        };
+        let timing = timing(spec, table)?;
+        let kv_bytes_per_token = spec.model_shape().kv_bytes_per_token();
         let disaggregated = mode == ServingMode::Disaggregated;
-        let pools: Vec<(WorkerRole, u32, PoolHw)> = if disaggregated {
-            vec![
-                (
-                    WorkerRole::Prefill,
-                    spec.prefill_workers,
-                    resolve(&spec.prefill),
-                ),
-                (
-                    WorkerRole::Decode,
-                    spec.decode_workers,
-                    resolve(&spec.decode),
-                ),
-            ]
-        } else {
-            vec![(
-                WorkerRole::Aggregated,
-                spec.workers,
-                resolve(&spec.aggregated),
-            )]
-        };
-        if let Some((role, _, hw)) = pools.iter().find(|(_, _, hw)| hw.kv_blocks == 0) {
-            return Err(SimError::InvalidSpec(vec![format!(
-                "{} pool: {} × {} cannot hold the model's weights ({} GB); set kv_blocks or use more GPUs",
-                role.as_str(),
-                hw.tp,
-                hw.gpu.name,
-                shape.weights_gb
-            )]));
-        }
-        // The real-time daemon needs a clock-accurate loop; the scales make A100/L40S estimates.
-        let scaled = matches!(timing, Timing::Formula { .. } | Timing::Table(_));
+        let pools = pools(spec, disaggregated)?;
         let cancel = CancellationToken::new();
         let (handoff_tx, handoff_rx) = mpsc::unbounded_channel();
-        let mut front = Vec::new();
-        let mut decode = Vec::new();
-        let mut cost = 0.0;
-        let mut next_worker = 0u32;
-        for (role, count, hw) in pools {
-            for _ in 0..count {
-                let cfg = EngineConfig {
-                    worker_id: next_worker,
-                    role,
-                    block_size: spec.block_size as usize,
-                    max_batched_tokens: spec.max_batched_tokens,
-                    max_running: spec.max_running as usize,
-                    timing: timing.clone(),
-                    prefill_scale: if scaled {
-                        hw.gpu.prefill_scale(hw.tp)
-                    } else {
-                        1.0
-                    },
-                    decode_scale: if scaled {
-                        hw.gpu.decode_scale(hw.tp)
-                    } else {
-                        1.0
-                    },
-                    num_blocks: hw.kv_blocks as u32,
-                    bytes_per_block,
-                    cpu_tier: tier(spec.cpu_tier, bytes_per_block),
-                    disk_tier: tier(spec.disk_tier, bytes_per_block),
-                };
-                next_worker += 1;
-                cost += hw.cost_per_hour_usd;
-                let worker = Worker::new(cfg);
-                let tx = (role == WorkerRole::Prefill).then(|| handoff_tx.clone());
-                tokio::spawn(Arc::clone(&worker).run(tx, cancel.child_token()));
-                if role == WorkerRole::Decode {
-                    decode.push(worker);
-                } else {
-                    front.push(worker);
-                }
-            }
-        }
+        let workers = start_workers(spec, pools, &timing, &handoff_tx, &cancel);
         let inner = Arc::new(Inner {
             mode,
             block_size: spec.block_size as usize,
-            front,
-            decode,
+            front: workers.front,
+            decode: workers.decode,
             fixed: match timing {
                 Timing::Fixed { ttft, itl } => Some((ttft, itl)),
                 _ => None,
@@ -273,7 +310,7 @@ impl Cluster {
             eos_probability: spec.eos_probability,
             next_id: AtomicU64::new(1),
             rng: Mutex::new(StdRng::seed_from_u64(spec.seed)),
-            cost_per_hour_usd: cost,
+            cost_per_hour_usd: workers.cost_per_hour_usd,
             cancel,
         });
         if disaggregated {

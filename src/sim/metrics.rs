@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::cluster::Cluster;
+use super::engine::WorkerSnapshot;
 
 /// Latency buckets (seconds) of the frontend histograms: fine below 100 ms where ITL lives, then
 /// roughly ×2.5 steps up to the longest request.
@@ -170,138 +171,14 @@ fn escape(v: &str) -> String {
 pub fn render(model: &str, frontend: &FrontendMetrics, cluster: &Cluster) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let model = escape(model);
-    let ml = format!("model=\"{model}\"");
-    {
-        let f = frontend.lock();
-        f.ttft.render(
-            &mut out,
-            "dynamo_frontend_time_to_first_token_seconds",
-            "Time to first token in seconds.",
-            &ml,
-        );
-        f.itl.render(
-            &mut out,
-            "dynamo_frontend_inter_token_latency_seconds",
-            "Mean inter-token latency of a request in seconds.",
-            &ml,
-        );
-        f.duration.render(
-            &mut out,
-            "dynamo_frontend_request_duration_seconds",
-            "Request duration in seconds.",
-            &ml,
-        );
-        f.isl.render(
-            &mut out,
-            "dynamo_frontend_input_sequence_tokens",
-            "Input sequence length in tokens.",
-            &ml,
-        );
-        f.osl.render(
-            &mut out,
-            "dynamo_frontend_output_sequence_tokens",
-            "Output sequence length in tokens.",
-            &ml,
-        );
-        f.cached.render(
-            &mut out,
-            "dynamo_frontend_cached_tokens",
-            "Prompt tokens served from the prefix cache.",
-            &ml,
-        );
-        out.push_str("# HELP dynamo_frontend_requests_total Requests by endpoint, type and status.\n# TYPE dynamo_frontend_requests_total counter\n");
-        for ((endpoint, request_type, status), n) in &f.requests {
-            let _ = writeln!(
-                out,
-                "dynamo_frontend_requests_total{{{ml},endpoint=\"{endpoint}\",request_type=\"{request_type}\",status=\"{status}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP dynamo_frontend_inflight_requests Requests being served.\n# TYPE dynamo_frontend_inflight_requests gauge\ndynamo_frontend_inflight_requests{{{ml}}} {}",
-            f.inflight
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dynamo_frontend_queued_requests Requests waiting for their first token.\n# TYPE dynamo_frontend_queued_requests gauge\ndynamo_frontend_queued_requests{{{ml}}} {}",
-            f.queued
-        );
-    }
-
+    render_frontend(&mut out, frontend, &model);
     let workers = cluster.snapshots();
-    let label = |w: &super::engine::WorkerSnapshot| {
-        format!(
-            "model_name=\"{model}\",engine=\"{}\",worker_role=\"{}\"",
-            w.worker_id,
-            w.role.as_str()
-        )
+    let mut families = WorkerFamilies {
+        out: &mut out,
+        workers: &workers,
+        model: &model,
     };
-    let mut family =
-        |name: &str,
-         kind: &str,
-         help: &str,
-         value: &dyn Fn(&super::engine::WorkerSnapshot) -> String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for w in &workers {
-                let _ = writeln!(out, "{name}{{{}}} {}", label(w), value(w));
-            }
-        };
-    family(
-        "vllm:num_requests_running",
-        "gauge",
-        "Requests in the running batch.",
-        &|w| w.running.to_string(),
-    );
-    family(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Requests waiting to be scheduled.",
-        &|w| w.waiting.to_string(),
-    );
-    family(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV block usage, 1 = full.",
-        &|w| w.kv_usage.to_string(),
-    );
-    family(
-        "vllm:prefix_cache_queries_total",
-        "counter",
-        "Prompt tokens looked up in the prefix cache.",
-        &|w| w.kv.prefix_queries_tokens.to_string(),
-    );
-    family(
-        "vllm:prefix_cache_hits_total",
-        "counter",
-        "Prompt tokens found in the prefix cache.",
-        &|w| w.kv.prefix_hit_tokens.to_string(),
-    );
-    family(
-        "vllm:num_preemptions_total",
-        "counter",
-        "Preemptions (recompute).",
-        &|w| w.engine.preemptions.to_string(),
-    );
-    // Dynamo's worker counter of requests whose client went away (the mocker and the engines
-    // export it on each worker's system port).
-    family(
-        "dynamo_component_cancellation_total",
-        "counter",
-        "Requests cancelled by the client.",
-        &|w| w.engine.cancelled_requests.to_string(),
-    );
-    family(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Prompt tokens computed.",
-        &|w| w.engine.prompt_tokens_computed.to_string(),
-    );
-    family(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Tokens generated.",
-        &|w| w.engine.generation_tokens.to_string(),
-    );
+    families.engine();
     // vLLM exports no eviction counter (only sampled block-lifetime histograms behind
     // `--kv-cache-metrics`). The simulator offloads a GPU block to a lower tier only when it evicts
     // it, so its `kvbm_offload_blocks_d2h` counts evictions into the CPU tier; real KVBM copies
@@ -309,42 +186,197 @@ pub fn render(model: &str, frontend: &FrontendMetrics, cluster: &Cluster) -> Str
     // KVBM's counters are registered with the Rust `prometheus` crate, which adds no `_total`;
     // like Dynamo, there is no tier occupancy gauge.
     if workers.iter().any(|w| w.tiers_enabled) {
-        family(
+        families.kvbm();
+    }
+    out
+}
+
+/// The frontend's families (`dynamo_frontend_*`) of the model named `model` (escaped).
+fn render_frontend(out: &mut String, frontend: &FrontendMetrics, model: &str) {
+    let ml = format!("model=\"{model}\"");
+    let f = frontend.lock();
+    f.ttft.render(
+        out,
+        "dynamo_frontend_time_to_first_token_seconds",
+        "Time to first token in seconds.",
+        &ml,
+    );
+    f.itl.render(
+        out,
+        "dynamo_frontend_inter_token_latency_seconds",
+        "Mean inter-token latency of a request in seconds.",
+        &ml,
+    );
+    f.duration.render(
+        out,
+        "dynamo_frontend_request_duration_seconds",
+        "Request duration in seconds.",
+        &ml,
+    );
+    f.isl.render(
+        out,
+        "dynamo_frontend_input_sequence_tokens",
+        "Input sequence length in tokens.",
+        &ml,
+    );
+    f.osl.render(
+        out,
+        "dynamo_frontend_output_sequence_tokens",
+        "Output sequence length in tokens.",
+        &ml,
+    );
+    f.cached.render(
+        out,
+        "dynamo_frontend_cached_tokens",
+        "Prompt tokens served from the prefix cache.",
+        &ml,
+    );
+    out.push_str("# HELP dynamo_frontend_requests_total Requests by endpoint, type and status.\n# TYPE dynamo_frontend_requests_total counter\n");
+    for ((endpoint, request_type, status), n) in &f.requests {
+        let _ = writeln!(
+            out,
+            "dynamo_frontend_requests_total{{{ml},endpoint=\"{endpoint}\",request_type=\"{request_type}\",status=\"{status}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP dynamo_frontend_inflight_requests Requests being served.\n# TYPE dynamo_frontend_inflight_requests gauge\ndynamo_frontend_inflight_requests{{{ml}}} {}",
+        f.inflight
+    );
+    let _ = writeln!(
+        out,
+        "# HELP dynamo_frontend_queued_requests Requests waiting for their first token.\n# TYPE dynamo_frontend_queued_requests gauge\ndynamo_frontend_queued_requests{{{ml}}} {}",
+        f.queued
+    );
+}
+
+/// The per-worker families: one sample per worker, labelled with the model, the worker and its
+/// role.
+struct WorkerFamilies<'a> {
+    out: &'a mut String,
+    workers: &'a [WorkerSnapshot],
+    /// The model's name, escaped.
+    model: &'a str,
+}
+
+impl WorkerFamilies<'_> {
+    fn family(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: &dyn Fn(&WorkerSnapshot) -> String,
+    ) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for w in self.workers {
+            let _ = writeln!(
+                self.out,
+                "{name}{{model_name=\"{}\",engine=\"{}\",worker_role=\"{}\"}} {}",
+                self.model,
+                w.worker_id,
+                w.role.as_str(),
+                value(w)
+            );
+        }
+    }
+
+    /// The engine's families (vLLM's names, and Dynamo's cancellation counter).
+    fn engine(&mut self) {
+        self.family(
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests in the running batch.",
+            &|w| w.running.to_string(),
+        );
+        self.family(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests waiting to be scheduled.",
+            &|w| w.waiting.to_string(),
+        );
+        self.family(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV block usage, 1 = full.",
+            &|w| w.kv_usage.to_string(),
+        );
+        self.family(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            &|w| w.kv.prefix_queries_tokens.to_string(),
+        );
+        self.family(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache.",
+            &|w| w.kv.prefix_hit_tokens.to_string(),
+        );
+        self.family(
+            "vllm:num_preemptions_total",
+            "counter",
+            "Preemptions (recompute).",
+            &|w| w.engine.preemptions.to_string(),
+        );
+        // Dynamo's worker counter of requests whose client went away (the mocker and the engines
+        // export it on each worker's system port).
+        self.family(
+            "dynamo_component_cancellation_total",
+            "counter",
+            "Requests cancelled by the client.",
+            &|w| w.engine.cancelled_requests.to_string(),
+        );
+        self.family(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Prompt tokens computed.",
+            &|w| w.engine.prompt_tokens_computed.to_string(),
+        );
+        self.family(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &|w| w.engine.generation_tokens.to_string(),
+        );
+    }
+
+    /// KVBM's offload and onboard counters.
+    fn kvbm(&mut self) {
+        self.family(
             "kvbm_offload_blocks_d2h",
             "counter",
             "The number of offload blocks from device to host.",
             &|w| w.kv.offload_d2h_blocks.to_string(),
         );
-        family(
+        self.family(
             "kvbm_offload_blocks_h2d",
             "counter",
             "The number of offload blocks from host to disk.",
             &|w| w.kv.offload_h2d_blocks.to_string(),
         );
-        family(
+        self.family(
             "kvbm_offload_blocks_d2d",
             "counter",
             "The number of offload blocks from device to disk (bypassing host memory).",
             &|w| w.kv.offload_d2d_blocks.to_string(),
         );
-        family(
+        self.family(
             "kvbm_onboard_blocks_h2d",
             "counter",
             "The number of onboard blocks from host to device.",
             &|w| w.kv.onboard_h2d_blocks.to_string(),
         );
-        family(
+        self.family(
             "kvbm_onboard_blocks_d2d",
             "counter",
             "The number of onboard blocks from disk to device.",
             &|w| w.kv.onboard_d2d_blocks.to_string(),
         );
-        family(
+        self.family(
             "kvbm_matched_tokens",
             "counter",
             "The number of matched tokens.",
             &|w| w.kv.matched_tokens.to_string(),
         );
     }
-    out
 }

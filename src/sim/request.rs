@@ -2,13 +2,12 @@
 //! and under `reject_unknown_fields` the ones OpenAI's API refuses), the prompt's token count,
 //! and the request log of what the canary sent.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::state::{Endpoint, ServerState};
 use super::text;
+use crate::clock::unix_now;
 
 /// The request fields the simulator reads; others are accepted and ignored, as real servers do.
 #[derive(Debug, Deserialize)]
@@ -96,7 +95,7 @@ pub(super) fn log_request(
         })
         .collect();
     let line = json!({
-        "received_unix": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+        "received_unix": unix_now(),
         "endpoint": endpoint.as_str(),
         "headers": headers,
         "user": user,

@@ -258,96 +258,24 @@ async fn completion(
     } else {
         FaultPlan::sample(&faults, || state.cluster.random_unit())
     };
-    let bytes = match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            state
-                .frontend
-                .request_rejected(endpoint.as_str(), "unknown");
-            return error_response(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}"));
-        }
-    };
-    if let Some(delay) = plan.slow_first_byte {
-        tokio::time::sleep(delay).await;
-    }
-    let body: CompletionBody = match serde_json::from_slice(&bytes) {
-        Ok(b) => b,
-        Err(e) => {
-            state
-                .frontend
-                .request_rejected(endpoint.as_str(), "unknown");
-            return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}"));
-        }
+    let (bytes, body) = match read_body(req.into_body(), &plan).await {
+        Ok(read) => read,
+        Err(e) => return reject(&state, endpoint, "unknown", &e.to_string()),
     };
     if let Some(headers) = &headers {
         log_request(&state, endpoint, headers, body.user.as_deref());
     }
-    if state.reject_unknown_fields
-        && let Some(field) = unknown_field(&bytes)
-    {
-        state
-            .frontend
-            .request_rejected(endpoint.as_str(), "unknown");
-        // OpenAI's own wording, which clients (and this one) recognise.
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            &format!("Unrecognized request argument supplied: {field}"),
-        );
-    }
     let request_type = if body.stream { "stream" } else { "unary" };
-    if let Some(status) = plan.error_status {
-        state
-            .frontend
-            .request_rejected(endpoint.as_str(), request_type);
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = error_response(status, &format!("simulated error {}", status.as_u16()));
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from_static("1"));
-        }
-        return resp;
+    if let Some(refused) = refusal(&state, endpoint, &bytes, request_type, &plan) {
+        return refused;
     }
     let prompt = match prompt_tokens(&state, &body, endpoint) {
         Ok(p) => p,
-        Err(message) => {
-            state
-                .frontend
-                .request_rejected(endpoint.as_str(), request_type);
-            return error_response(StatusCode::BAD_REQUEST, &message);
-        }
+        Err(message) => return reject(&state, endpoint, request_type, &message),
     };
-    let max_tokens = body
-        .max_completion_tokens
-        .or(body.max_tokens)
-        .unwrap_or(DEFAULT_MAX_TOKENS)
-        .max(1);
-    let ignore_eos = body.ignore_eos
-        || body
-            .nvext
-            .as_ref()
-            .and_then(|n| n.ignore_eos)
-            .unwrap_or(false);
-    let extra = body
-        .nvext
-        .as_ref()
-        .map(|n| n.extra_fields.as_slice())
-        .unwrap_or(&[]);
-    let want_timing = extra.iter().any(|f| f == "timing");
-    let want_worker = extra.iter().any(|f| f == "worker_id");
-    let mut stream = state.cluster.submit(GenerateRequest {
-        prompt,
-        max_tokens,
-        min_tokens: body.min_tokens.unwrap_or(0).min(max_tokens),
-        ignore_eos,
-    });
+    let mut stream = state.cluster.submit(generate_request(&body, prompt));
     if let Some(StreamEvent::Rejected(message)) = stream.try_next() {
-        state
-            .frontend
-            .request_rejected(endpoint.as_str(), request_type);
-        return error_response(StatusCode::BAD_REQUEST, &message);
+        return reject(&state, endpoint, request_type, &message);
     }
     state.frontend.request_started();
     let id = match endpoint {
@@ -356,22 +284,13 @@ async fn completion(
     };
     let log_key = header_id.clone().unwrap_or_else(|| id.clone());
     let format = ChunkFormat::new(endpoint, &id, state.created, &state.model);
-    let mut tracker = RequestTracker {
-        state: Arc::clone(&state),
-        outcome: RequestOutcome {
-            endpoint: endpoint.as_str(),
-            request_type,
-            success: false,
-        },
-        received,
-        first_token: None,
-        last_token: None,
-        tokens: 0,
-        queued: true,
-        finished: false,
-        send_times: state.record_send_times.then(Vec::new),
-        log_key,
+    let outcome = RequestOutcome {
+        endpoint: endpoint.as_str(),
+        request_type,
+        success: false,
     };
+    let mut tracker = request_tracker(&state, outcome, received, log_key);
+    let (want_timing, want_worker) = nvext_wants(&body);
     let mut resp = if body.stream {
         let sse = SseBody {
             stream,
@@ -384,11 +303,7 @@ async fn completion(
             stall: None,
             state: SseState::Streaming,
         };
-        let mut resp = Response::new(SimBody::Sse(Box::new(sse)));
-        let h = resp.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        h.insert("cache-control", HeaderValue::from_static("no-cache"));
-        resp
+        sse_response(sse)
     } else {
         unary(
             &mut stream,
@@ -403,6 +318,142 @@ async fn completion(
     if let Some(id) = header_id.and_then(|v| HeaderValue::from_str(&v).ok()) {
         resp.headers_mut().insert("x-request-id", id);
     }
+    resp
+}
+
+/// The bookkeeping of a request received at `received`, queued until its first token.
+fn request_tracker(
+    state: &Arc<ServerState>,
+    outcome: RequestOutcome,
+    received: Instant,
+    log_key: String,
+) -> RequestTracker {
+    RequestTracker {
+        state: Arc::clone(state),
+        outcome,
+        received,
+        first_token: None,
+        last_token: None,
+        tokens: 0,
+        queued: true,
+        finished: false,
+        send_times: state.record_send_times.then(Vec::new),
+        log_key,
+    }
+}
+
+/// Why a completion's body is refused before the request reaches the engine.
+#[derive(Debug, thiserror::Error)]
+enum BodyRefused {
+    #[error("cannot read body: {0}")]
+    Unreadable(Box<dyn std::error::Error + Send + Sync>),
+    #[error("invalid JSON body: {0}")]
+    Json(serde_json::Error),
+}
+
+/// Reads a completion's body (at most [`MAX_BODY_BYTES`]) and parses it; an injected slow first
+/// byte is waited out in between.
+async fn read_body(
+    body: Incoming,
+    plan: &FaultPlan,
+) -> Result<(Bytes, CompletionBody), BodyRefused> {
+    let bytes = http_body_util::Limited::new(body, MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(BodyRefused::Unreadable)?
+        .to_bytes();
+    if let Some(delay) = plan.slow_first_byte {
+        tokio::time::sleep(delay).await;
+    }
+    let body = serde_json::from_slice(&bytes).map_err(BodyRefused::Json)?;
+    Ok((bytes, body))
+}
+
+/// A request refused before it reached the engine: counted, and answered 400 with `message`.
+fn reject(
+    state: &ServerState,
+    endpoint: Endpoint,
+    request_type: &'static str,
+    message: &str,
+) -> Response<SimBody> {
+    state
+        .frontend
+        .request_rejected(endpoint.as_str(), request_type);
+    error_response(StatusCode::BAD_REQUEST, message)
+}
+
+/// The answer to a request the simulator refuses as it is: a field OpenAI's API does not define
+/// (under `reject_unknown_fields`), or an injected error status.
+fn refusal(
+    state: &ServerState,
+    endpoint: Endpoint,
+    bytes: &[u8],
+    request_type: &'static str,
+    plan: &FaultPlan,
+) -> Option<Response<SimBody>> {
+    if state.reject_unknown_fields
+        && let Some(field) = unknown_field(bytes)
+    {
+        // OpenAI's own wording, which clients (and this one) recognise.
+        return Some(reject(
+            state,
+            endpoint,
+            "unknown",
+            &format!("Unrecognized request argument supplied: {field}"),
+        ));
+    }
+    let status = plan.error_status?;
+    state
+        .frontend
+        .request_rejected(endpoint.as_str(), request_type);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = error_response(status, &format!("simulated error {}", status.as_u16()));
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    Some(resp)
+}
+
+/// What the engine is asked to generate for `body`: its length limits and whether EOS counts.
+fn generate_request(body: &CompletionBody, prompt: Vec<u32>) -> GenerateRequest {
+    let max_tokens = body
+        .max_completion_tokens
+        .or(body.max_tokens)
+        .unwrap_or(DEFAULT_MAX_TOKENS)
+        .max(1);
+    let ignore_eos = body.ignore_eos
+        || body
+            .nvext
+            .as_ref()
+            .and_then(|n| n.ignore_eos)
+            .unwrap_or(false);
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        min_tokens: body.min_tokens.unwrap_or(0).min(max_tokens),
+        ignore_eos,
+    }
+}
+
+/// Whether `body` asks for `nvext.timing` and for `nvext.worker_id`.
+fn nvext_wants(body: &CompletionBody) -> (bool, bool) {
+    let extra = body
+        .nvext
+        .as_ref()
+        .map(|n| n.extra_fields.as_slice())
+        .unwrap_or(&[]);
+    let want_timing = extra.iter().any(|f| f == "timing");
+    let want_worker = extra.iter().any(|f| f == "worker_id");
+    (want_timing, want_worker)
+}
+
+/// A streaming answer: `sse` as the body of an event stream.
+fn sse_response(sse: SseBody) -> Response<SimBody> {
+    let mut resp = Response::new(SimBody::Sse(Box::new(sse)));
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
     resp
 }
 

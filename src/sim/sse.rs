@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
@@ -321,12 +321,6 @@ impl Body for SimBody {
     }
 }
 
-fn now_unix_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
@@ -355,7 +349,7 @@ pub(super) fn nvext_json(c: &Completion, want_timing: bool, want_worker: bool) -
         let t = &c.timing;
         let age = Instant::now().saturating_duration_since(t.received);
         nvext["timing"] = json!({
-            "request_received_ms": (now_unix_ms() - age.as_secs_f64() * 1e3).round(),
+            "request_received_ms": (crate::clock::unix_now() * 1e3 - age.as_secs_f64() * 1e3).round(),
             "prefill_wait_time_ms": ms(t.first_scheduled.saturating_duration_since(t.received)),
             "prefill_time_ms": ms(t.prefill_done.saturating_duration_since(t.first_scheduled)),
             // As Dynamo counts it: the first token at the worker that prefilled, i.e. wait +

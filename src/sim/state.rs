@@ -4,7 +4,6 @@
 //! keep.
 
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -57,9 +56,7 @@ impl ServerState {
             send_log: Mutex::new(SendLog::default()),
             frontend: FrontendMetrics::default(),
             record_send_times: spec.profile == "fixed" || send_file.is_some(),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: crate::clock::since_unix_epoch().as_secs(),
             reject_unknown_fields: spec.reject_unknown_fields,
             request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
             send_file,

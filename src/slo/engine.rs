@@ -10,6 +10,7 @@ use serde_json::{Value as Json, json};
 use tokio::time::Instant;
 
 use super::verdict::{SloReading, SloState};
+use crate::clock::unix_now;
 use crate::measure::step::Counts;
 use crate::model::{Finished, Phase, Sink, StepInfo, StepResult, TargetChange};
 use crate::request::RequestLabels;
@@ -120,13 +121,6 @@ impl ActiveClock {
             _ => {}
         }
     }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl SloEngine {

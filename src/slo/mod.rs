@@ -43,6 +43,20 @@ pub enum SloError {
     Definition { slo: String, message: String },
     #[error("baseline state file {path}: {message}")]
     State { path: String, message: String },
+    /// The saved engine state could not be read where it is kept (`place`: a path, or
+    /// `configmap NAMESPACE/NAME`).
+    #[error("{place}: {source}")]
+    StateUnreadable {
+        place: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{place}: larger than {max} bytes")]
+    StateTooLarge { place: String, max: usize },
+    /// The saved engine state is not a state document.
+    #[error(transparent)]
+    StateJson(serde_json::Error),
+    #[error("unknown state version {0}")]
+    StateVersion(u32),
 }
 
 /// What an SLO asserts.
@@ -252,8 +266,7 @@ pub fn compile(slo: &SloConfig, domain: &LabelDomain) -> Result<SloDef, SloError
     let kind = match (&slo.expr, &slo.sli, &slo.objective) {
         (Some(expr), None, None) => {
             let cond = parse_condition(expr).map_err(|e| expression("expr", e))?;
-            check_domain(&cond, domain)
-                .map_err(|message| expression("expr", ParseError { offset: 0, message }))?;
+            check_domain(&cond, domain).map_err(|e| expression("expr", e))?;
             SloKind::Expr(cond)
         }
         (None, Some(sli), Some(objective)) => {
@@ -334,8 +347,9 @@ pub fn diagnostics(cfg: &Config, domain: &LabelDomain) -> Vec<Diagnostic> {
     out
 }
 
-/// Numeric matchers must select at least one configured value, and fits need three groups.
-fn check_domain(cond: &Cond, domain: &LabelDomain) -> Result<(), String> {
+/// Numeric matchers must select at least one configured value, and fits need three groups. A
+/// problem is the whole expression's (offset 0).
+fn check_domain(cond: &Cond, domain: &LabelDomain) -> Result<(), ParseError> {
     let mut cmps = Vec::new();
     cond.comparisons(&mut cmps);
     for (_, a, b) in cmps {
@@ -346,7 +360,8 @@ fn check_domain(cond: &Cond, domain: &LabelDomain) -> Result<(), String> {
     Ok(())
 }
 
-fn check_value(v: &Value, domain: &LabelDomain) -> Result<(), String> {
+fn check_value(v: &Value, domain: &LabelDomain) -> Result<(), ParseError> {
+    let whole = |message: String| ParseError { offset: 0, message };
     let mut sels = Vec::new();
     v.selectors(&mut sels);
     for s in sels {
@@ -355,7 +370,7 @@ fn check_value(v: &Value, domain: &LabelDomain) -> Result<(), String> {
                 .matching(&m.label, |x| matcher_accepts(m, x))
                 .is_empty()
             {
-                return Err(format!(
+                return Err(whole(format!(
                     "no configured `{}` value satisfies `{}{}\"{}\"` (configured: {})",
                     m.label,
                     m.label,
@@ -366,17 +381,17 @@ fn check_value(v: &Value, domain: &LabelDomain) -> Result<(), String> {
                         .get(m.label.as_str())
                         .map(|v| v.join(", "))
                         .unwrap_or_else(|| "none".into())
-                ));
+                )));
             }
         }
     }
     walk_fits(v, &mut |inner, label| {
         let groups = fit_groups(inner, label, domain);
         if groups.len() < 3 {
-            Err(format!(
+            Err(whole(format!(
                 "a fit by `{label}` needs at least 3 configured values of `{label}` that its selectors accept; found {}",
                 groups.len()
-            ))
+            )))
         } else {
             Ok(())
         }
@@ -385,8 +400,8 @@ fn check_value(v: &Value, domain: &LabelDomain) -> Result<(), String> {
 
 fn walk_fits(
     v: &Value,
-    f: &mut dyn FnMut(&Value, &str) -> Result<(), String>,
-) -> Result<(), String> {
+    f: &mut dyn FnMut(&Value, &str) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
     match v {
         Value::Fit(_, inner, label) => f(inner, label),
         Value::Baseline(inner, _) | Value::Neg(inner) => walk_fits(inner, f),

@@ -368,182 +368,16 @@ impl Parser {
 
     /// A function call; the opening parenthesis is consumed.
     fn call(&mut self, name: &str, at: usize) -> Result<Value, ParseError> {
-        let agg = if is_quantile_name(name) {
-            let percent: f64 = name[1..].parse().unwrap_or(f64::NAN);
-            if !(percent > 0.0 && percent < 100.0) {
-                return err(
-                    at,
-                    format!("`{name}`: a quantile is between p0 and p100, exclusive"),
-                );
-            }
-            Some(Agg::Quantile(percent))
-        } else {
-            match name {
-                "mean" => Some(Agg::Mean),
-                "count" => Some(Agg::Count),
-                "rate" => Some(Agg::Rate),
-                _ => None,
-            }
-        };
-        if let Some(agg) = agg {
+        if let Some(agg) = aggregation(name, at)? {
             let sel = self.distribution_arg(name)?;
             self.expect(Tok::RParen, &format!("to close `{name}(`"))?;
             return Ok(Value::Agg(agg, sel));
         }
         match name {
-            "r2" | "slope" => {
-                let fit = if name == "r2" { Fit::R2 } else { Fit::Slope };
-                let inner_at = self.offset();
-                let inner = self.nested(Self::or)?;
-                let inner = self.value(inner, inner_at, &format!("`{name}(...)`"))?;
-                if !inner.reads_data() {
-                    return err(
-                        inner_at,
-                        format!("`{name}(...)` needs a measurement to fit"),
-                    );
-                }
-                if contains(&inner, &|v| {
-                    matches!(v, Value::Fit(..) | Value::Baseline(..))
-                }) {
-                    return err(
-                        inner_at,
-                        format!("`{name}(...)` cannot hold another fit or a baseline"),
-                    );
-                }
-                // Both `r2(x by (l))` (DESIGN's form) and `r2(x) by (l)` (PromQL's) are read.
-                let by_inside = self.is_word("by");
-                if !by_inside {
-                    self.expect(Tok::RParen, &format!("to close `{name}(`"))?;
-                }
-                let by_at = self.offset();
-                if !self.is_word("by") {
-                    return err(
-                        by_at,
-                        format!("`{name}(...)` needs `by (label)`, e.g. `by (prefix_ratio)`"),
-                    );
-                }
-                self.next();
-                self.expect(Tok::LParen, "after `by`")?;
-                let label_at = self.offset();
-                let label = match self.next() {
-                    Tok::Ident(l) => l,
-                    other => {
-                        return expected(label_at, "a label name", &other);
-                    }
-                };
-                if !NUMERIC_LABELS.contains(&label.as_str()) {
-                    return err(
-                        label_at,
-                        format!(
-                            "cannot fit over `{label}`: use a numeric step label ({})",
-                            NUMERIC_LABELS.join(", ")
-                        ),
-                    );
-                }
-                self.expect(Tok::RParen, "to close `by (`")?;
-                if by_inside {
-                    self.expect(Tok::RParen, &format!("to close `{name}(`"))?;
-                }
-                Ok(Value::Fit(fit, Box::new(inner), label))
-            }
-            "baseline" => {
-                let inner_at = self.offset();
-                let inner = self.nested(Self::or)?;
-                let inner = self.value(inner, inner_at, "`baseline(...)`")?;
-                if !inner.reads_data() {
-                    return err(inner_at, "`baseline(...)` needs a measurement");
-                }
-                if contains(&inner, &|v| matches!(v, Value::Baseline(..))) {
-                    return err(inner_at, "baselines cannot be nested");
-                }
-                self.expect(
-                    Tok::Comma,
-                    "and a duration such as `24h` (or a pinned baseline's name) in `baseline(...)`",
-                )?;
-                let d_at = self.offset();
-                let past = match self.next() {
-                    Tok::Duration(d) if d > 0.0 && d.is_finite() => BaselineRef::Span(d),
-                    Tok::Str(name) if valid_pin_name(&name) => BaselineRef::Pinned(name),
-                    Tok::Str(_) => {
-                        return err(
-                            d_at,
-                            "a pinned baseline's name has 1 to 63 letters, digits, `.`, `_` or `-`",
-                        );
-                    }
-                    other => {
-                        return expected(
-                            d_at,
-                            "a positive duration such as `24h` or a pinned baseline's name such as \"release-1.2\"",
-                            &other,
-                        );
-                    }
-                };
-                self.expect(Tok::RParen, "to close `baseline(`")?;
-                Ok(Value::Baseline(Box::new(inner), past))
-            }
-            "goodput" => {
-                let sel_at = self.offset();
-                let sel = match self.next() {
-                    Tok::Ident(n) => self.selector_rest(&n, sel_at)?,
-                    other => {
-                        return err(
-                            sel_at,
-                            format!(
-                                "goodput's first argument selects requests, e.g. `requests{{workload=\"concurrency_sweep\"}}`; found {}",
-                                other.describe()
-                            ),
-                        );
-                    }
-                };
-                if sel.measure != Measure::Requests {
-                    return err(
-                        sel_at,
-                        "goodput's first argument is `requests{...}`; the objectives follow it",
-                    );
-                }
-                let mut objectives = Vec::new();
-                while self.peek() == &Tok::Comma {
-                    self.next();
-                    let m_at = self.offset();
-                    let measure = match self.next() {
-                        Tok::Ident(n) => match Measure::by_name(&n) {
-                            Some(m) if m.kind() == MeasureKind::Distribution => m,
-                            _ => {
-                                return err(
-                                    m_at,
-                                    format!(
-                                        "`{n}` is not a per-request latency; goodput objectives use ttft, itl, latency or a server-side timing"
-                                    ),
-                                );
-                            }
-                        },
-                        other => {
-                            return expected(m_at, "an objective such as `ttft <= 2s`", &other);
-                        }
-                    };
-                    let op_at = self.offset();
-                    if !matches!(self.next(), Tok::Le | Tok::Lt) {
-                        return err(op_at, "a goodput objective is `measure <= duration`");
-                    }
-                    let d_at = self.offset();
-                    let seconds = match self.next() {
-                        Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
-                        other => {
-                            return expected(d_at, "a positive duration", &other);
-                        }
-                    };
-                    check_bucket_threshold(seconds, d_at)?;
-                    objectives.push(Objective { measure, seconds });
-                }
-                if objectives.is_empty() {
-                    return err(
-                        self.offset(),
-                        "goodput needs at least one objective, e.g. `goodput(requests{...}, ttft <= 2s)`",
-                    );
-                }
-                self.expect(Tok::RParen, "to close `goodput(`")?;
-                Ok(Value::Goodput(sel, objectives))
-            }
+            "r2" => self.fit(Fit::R2, name),
+            "slope" => self.fit(Fit::Slope, name),
+            "baseline" => self.baseline(),
+            "goodput" => self.goodput(),
             _ => {
                 let hint = did_you_mean(name, FUNCTIONS)
                     .map(|b| format!("; did you mean `{b}`?"))
@@ -554,6 +388,177 @@ impl Parser {
                 err(at, format!("unknown function `{name}`{hint}"))
             }
         }
+    }
+
+    /// `r2(...)` or `slope(...)` after its opening parenthesis: a measurement and the numeric
+    /// label it is fitted over, `by` inside the parentheses or after them.
+    fn fit(&mut self, fit: Fit, name: &str) -> Result<Value, ParseError> {
+        let inner_at = self.offset();
+        let inner = self.nested(Self::or)?;
+        let inner = self.value(inner, inner_at, &format!("`{name}(...)`"))?;
+        if !inner.reads_data() {
+            return err(
+                inner_at,
+                format!("`{name}(...)` needs a measurement to fit"),
+            );
+        }
+        if contains(&inner, &|v| {
+            matches!(v, Value::Fit(..) | Value::Baseline(..))
+        }) {
+            return err(
+                inner_at,
+                format!("`{name}(...)` cannot hold another fit or a baseline"),
+            );
+        }
+        // Both `r2(x by (l))` (DESIGN's form) and `r2(x) by (l)` (PromQL's) are read.
+        let by_inside = self.is_word("by");
+        if !by_inside {
+            self.expect(Tok::RParen, &format!("to close `{name}(`"))?;
+        }
+        let by_at = self.offset();
+        if !self.is_word("by") {
+            return err(
+                by_at,
+                format!("`{name}(...)` needs `by (label)`, e.g. `by (prefix_ratio)`"),
+            );
+        }
+        self.next();
+        self.expect(Tok::LParen, "after `by`")?;
+        let label = self.fit_label()?;
+        self.expect(Tok::RParen, "to close `by (`")?;
+        if by_inside {
+            self.expect(Tok::RParen, &format!("to close `{name}(`"))?;
+        }
+        Ok(Value::Fit(fit, Box::new(inner), label))
+    }
+
+    /// The label of a fit's `by (...)`: a numeric step label.
+    fn fit_label(&mut self) -> Result<String, ParseError> {
+        let label_at = self.offset();
+        let label = match self.next() {
+            Tok::Ident(l) => l,
+            other => {
+                return expected(label_at, "a label name", &other);
+            }
+        };
+        if !NUMERIC_LABELS.contains(&label.as_str()) {
+            return err(
+                label_at,
+                format!(
+                    "cannot fit over `{label}`: use a numeric step label ({})",
+                    NUMERIC_LABELS.join(", ")
+                ),
+            );
+        }
+        Ok(label)
+    }
+
+    /// `baseline(...)` after its opening parenthesis: a measurement, then how far back (a
+    /// duration) or a pinned baseline's name.
+    fn baseline(&mut self) -> Result<Value, ParseError> {
+        let inner_at = self.offset();
+        let inner = self.nested(Self::or)?;
+        let inner = self.value(inner, inner_at, "`baseline(...)`")?;
+        if !inner.reads_data() {
+            return err(inner_at, "`baseline(...)` needs a measurement");
+        }
+        if contains(&inner, &|v| matches!(v, Value::Baseline(..))) {
+            return err(inner_at, "baselines cannot be nested");
+        }
+        self.expect(
+            Tok::Comma,
+            "and a duration such as `24h` (or a pinned baseline's name) in `baseline(...)`",
+        )?;
+        let d_at = self.offset();
+        let past = match self.next() {
+            Tok::Duration(d) if d > 0.0 && d.is_finite() => BaselineRef::Span(d),
+            Tok::Str(name) if valid_pin_name(&name) => BaselineRef::Pinned(name),
+            Tok::Str(_) => {
+                return err(
+                    d_at,
+                    "a pinned baseline's name has 1 to 63 letters, digits, `.`, `_` or `-`",
+                );
+            }
+            other => {
+                return expected(
+                    d_at,
+                    "a positive duration such as `24h` or a pinned baseline's name such as \"release-1.2\"",
+                    &other,
+                );
+            }
+        };
+        self.expect(Tok::RParen, "to close `baseline(`")?;
+        Ok(Value::Baseline(Box::new(inner), past))
+    }
+
+    /// `goodput(...)` after its opening parenthesis: `requests{...}`, then one objective or more.
+    fn goodput(&mut self) -> Result<Value, ParseError> {
+        let sel_at = self.offset();
+        let sel = match self.next() {
+            Tok::Ident(n) => self.selector_rest(&n, sel_at)?,
+            other => {
+                return err(
+                    sel_at,
+                    format!(
+                        "goodput's first argument selects requests, e.g. `requests{{workload=\"concurrency_sweep\"}}`; found {}",
+                        other.describe()
+                    ),
+                );
+            }
+        };
+        if sel.measure != Measure::Requests {
+            return err(
+                sel_at,
+                "goodput's first argument is `requests{...}`; the objectives follow it",
+            );
+        }
+        let mut objectives = Vec::new();
+        while self.peek() == &Tok::Comma {
+            self.next();
+            objectives.push(self.objective()?);
+        }
+        if objectives.is_empty() {
+            return err(
+                self.offset(),
+                "goodput needs at least one objective, e.g. `goodput(requests{...}, ttft <= 2s)`",
+            );
+        }
+        self.expect(Tok::RParen, "to close `goodput(`")?;
+        Ok(Value::Goodput(sel, objectives))
+    }
+
+    /// One goodput objective after its comma: `measure <= duration`.
+    fn objective(&mut self) -> Result<Objective, ParseError> {
+        let m_at = self.offset();
+        let measure = match self.next() {
+            Tok::Ident(n) => match Measure::by_name(&n) {
+                Some(m) if m.kind() == MeasureKind::Distribution => m,
+                _ => {
+                    return err(
+                        m_at,
+                        format!(
+                            "`{n}` is not a per-request latency; goodput objectives use ttft, itl, latency or a server-side timing"
+                        ),
+                    );
+                }
+            },
+            other => {
+                return expected(m_at, "an objective such as `ttft <= 2s`", &other);
+            }
+        };
+        let op_at = self.offset();
+        if !matches!(self.next(), Tok::Le | Tok::Lt) {
+            return err(op_at, "a goodput objective is `measure <= duration`");
+        }
+        let d_at = self.offset();
+        let seconds = match self.next() {
+            Tok::Duration(d) if d > 0.0 && d.is_finite() => d,
+            other => {
+                return expected(d_at, "a positive duration", &other);
+            }
+        };
+        check_bucket_threshold(seconds, d_at)?;
+        Ok(Objective { measure, seconds })
     }
 
     fn distribution_arg(&mut self, func: &str) -> Result<Selector, ParseError> {
@@ -684,6 +689,27 @@ impl Parser {
         }
         Ok(Matcher { label, op, value })
     }
+}
+
+/// The aggregation a function name stands for (`pNN`, `mean`, `count`, `rate`); `None` for the
+/// other functions.
+fn aggregation(name: &str, at: usize) -> Result<Option<Agg>, ParseError> {
+    if is_quantile_name(name) {
+        let percent: f64 = name[1..].parse().unwrap_or(f64::NAN);
+        if !(percent > 0.0 && percent < 100.0) {
+            return err(
+                at,
+                format!("`{name}`: a quantile is between p0 and p100, exclusive"),
+            );
+        }
+        return Ok(Some(Agg::Quantile(percent)));
+    }
+    Ok(match name {
+        "mean" => Some(Agg::Mean),
+        "count" => Some(Agg::Count),
+        "rate" => Some(Agg::Rate),
+        _ => None,
+    })
 }
 
 fn is_quantile_name(name: &str) -> bool {

@@ -215,111 +215,10 @@ impl Pq<'_> {
             Value::Binary(op, a, b) => {
                 format!("({}) {} ({})", self.value(a)?, op.as_str(), self.value(b)?)
             }
-            Value::Agg(agg, sel) => {
-                let f = Self::family(sel.measure)?;
-                let m = &sel.matchers;
-                match agg {
-                    Agg::Quantile(pct) => format!(
-                        "histogram_quantile({}, sum by (le) (rate({})))",
-                        pct / 100.0,
-                        self.series(&format!("{f}_bucket"), m, &[])
-                    ),
-                    Agg::Mean => format!(
-                        "sum(rate({})) / sum(rate({}))",
-                        self.series(&format!("{f}_sum"), m, &[]),
-                        self.series(&format!("{f}_count"), m, &[])
-                    ),
-                    Agg::Count => format!(
-                        "sum(increase({}))",
-                        self.series(&format!("{f}_count"), m, &[])
-                    ),
-                    Agg::Rate => {
-                        format!("sum(rate({}))", self.series(&format!("{f}_count"), m, &[]))
-                    }
-                }
-            }
-            Value::Scalar(sel) => {
-                let m = &sel.matchers;
-                match sel.measure {
-                    Measure::ErrorRatio => format!(
-                        "(sum(rate({})) or vector(0)) / sum(rate({}))",
-                        self.series("llm_canary_requests_total", m, &[ERRORS.to_owned()]),
-                        self.series("llm_canary_requests_total", m, &[ANSWERED.to_owned()])
-                    ),
-                    Measure::CacheHitRatio => format!(
-                        "sum(rate({})) / sum(rate({}))",
-                        self.series("llm_canary_cached_tokens_total", m, &[]),
-                        self.series("llm_canary_prompt_tokens_total", m, &[])
-                    ),
-                    Measure::OutputTps => {
-                        self.step_gauge("llm_canary_step_output_tokens_per_second", sel)
-                    }
-                    Measure::Throughput => {
-                        self.step_gauge("llm_canary_step_requests_per_second", sel)
-                    }
-                    Measure::CostPerMtok => {
-                        self.step_gauge("llm_canary_step_cost_per_million_tokens_usd", sel)
-                    }
-                    other => return Err(DaemonOnly::Measure(other)),
-                }
-            }
-            Value::Goodput(sel, objectives) => {
-                // Prometheus cannot join one request's TTFT with its ITL, so the fraction of
-                // good requests is bounded from below (Fréchet): 1 − Σ (fraction missing
-                // objective i); goodput = throughput × that fraction.
-                let mut bad = Vec::new();
-                for o in objectives {
-                    let f = Self::family(o.measure)?;
-                    let m = &sel.matchers;
-                    bad.push(format!(
-                        "(1 - sum(rate({})) / sum(rate({})))",
-                        self.series(
-                            &format!("{f}_bucket"),
-                            m,
-                            &[format!("le=\"{}\"", le_label(o.seconds))]
-                        ),
-                        self.series(&format!("{f}_count"), m, &[])
-                    ));
-                }
-                format!(
-                    "{} * clamp_min(1 - {}, 0)",
-                    self.step_gauge("llm_canary_step_requests_per_second", sel),
-                    bad.join(" - ")
-                )
-            }
-            Value::Fit(fit, inner, label) => {
-                let groups = fit_groups(inner, label, self.domain);
-                let xs: Vec<f64> = groups.iter().map(|g| g.1).collect();
-                let n = xs.len() as f64;
-                let mean = xs.iter().sum::<f64>() / n;
-                let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
-                let ys = groups
-                    .iter()
-                    .map(|(text, _)| {
-                        self.value(&pin_label(inner, label, text))
-                            .map(|y| format!("({y})"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                // slope = Σ cᵢ·yᵢ with cᵢ = (xᵢ − x̄)/Sxx; R² = slope²·Sxx / Syy.
-                let slope = xs
-                    .iter()
-                    .zip(&ys)
-                    .map(|(x, y)| format!("{} * {y}", (x - mean) / sxx))
-                    .collect::<Vec<_>>()
-                    .join(" + ");
-                match fit {
-                    Fit::Slope => format!("({slope})"),
-                    Fit::R2 => {
-                        let sum_sq = ys
-                            .iter()
-                            .map(|y| format!("{y} ^ 2"))
-                            .collect::<Vec<_>>()
-                            .join(" + ");
-                        let sum = ys.join(" + ");
-                        format!("(({slope}) ^ 2 * {sxx}) / ({sum_sq} - ({sum}) ^ 2 / {n})")
-                    }
-                }
-            }
+            Value::Agg(agg, sel) => self.aggregation(agg, sel)?,
+            Value::Scalar(sel) => self.scalar(sel)?,
+            Value::Goodput(sel, objectives) => self.goodput(sel, objectives)?,
+            Value::Fit(fit, inner, label) => self.fit(fit, inner, label)?,
             Value::Baseline(inner, past) => {
                 let past = Pq {
                     domain: self.domain,
@@ -327,6 +226,115 @@ impl Pq<'_> {
                     offset: Some(self.range),
                 };
                 past.value(inner)?
+            }
+        })
+    }
+
+    /// A quantile, mean, count or rate of a latency histogram.
+    fn aggregation(&self, agg: &Agg, sel: &Selector) -> Result<String, DaemonOnly> {
+        let f = Self::family(sel.measure)?;
+        let m = &sel.matchers;
+        Ok(match agg {
+            Agg::Quantile(pct) => format!(
+                "histogram_quantile({}, sum by (le) (rate({})))",
+                pct / 100.0,
+                self.series(&format!("{f}_bucket"), m, &[])
+            ),
+            Agg::Mean => format!(
+                "sum(rate({})) / sum(rate({}))",
+                self.series(&format!("{f}_sum"), m, &[]),
+                self.series(&format!("{f}_count"), m, &[])
+            ),
+            Agg::Count => format!(
+                "sum(increase({}))",
+                self.series(&format!("{f}_count"), m, &[])
+            ),
+            Agg::Rate => {
+                format!("sum(rate({}))", self.series(&format!("{f}_count"), m, &[]))
+            }
+        })
+    }
+
+    /// A measure of one value per window: a ratio of counters or a step gauge.
+    fn scalar(&self, sel: &Selector) -> Result<String, DaemonOnly> {
+        let m = &sel.matchers;
+        Ok(match sel.measure {
+            Measure::ErrorRatio => format!(
+                "(sum(rate({})) or vector(0)) / sum(rate({}))",
+                self.series("llm_canary_requests_total", m, &[ERRORS.to_owned()]),
+                self.series("llm_canary_requests_total", m, &[ANSWERED.to_owned()])
+            ),
+            Measure::CacheHitRatio => format!(
+                "sum(rate({})) / sum(rate({}))",
+                self.series("llm_canary_cached_tokens_total", m, &[]),
+                self.series("llm_canary_prompt_tokens_total", m, &[])
+            ),
+            Measure::OutputTps => self.step_gauge("llm_canary_step_output_tokens_per_second", sel),
+            Measure::Throughput => self.step_gauge("llm_canary_step_requests_per_second", sel),
+            Measure::CostPerMtok => {
+                self.step_gauge("llm_canary_step_cost_per_million_tokens_usd", sel)
+            }
+            other => return Err(DaemonOnly::Measure(other)),
+        })
+    }
+
+    /// Goodput as throughput times a lower bound of the fraction of good requests.
+    fn goodput(&self, sel: &Selector, objectives: &[Objective]) -> Result<String, DaemonOnly> {
+        // Prometheus cannot join one request's TTFT with its ITL, so the fraction of
+        // good requests is bounded from below (Fréchet): 1 − Σ (fraction missing
+        // objective i); goodput = throughput × that fraction.
+        let mut bad = Vec::new();
+        for o in objectives {
+            let f = Self::family(o.measure)?;
+            let m = &sel.matchers;
+            bad.push(format!(
+                "(1 - sum(rate({})) / sum(rate({})))",
+                self.series(
+                    &format!("{f}_bucket"),
+                    m,
+                    &[format!("le=\"{}\"", le_label(o.seconds))]
+                ),
+                self.series(&format!("{f}_count"), m, &[])
+            ));
+        }
+        Ok(format!(
+            "{} * clamp_min(1 - {}, 0)",
+            self.step_gauge("llm_canary_step_requests_per_second", sel),
+            bad.join(" - ")
+        ))
+    }
+
+    /// A least-squares slope or R² over the label's configured values, spelt out term by term.
+    fn fit(&self, fit: &Fit, inner: &Value, label: &str) -> Result<String, DaemonOnly> {
+        let groups = fit_groups(inner, label, self.domain);
+        let xs: Vec<f64> = groups.iter().map(|g| g.1).collect();
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let sxx: f64 = xs.iter().map(|x| (x - mean).powi(2)).sum();
+        let ys = groups
+            .iter()
+            .map(|(text, _)| {
+                self.value(&pin_label(inner, label, text))
+                    .map(|y| format!("({y})"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // slope = Σ cᵢ·yᵢ with cᵢ = (xᵢ − x̄)/Sxx; R² = slope²·Sxx / Syy.
+        let slope = xs
+            .iter()
+            .zip(&ys)
+            .map(|(x, y)| format!("{} * {y}", (x - mean) / sxx))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        Ok(match fit {
+            Fit::Slope => format!("({slope})"),
+            Fit::R2 => {
+                let sum_sq = ys
+                    .iter()
+                    .map(|y| format!("{y} ^ 2"))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                let sum = ys.join(" + ");
+                format!("(({slope}) ^ 2 * {sxx}) / ({sum_sq} - ({sum}) ^ 2 / {n})")
             }
         })
     }

@@ -11,6 +11,7 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
+use super::SloError;
 use super::baseline::{Entry, Pinned};
 
 /// The current format; version 1 files (baselines only) load as well.
@@ -101,10 +102,10 @@ pub struct HeldStep {
 
 impl EngineState {
     /// Parses a saved document (either version).
-    pub fn parse(bytes: &[u8]) -> Result<EngineState, String> {
-        let state: EngineState = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    pub fn parse(bytes: &[u8]) -> Result<EngineState, SloError> {
+        let state: EngineState = serde_json::from_slice(bytes).map_err(SloError::StateJson)?;
         if state.version != 1 && state.version != VERSION {
-            return Err(format!("unknown state version {}", state.version));
+            return Err(SloError::StateVersion(state.version));
         }
         Ok(state)
     }
@@ -123,7 +124,7 @@ pub trait StateBackend: Send + Sync {
     fn describe(&self) -> String;
 
     /// The saved document, `None` when nothing was saved yet.
-    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, String>>;
+    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, SloError>>;
 
     /// Saves `bytes` (the newest save wins; a backend may write in the background and must not
     /// block the caller for long). Failures are logged by the backend, never fatal.
@@ -158,23 +159,27 @@ impl StateBackend for FileBackend {
         self.path.display().to_string()
     }
 
-    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, String>> {
+    fn load(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>, SloError>> {
         Box::pin(async move {
             use std::io::Read;
+            let unreadable = |e: std::io::Error| SloError::StateUnreadable {
+                place: self.describe(),
+                source: Box::new(e),
+            };
             let file = match std::fs::File::open(&self.path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(format!("{}: {e}", self.path.display())),
+                Err(e) => return Err(unreadable(e)),
             };
             let mut bytes = Vec::new();
             file.take(MAX_STATE_BYTES as u64 + 1)
                 .read_to_end(&mut bytes)
-                .map_err(|e| format!("{}: {e}", self.path.display()))?;
+                .map_err(unreadable)?;
             if bytes.len() > MAX_STATE_BYTES {
-                return Err(format!(
-                    "{}: larger than {MAX_STATE_BYTES} bytes",
-                    self.path.display()
-                ));
+                return Err(SloError::StateTooLarge {
+                    place: self.describe(),
+                    max: MAX_STATE_BYTES,
+                });
             }
             Ok(Some(bytes))
         })

@@ -1,82 +1,16 @@
 //! Samples of a Prometheus or OpenMetrics text exposition (the daemon's, the simulator's or a
-//! serving engine's `/metrics`), looked up by name and label pairs; and the families the daemon's
-//! exposition has.
+//! serving engine's `/metrics`), looked up by name and label pairs with the crate's own parser
+//! (`llm_canary::promtext`), a line of that name that does not parse failing the test; and the
+//! families the daemon's exposition has.
 
-/// One sample line: `name{k="v",…} value`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample<'a> {
-    pub name: &'a str,
-    /// The label pairs, values unescaped, in the order of the line.
-    pub labels: Vec<(&'a str, String)>,
-    pub value: f64,
-}
-
-impl Sample<'_> {
-    /// The value of label `key`.
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Whether the sample has every `k="v"` of `labels` (and maybe others); as in Prometheus, an
-    /// absent label is `""`.
-    pub fn has(&self, labels: &[(&str, &str)]) -> bool {
-        labels
-            .iter()
-            .all(|(k, v)| self.label(k).unwrap_or("") == *v)
-    }
-}
-
-/// Splits a sample line; `None` when it is not one.
-fn parse(line: &str) -> Option<Sample<'_>> {
-    let end = line.find(['{', ' '])?;
-    let name = &line[..end];
-    let mut rest = &line[end..];
-    let mut labels = Vec::new();
-    if let Some(mut block) = rest.strip_prefix('{') {
-        loop {
-            block = block.trim_start_matches([',', ' ']);
-            if let Some(after) = block.strip_prefix('}') {
-                rest = after;
-                break;
-            }
-            let (key, tail) = block.split_once('=')?;
-            let quoted = tail.strip_prefix('"')?;
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let close = loop {
-                match chars.next()? {
-                    (i, '"') => break i,
-                    (_, '\\') => match chars.next()?.1 {
-                        'n' => value.push('\n'),
-                        c => value.push(c),
-                    },
-                    (_, c) => value.push(c),
-                }
-            };
-            labels.push((key.trim(), value));
-            block = &quoted[close + 1..];
-        }
-    }
-    let value = rest.strip_prefix(' ')?.split(' ').next()?.parse().ok()?;
-    Some(Sample {
-        name,
-        labels,
-        value,
-    })
-}
+pub use llm_canary::promtext::Sample;
+use llm_canary::promtext::{lines_named, parse_line};
 
 /// Every sample of `name` in `text` (exactly that name: `x_total` is not `x`), in order; a line
 /// of that name that does not parse as a sample panics (a broken exposition).
 pub fn samples_of<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample<'a>> {
-    text.lines()
-        .filter(move |l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-        })
-        .map(|l| parse(l).unwrap_or_else(|| panic!("malformed sample line: {l}")))
+    lines_named(text, name)
+        .map(|l| parse_line(l).unwrap_or_else(|| panic!("malformed sample line: {l}")))
 }
 
 /// The value of the first sample of `name` that has every `k="v"` of `labels`.

@@ -49,6 +49,7 @@
 mod parse;
 mod prompt;
 
+pub use parse::LineProblem;
 pub use prompt::{BlockPrompt, BlockPrompts};
 
 use std::collections::hash_map::Entry;
@@ -149,7 +150,7 @@ pub enum TraceError {
     Line {
         path: PathBuf,
         line: usize,
-        problem: String,
+        problem: LineProblem,
     },
     #[error("trace {}: no {format} requests in it; {hint}", .path.display())]
     Empty {

@@ -17,6 +17,70 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Timestamps and delays above this many milliseconds (~3,000 years) are errors, not durations.
 const MAX_MILLIS: f64 = 1e14;
 
+/// What is wrong with one line of a trace ([`TraceError::Line`] names the file and the line),
+/// and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum LineProblem {
+    /// JSON, but not the row the format has (`what`).
+    #[error("not {what}: {message} (column {column})")]
+    NotRow {
+        what: &'static str,
+        message: String,
+        column: usize,
+    },
+    #[error("not JSON: {message} (column {column}); a trace has one object per line")]
+    NotJson { message: String, column: usize },
+    #[error("`{field}` is {ms}; it must be milliseconds between 0 and {max}", max = MAX_MILLIS)]
+    Millis { field: &'static str, ms: f64 },
+    #[error("`{field}` is {value}; it must be a string or an integer")]
+    Session {
+        field: &'static str,
+        value: serde_json::Value,
+    },
+    /// A row names more blocks than its length needs; `names` are the format's own fields
+    /// (blocks, length, block size) and the fix.
+    #[error(
+        "`{}` has {blocks} blocks but {} {input_length} at {} {block_size} needs at most {most}; \
+         {}",
+        .names[0], .names[1], .names[2], .names[3]
+    )]
+    Blocks {
+        names: &'static [&'static str; 4],
+        blocks: usize,
+        input_length: u32,
+        block_size: u32,
+        most: usize,
+    },
+    #[error(
+        "`timestamp` is missing; only a later turn of a session (same `session_id`) may omit it"
+    )]
+    MissingTimestamp,
+    #[error(
+        "`schema` is {}, not `{schema}`; give a Dynamo request trace, or set the trace format \
+         to `mooncake`",
+        .0.as_ref().map_or("missing".to_owned(), |s| format!("`{s}`")),
+        schema = DYNAMO_SCHEMA
+    )]
+    Schema(Option<String>),
+    #[error(
+        "`request.replay` is missing; run the Dynamo frontend with `DYN_REQUEST_TRACE=1` so \
+         request_end rows carry replay metadata (block size, input length and block hashes)"
+    )]
+    MissingReplay,
+    #[error("`request.replay.trace_block_size` is 0; it must be the KV block size in tokens")]
+    ZeroBlockSize,
+    #[error(
+        "`request.replay.trace_block_size` is {block_size} but line {first_line} has {first}; \
+         one trace must have one block size (record each frontend configuration as its own \
+         trace)"
+    )]
+    MixedBlockSize {
+        block_size: u32,
+        first_line: usize,
+        first: u32,
+    },
+}
+
 /// A row parsed from either format, before ordering and numbering.
 pub(super) struct Parsed {
     /// Where it sorts, in trace milliseconds (its own timestamp, or its predecessor's).
@@ -104,7 +168,7 @@ pub(super) fn decompress<'a>(
     Ok(Cow::Owned(out))
 }
 
-fn line_error(path: &Path, line: usize, problem: String) -> TraceError {
+fn line_error(path: &Path, line: usize, problem: LineProblem) -> TraceError {
     TraceError::Line {
         path: path.to_owned(),
         line,
@@ -113,37 +177,40 @@ fn line_error(path: &Path, line: usize, problem: String) -> TraceError {
 }
 
 /// A JSON error of one line, without serde_json's "at line 1 column N" (the line is ours).
-fn json_problem(error: serde_json::Error, what: &str) -> String {
+fn json_problem(error: serde_json::Error, what: &'static str) -> LineProblem {
     let full = error.to_string();
     let position = format!(" at line {} column {}", error.line(), error.column());
-    let message = full.strip_suffix(&position).unwrap_or(&full);
+    let message = full.strip_suffix(&position).unwrap_or(&full).to_owned();
     let column = error.column();
     match error.classify() {
-        serde_json::error::Category::Data => format!("not {what}: {message} (column {column})"),
-        _ => format!("not JSON: {message} (column {column}); a trace has one object per line"),
+        serde_json::error::Category::Data => LineProblem::NotRow {
+            what,
+            message,
+            column,
+        },
+        _ => LineProblem::NotJson { message, column },
     }
 }
 
 /// A milliseconds field checked to be a usable time.
-fn checked_millis(field: &str, ms: f64) -> Result<f64, String> {
+fn checked_millis(field: &'static str, ms: f64) -> Result<f64, LineProblem> {
     if ms.is_finite() && (0.0..=MAX_MILLIS).contains(&ms) {
         Ok(ms)
     } else {
-        Err(format!(
-            "`{field}` is {ms}; it must be milliseconds between 0 and {MAX_MILLIS}"
-        ))
+        Err(LineProblem::Millis { field, ms })
     }
 }
 
 /// A session id as a key: a string, or an integer (so `7` and `"7"` are one session).
-fn session_key(field: &str, value: Option<serde_json::Value>) -> Result<Option<String>, String> {
+fn session_key(
+    field: &'static str,
+    value: Option<serde_json::Value>,
+) -> Result<Option<String>, LineProblem> {
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::String(text)) => Ok(Some(text)),
         Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => Ok(Some(n.to_string())),
-        Some(other) => Err(format!(
-            "`{field}` is {other}; it must be a string or an integer"
-        )),
+        Some(value) => Err(LineProblem::Session { field, value }),
     }
 }
 
@@ -153,17 +220,19 @@ fn check_blocks(
     blocks: usize,
     input_length: u32,
     block_size: u32,
-    names: [&str; 4],
-) -> Result<(), String> {
+    names: &'static [&'static str; 4],
+) -> Result<(), LineProblem> {
     let most = input_length.div_ceil(block_size) as usize;
     if blocks <= most {
         return Ok(());
     }
-    let [blocks_field, length_field, size_field, fix] = names;
-    Err(format!(
-        "`{blocks_field}` has {blocks} blocks but {length_field} {input_length} at {size_field} \
-         {block_size} needs at most {most}; {fix}"
-    ))
+    Err(LineProblem::Blocks {
+        names,
+        blocks,
+        input_length,
+        block_size,
+        most,
+    })
 }
 
 pub(super) fn parse_mooncake<'a>(
@@ -184,16 +253,16 @@ fn mooncake_row(
     bytes: &[u8],
     block_size: u32,
     latest: &mut HashMap<String, f64>,
-) -> Result<Parsed, String> {
+) -> Result<Parsed, LineProblem> {
     let row: MooncakeLine =
         serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Mooncake trace row"))?;
-    let names = [
+    const NAMES: [&str; 4] = [
         "hash_ids",
         "input_length",
         "block_size",
         "set `block_size` to the trace's block size",
     ];
-    check_blocks(row.hash_ids.len(), row.input_length, block_size, names)?;
+    check_blocks(row.hash_ids.len(), row.input_length, block_size, &NAMES)?;
     let timestamp = row.timestamp.map(|ms| checked_millis("timestamp", ms));
     let delay = row.delay.map(|ms| checked_millis("delay", ms));
     let (timestamp, delay) = (timestamp.transpose()?, delay.transpose()?);
@@ -202,13 +271,7 @@ fn mooncake_row(
     let (key, at, delay) = match (previous, timestamp, delay) {
         // A first turn, or a row without a session: sent at its timestamp.
         (None, Some(timestamp), _) => (timestamp, Some(timestamp), Duration::ZERO),
-        (None, None, _) => {
-            return Err(
-                "`timestamp` is missing; only a later turn of a session (same \
-                        `session_id`) may omit it"
-                    .to_owned(),
-            );
-        }
+        (None, None, _) => return Err(LineProblem::MissingTimestamp),
         (Some(previous), _, Some(delay)) => (previous, None, millis(delay)),
         (Some(previous), Some(timestamp), None) => {
             (previous.max(timestamp), Some(timestamp), Duration::ZERO)
@@ -252,17 +315,11 @@ fn dynamo_row(
     bytes: &[u8],
     line: usize,
     size: &mut Option<(u32, usize)>,
-) -> Result<Option<Parsed>, String> {
+) -> Result<Option<Parsed>, LineProblem> {
     let header: DynamoHeader =
         serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo request trace row"))?;
     if header.schema.as_deref() != Some(DYNAMO_SCHEMA) {
-        let schema = header
-            .schema
-            .map_or("missing".to_owned(), |s| format!("`{s}`"));
-        return Err(format!(
-            "`schema` is {schema}, not `{DYNAMO_SCHEMA}`; give a Dynamo request trace, or set \
-             the trace format to `mooncake`"
-        ));
+        return Err(LineProblem::Schema(header.schema));
     }
     if header.event_type.as_deref() != Some("request_end") {
         return Ok(None);
@@ -270,36 +327,31 @@ fn dynamo_row(
     let row: DynamoLine =
         serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo `request_end` row"))?;
     let Some(replay) = row.request.replay else {
-        return Err("`request.replay` is missing; run the Dynamo frontend with \
-                    `DYN_REQUEST_TRACE=1` so request_end rows carry replay metadata (block \
-                    size, input length and block hashes)"
-            .to_owned());
+        return Err(LineProblem::MissingReplay);
     };
     let block_size = replay.trace_block_size;
     if block_size == 0 {
-        return Err(
-            "`request.replay.trace_block_size` is 0; it must be the KV block size in tokens".into(),
-        );
+        return Err(LineProblem::ZeroBlockSize);
     }
     match *size {
         None => *size = Some((block_size, line)),
         Some((first, first_line)) if first != block_size => {
-            return Err(format!(
-                "`request.replay.trace_block_size` is {block_size} but line {first_line} has \
-                 {first}; one trace must have one block size (record each frontend \
-                 configuration as its own trace)"
-            ));
+            return Err(LineProblem::MixedBlockSize {
+                block_size,
+                first_line,
+                first,
+            });
         }
         Some(_) => {}
     }
-    let names = [
+    const NAMES: [&str; 4] = [
         "request.replay.input_sequence_hashes",
         "`request.replay.input_length`",
         "`trace_block_size`",
         "the row is inconsistent; record the trace again",
     ];
     let hashes = replay.input_sequence_hashes;
-    check_blocks(hashes.len(), replay.input_length, block_size, names)?;
+    check_blocks(hashes.len(), replay.input_length, block_size, &NAMES)?;
     let received = checked_millis(
         "request.request_received_ms",
         row.request.request_received_ms,
