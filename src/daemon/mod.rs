@@ -4,30 +4,28 @@
 //! once).
 
 mod live;
+mod start;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::net::TcpListener;
 
-use crate::export::http::{AppState, HttpServer, Lifecycle, PauseHook, StatusSource};
+use crate::export::http::{PauseHook, StatusSource};
 use crate::export::metrics::Metrics;
 use crate::export::otlp::OtlpExporter;
-use crate::k8s::traffic::DiscoveredTargets;
 use crate::model::{Finished, Sink, TargetChange, TargetInfo};
 use crate::probe::ProbeReport;
 use crate::schedule::gate::{Gate, Switch, SystemClock};
-use crate::schedule::{Board, Recorder, Scheduler, TargetSource, plan_cycle};
-use crate::scrape::ServerMetricsSink;
+use crate::schedule::{Board, plan_cycle};
 use crate::setup::Setup;
 use crate::shutdown::{OnSignal, Shutdown};
 use crate::slo::SloEngine;
 use crate::slo::baseline::BaselineStore;
 use crate::slo::state::{EngineState, FileBackend, StateBackend};
 use crate::targets::Deployment;
-use live::{Live, LiveParts, LiveTarget, Reload, RulesPublisher};
+use live::{Live, RulesPublisher};
 
 pub use live::CONFIG_POLL_INTERVAL;
 
@@ -192,254 +190,38 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     // "listening on" (and during the possibly slow start) is a drain, not a kill.
     let shutdown = Shutdown::new();
     let hangups = shutdown.on_signals(OnSignal::Drain(SHUTDOWN_DRAIN));
-
-    let cfg = &setup.config;
-    let addr = listen.unwrap_or_else(|| cfg.export.listen.parse().expect("validated"));
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| DaemonError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| DaemonError::Bind { addr, source })?;
-    tracing::info!("listening on {local}");
-
+    let listener = start::bind(&setup, listen).await?;
     // Every SLO latency threshold becomes an exact bucket bound (fixed for the process:
     // histograms survive reloads).
     let metrics = Arc::new(Metrics::with_resolution(
         &setup.latency_thresholds(),
-        cfg.export.resolution,
+        setup.config.export.resolution,
     ));
     metrics.record_config_reload(true);
-
     // When traffic may go: the config's windows and pause, and the operators' switches.
     let gate = Arc::new(Gate::new(Arc::new(SystemClock)));
     apply_gate_config(&gate, &setup);
 
-    // Every target on its own, one model lookup each: a target that fails (a `/v1/models` that
-    // never answers, a key it refuses) neither delays nor stops the others; it is reported and
-    // retried in the background (`Live::retry_failed`). A signal during the start ends it.
-    let started = tokio::select! {
-        started = Deployment::start_partial(cfg, setup.base_dir(), 1) => started?,
-        _ = shutdown.stop_sending().cancelled() => {
-            tracing::info!("stopped while starting the targets");
-            return Ok(());
-        }
+    let Some(mut started) = start::start_targets(&setup, &metrics, &shutdown).await? else {
+        return Ok(());
     };
-    let (mut deployment, failed) = started;
-    for f in &failed {
-        metrics.set_target_up(&f.name, false);
-    }
-    // The preflight of every configured target, beside the first steps (docs/DESIGN.md §2).
-    let probes = Arc::new(RwLock::new(Vec::new()));
-    let started_configs: Vec<&crate::config::TargetConfig> = deployment
-        .config_index
-        .iter()
-        .map(|&i| &cfg.targets[i])
-        .collect();
-    for (t, sim) in started_configs.iter().copied().zip(&deployment.sim_of) {
-        let url = match sim {
-            Some(i) => deployment.sims[*i].base_url(),
-            None => t.url.as_ref().map(|u| u.value.clone()).unwrap_or_default(),
-        };
-        shutdown.spawn(probe_target(
-            t.clone(),
-            url,
-            setup.base_dir().to_owned(),
-            deployment.client.clone(),
-            Arc::clone(&metrics),
-            Arc::clone(&probes),
-        ));
-    }
-    let mut sims: Vec<_> = std::mem::take(&mut deployment.sims)
-        .into_iter()
-        .map(Some)
-        .collect();
-    let live_targets: Vec<LiveTarget> = started_configs
-        .iter()
-        .copied()
-        .zip(&deployment.targets)
-        .zip(&deployment.sim_of)
-        .map(|((c, t), s)| LiveTarget::new(c, Arc::clone(t), s.and_then(|i| sims[i].take())))
-        .collect();
-
-    let otlp = match &cfg.export.otlp {
-        Some(o) => {
-            let exporter = OtlpExporter::start(o, Vec::new()).await?;
-            tracing::info!(endpoint = %*o.endpoint, interval = ?o.interval.0, spans = o.spans, "OTLP export on");
-            Some(Arc::new(exporter))
-        }
-        None => None,
-    };
-    // In a cluster: discovery, leader election, Events and the state ConfigMap (docs/DESIGN.md §9).
-    let kube = match &cfg.discovery {
-        Some(d) => Some(crate::k8s::KubeParts::start(&d.kubernetes, &shutdown).await?),
-        None => None,
-    };
-    let backend = state_backend(&setup, kube.as_ref());
-    let slo = Arc::new(slo_engine(&setup, &metrics, backend.clone()).await);
-    let events = kube.as_ref().and_then(|k| k.events.clone());
-    if let Some(events) = &events {
-        events.set_slos(&setup.slos);
-        slo.add_hook(events.clone());
-    }
-    let rules = kube.as_ref().and_then(|k| {
-        k.rules.clone().map(|rules| {
-            Arc::new(RulesPublisher {
-                rules,
-                leadership: k.leadership.clone(),
-            })
-        })
-    });
-    if let Some(r) = &rules {
-        r.publish(&setup).await;
-    }
-    let (live, statics) = Live::new(
-        Arc::clone(&setup),
-        live_targets,
-        LiveParts {
-            metrics: Arc::clone(&metrics),
-            client: deployment.client.clone(),
-            slo: Arc::clone(&slo),
-            events: events.clone(),
-            rules: rules.clone(),
-            tasks: shutdown.tracker().clone(),
-            gate: Arc::clone(&gate),
-            budget: None,
-        },
-    );
-    let live = Arc::new(live);
-    live.set_failed(failed);
-    shutdown.spawn(Arc::clone(&live).retry_failed(shutdown.service()));
-    if let Some(hangups) = hangups {
-        shutdown.spawn(reload_on_hangup(
-            hangups,
-            Arc::clone(&live),
-            shutdown.clone(),
-        ));
-    }
-    if let Some(leadership) = kube.as_ref().and_then(|k| k.leadership.clone()) {
-        shutdown.spawn(take_over_on_leading(
-            leadership,
-            Arc::clone(&slo),
-            backend,
-            rules,
-            Arc::clone(&live),
-            shutdown.service(),
-        ));
-    }
-
-    let board = Arc::new(Board::default());
-    let current = Arc::new(CurrentTargets(RwLock::new(
-        deployment.targets.iter().map(|t| t.info()).collect(),
-    )));
-    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-    if let Some(o) = &otlp {
-        sinks.push(o.clone());
-    }
-    sinks.push(metrics.clone());
-    sinks.push(slo.clone());
-    sinks.push(board.clone());
-    sinks.push(current.clone());
-    sinks.push(live.clone());
-    if let Some(e) = &events {
-        sinks.push(e.clone());
-    }
-    let recorder = Arc::new(Recorder::new(sinks));
-    let runner = Arc::new(deployment.runner(cfg, recorder, rand::random()));
-    live.set_budget(Arc::clone(&runner.budget));
-
-    let state = AppState::new(
-        Arc::clone(&metrics),
-        Arc::new(Status {
-            board: Arc::clone(&board),
-            targets: current,
-            live: Arc::clone(&live),
-            slo: Arc::clone(&slo),
-            probes,
-        }),
-    );
-    let state = state.with_baselines(slo.clone());
-    let state = if cfg.export.lifecycle {
-        let token = match &cfg.export.lifecycle_token_file {
-            // Validated with the config; read again here as the file may have changed since.
-            Some(f) => Some(
-                crate::config::read_token(&setup.base_dir().join(f.as_str()))
-                    .map_err(DaemonError::Token)?,
-            ),
-            None => None,
-        };
-        tracing::info!(
-            token = token.is_some(),
-            "lifecycle endpoints on: /-/reload, /-/pause, /-/resume, baseline pins"
-        );
-        state.with_lifecycle(Lifecycle {
-            reload: Arc::new(Reload(Arc::clone(&live))),
-            pause: Arc::new(PauseControl(Arc::clone(&gate))),
-            token,
-        })
-    } else {
-        state
-    };
-    let readiness = state.readiness();
-    let server = HttpServer::from_listener(listener, state);
-    shutdown.spawn(server.serve(shutdown.service()));
-    shutdown.spawn(Arc::clone(&live).watch_file(shutdown.service()));
-    shutdown.spawn(crate::slo::engine::run_evaluations(
-        Arc::clone(&slo),
-        shutdown.service(),
-    ));
-
-    // The configured targets (a reload replaces them) and, in a cluster, the discovered ones,
-    // gated by leader election.
-    let mut sets = vec![statics];
-    let mut leadership = None;
-    let mut kube_pause_annotation = None;
-    if let Some(k) = kube {
-        kube_pause_annotation = k.pause_annotation;
-        if let Some(discovered) = k.discovered {
-            let resolver = DiscoveredTargets {
-                discovered,
-                client: deployment.client.clone(),
-                base_dir: setup.base_dir().to_owned(),
-                events: k.events,
-            };
-            sets.push(resolver.spawn(shutdown.service(), shutdown.tracker()));
-        }
-        leadership = k.leadership;
-    }
-    let server_metrics: Arc<dyn ServerMetricsSink> = metrics.clone();
-    if let Some(deployment) = kube_pause_annotation {
-        shutdown.spawn(crate::k8s::pause::watch_annotation(
-            deployment,
-            Arc::clone(&gate),
-            shutdown.service(),
-        ));
-    }
-    let (published, probed) = tokio::sync::watch::channel(Vec::new());
-    if cfg.probe_stream.enabled {
-        let stream = crate::schedule::ProbeStream {
-            client: runner.client.clone(),
-            budget: Arc::clone(&runner.budget),
-            recorder: Arc::clone(&runner.recorder),
-            tokens: Arc::clone(&runner.tokens),
-            gate: Arc::clone(&gate),
-            config: cfg.probe_stream.clone(),
-            goodput: runner.goodput,
-            run_salt: rand::random(),
-        };
-        shutdown.spawn(stream.run(probed, shutdown.stop_sending().clone()));
-    }
-    let mut scheduler = Scheduler::new(
-        runner,
-        TargetSource::new(sets, leadership),
-        Some(server_metrics),
-        cfg.export.server_metrics_interval.0,
-    )
-    .with_gate(Arc::clone(&gate))
-    .with_target_watch(published);
+    let mut services = start::start_services(&setup, &metrics, &shutdown).await?;
+    let parts = (&metrics, &gate);
+    let wired = start::wire(&setup, &mut started, &services, parts, hangups, &shutdown);
+    let probes = Arc::clone(&started.probes);
+    let readiness = start::serve(
+        listener,
+        &setup,
+        &wired,
+        &services,
+        (&metrics, &gate, probes),
+        &shutdown,
+    )?;
+    let client = started.deployment.client.clone();
+    let kube = services.kube.take();
+    let mut scheduler = start::scheduler(&setup, &wired, kube, parts, &client, &shutdown);
     readiness.set_ready();
-    let plan_live = Arc::clone(&live);
-    let pause_live = Arc::clone(&live);
+    let (plan_live, pause_live) = (Arc::clone(&wired.live), Arc::clone(&wired.live));
     scheduler
         .run(
             move || plan_cycle(&plan_live.setup().config),
@@ -449,6 +231,18 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
         )
         .await;
     tracing::info!("schedule stopped; shutting down");
+    stop(&shutdown, services.otlp, &wired.live, started.deployment).await;
+    Ok(())
+}
+
+/// The end of a run, once the schedule returned: every service stops and every task is awaited
+/// (bounded), the OTLP pipeline flushes, and the simulators stop.
+async fn stop(
+    shutdown: &Shutdown,
+    otlp: Option<Arc<OtlpExporter>>,
+    live: &Live,
+    deployment: Deployment,
+) {
     if !shutdown.finish(SERVICES_STOP).await {
         tracing::warn!(bound = ?SERVICES_STOP, "some services did not stop in time");
     }
@@ -458,7 +252,6 @@ pub async fn run(setup: Setup, listen: Option<SocketAddr>) -> Result<(), DaemonE
     live.stop_sims().await;
     deployment.stop().await;
     tracing::info!("shutdown complete");
-    Ok(())
 }
 
 /// The gate's part of the config: the `schedule.active` windows and `schedule.paused`.
