@@ -162,7 +162,10 @@ impl Runner {
     }
 
     /// Runs `plan` against every target and returns the step results. `soft_stop` ends sending
-    /// early (the drain still runs); `hard_stop` also cuts requests in flight.
+    /// early (the drain still runs); `hard_stop` also cuts requests in flight. It asks the
+    /// traffic budget nothing: `run`, `bench` and `bench --search` run their steps through a
+    /// `Scheduler`, which admits each one first (`Runner::run_admitted`); this is the runner
+    /// alone, for tests that drive one step.
     pub async fn run_step(
         self: &Arc<Self>,
         plan: &StepPlan,
