@@ -3,7 +3,7 @@
 //! table, so the imports follow the data and have no cycle; and every top-level module is in the
 //! table exactly once. Inside a module the same holds for its files: the files of one folder
 //! import each other without a cycle. And no function of `src/` is longer than a screenful or two
-//! ([`MAX_FN_LINES`]).
+//! ([`MAX_FN_LINES`]), no file longer than one concern ([`MAX_FILE_LINES`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -620,6 +620,32 @@ fn no_function_is_longer_than_the_limit() {
     assert!(
         long.is_empty(),
         "{} functions are longer than {MAX_FN_LINES} lines; split them into named steps:\n{}",
+        long.len(),
+        long.join("\n")
+    );
+}
+
+/// Most lines a source file may hold before its tests: past it, a file holds more than one
+/// concern and a reader loses the thread.
+const MAX_FILE_LINES: usize = 800;
+
+#[test]
+fn no_file_holds_more_than_the_limit_before_its_tests() {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            let before_tests = text.split("#[cfg(test)]").next().unwrap_or("");
+            let n = before_tests.matches('\n').count();
+            (n > MAX_FILE_LINES).then(|| format!("{}: {n} lines", path.display()))
+        })
+        .collect();
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "{} files hold more than {MAX_FILE_LINES} lines before their tests; split them by concern:\n{}",
         long.len(),
         long.join("\n")
     );

@@ -14,6 +14,7 @@ pub mod sim;
 mod summary;
 mod target;
 mod validate;
+mod validate_workloads;
 mod windows;
 mod workloads;
 

@@ -401,3 +401,16 @@ impl Default for PrefixCache {
         }
     }
 }
+
+impl Workloads {
+    pub fn is_configured(&self, name: &str) -> bool {
+        match name {
+            "concurrency_sweep" => self.concurrency_sweep.is_some(),
+            "multi_turn" => self.multi_turn.is_some(),
+            "sequence_distribution" => self.sequence_distribution.is_some(),
+            "prefix_cache" => self.prefix_cache.is_some(),
+            "trace_replay" => self.trace_replay.is_some(),
+            _ => false,
+        }
+    }
+}
