@@ -328,6 +328,14 @@ pub async fn resolve_at(
     if let Some(key) = &key {
         endpoint = endpoint.with_api_key(key)?;
     }
+    // The model id is shown (`/api/v1/status`, the probe): a server that lists the key it was
+    // sent as its model would have it shown.
+    if t.model == "auto" && endpoint.secrets().found_in(endpoint.model()) {
+        return Err(fail(format!(
+            "{} lists a model id that holds the target's credentials; set `model:` on the target",
+            crate::config::display_url_text(url)
+        )));
+    }
     Ok(Target {
         name: t.name.value.clone(),
         mode: t.serving_mode,

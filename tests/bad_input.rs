@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use llm_canary::client::{
-    ClientConfig, Endpoint, Outcome, Prompt, SseParser, StreamClient, StreamRequest,
+    ApiKey, ClientConfig, Endpoint, Outcome, Prompt, SseParser, StreamClient, StreamRequest,
 };
 use llm_canary::config::{Api, Config, Dialect};
 use proptest::prelude::*;
@@ -272,6 +272,64 @@ async fn an_error_body_cannot_forge_a_log_line() {
         error.contains("bad request\\n2026-12-02T00:00:00Z  INFO") && error.contains("\\u{1b}[2J"),
         "{error}"
     );
+}
+
+/// A server that refuses with the request's `Authorization` header in its answer gets none of
+/// the canary's secrets republished: the API key, the password of credentials in the URL and the
+/// Basic authorization they make are masked (`***`) in the record's error text, the one text
+/// every sink shows, which keeps the rest of what the server said. A key the error body's 2 KiB
+/// limit cuts through leaves none of its beginning either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_echoes_the_authorization_gets_no_secret_republished() {
+    const KEY: &str = "sk-echo-test-5ecret-4c1d-9b7e-0f3a-77aa1";
+    let client = StreamClient::new(ClientConfig::default()).unwrap();
+    let limit = ClientConfig::default().max_error_bytes;
+    // Where the second copy of the key starts in a body without filler; the filler that leaves
+    // 5 of its bytes inside what the client reads.
+    let support::RawReply::Bytes(sample) =
+        support::echo_authorization_401(&format!("authorization: Bearer {KEY}\r\n"), 0)
+    else {
+        unreachable!("a refusal is bytes")
+    };
+    let sample = String::from_utf8(sample).unwrap();
+    let body = &sample[sample.find("\r\n\r\n").unwrap() + 4..];
+    let second = body.rfind(KEY).unwrap();
+    for pad in [0, limit - second - 5] {
+        let (addr, heads) =
+            support::raw_server(move |head| support::echo_authorization_401(head, pad)).await;
+        let endpoint = Endpoint::new(&format!("http://{addr}"), Api::Chat, "m", Dialect::Openai)
+            .unwrap()
+            .with_api_key(&ApiKey::new(KEY))
+            .unwrap();
+        let rec = client
+            .send(&endpoint, &request(2), tokio::time::Instant::now())
+            .await;
+        assert!(heads.lock().unwrap()[0].contains(KEY), "the key was sent");
+        assert_eq!(rec.outcome, Outcome::Http4xx);
+        let error = rec.error.unwrap();
+        assert!(
+            !error.contains("5ecret") && !error.contains("sk-"),
+            "pad {pad}: {error}"
+        );
+        assert!(
+            error.starts_with("HTTP 401 Unauthorized: ")
+                && error.contains("invalid credentials")
+                && error.contains(r#""received":"Bearer ***""#),
+            "pad {pad}: {error}"
+        );
+    }
+    // Credentials in the URL, sent as Basic authorization: neither the password (as written or
+    // decoded) nor the header's base64 shows.
+    let (addr, _) = support::raw_server(|head| support::echo_authorization_401(head, 0)).await;
+    let url = format!("http://canary:pa55-w%40rd@{addr}");
+    let endpoint = Endpoint::new(&url, Api::Chat, "m", Dialect::Openai).unwrap();
+    let rec = client
+        .send(&endpoint, &request(2), tokio::time::Instant::now())
+        .await;
+    let error = rec.error.unwrap();
+    // base64("canary:pa55-w@rd")
+    assert!(!error.contains("Y2FuYXJ5OnBhNTUtd0ByZA"), "{error}");
+    assert!(error.contains(r#""received":"Basic ***""#), "{error}");
 }
 
 /// Issue 21, item 10: a 200 KB response id is kept cut and escaped, not verbatim.

@@ -928,6 +928,28 @@ fn bad_options_exit_2_before_any_traffic() {
     assert!(err.contains("broken.yaml:1:"), "{err}");
 }
 
+/// `--time-scale` goes through the config's own validation: one that makes a step shorter than
+/// 1 s (the demo's 120 s steps at 1e-9 last 120 ns) is a usage error naming the least that
+/// fits, before any traffic.
+#[test]
+fn a_time_scale_that_makes_steps_degenerate_is_a_usage_error() {
+    for tiny in ["1e-9", "1e-300"] {
+        let out = Command::new(BIN)
+            .args(["bench", "--time-scale", tiny])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("--time-scale") && err.contains("a step needs at least 1s"),
+            "{err}"
+        );
+        assert!(err.contains("set `time_scale` to at least"), "{err}");
+        assert!(!err.contains("step starting"), "traffic was sent: {err}");
+    }
+}
+
 /// Issue 21, item 6: a target whose `/v1/models` never answers is reported, and the others are
 /// measured: the bench writes its files, names the target it could not measure, and exits 1.
 #[test]

@@ -330,6 +330,104 @@ export: {{ listen: "127.0.0.1:{port}" }}
     assert!(status.contains("secured"), "{status}");
 }
 
+/// A target that refuses every request with the request's `Authorization` header in its answer
+/// (an error page that echoes it) gets the canary's key republished nowhere: not in the daemon's
+/// log (debug included) or `/api/v1/status` (the start-up probe's findings), nor in the bench's
+/// `requests.jsonl`; each still shows what the server said, with `***` for the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_echoes_the_key_gets_it_republished_nowhere() {
+    const KEY: &str = "sk-canary-echo-5ecret-31f0";
+    let (target, heads) =
+        support::raw_server(|head| support::echo_authorization_401(head, 0)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+targets:
+  - {{ name: echoing, serving_mode: aggregated, url: "http://{target}", model: m, dialect: openai, api_key_env: CANARY_TEST_KEY }}
+time_scale: 0.01
+workloads:
+  concurrency_sweep: {{ levels: [1], isl: 32, osl: 4, step: 120s, warmup: 10s }}
+"#
+        ),
+    )
+    .unwrap();
+    let (daemon, addr) = support::start_daemon_with(
+        Some(&path),
+        dir.path(),
+        true,
+        &[("CANARY_TEST_KEY", KEY), ("RUST_LOG", "debug")],
+    );
+    let client = http();
+    let status_url = format!("http://{addr}/api/v1/status");
+    // The probe's finding is published, and the steps' requests are refused too.
+    let status = eventually("the probe's finding", Duration::from_secs(30), || async {
+        let text = get_text(&client, &status_url).await.ok()?;
+        text.contains("invalid credentials").then_some(text)
+    })
+    .await;
+    eventually("refused requests", Duration::from_secs(30), || async {
+        (sum(
+            &scrape(&client, addr).await,
+            "llm_canary_requests_total",
+            &[("outcome", "http_4xx")],
+        ) >= 2.0)
+            .then_some(())
+    })
+    .await;
+    daemon.signal("TERM");
+    let mut daemon = daemon;
+    daemon.wait_exit("exit", Duration::from_secs(15)).await;
+    let log = daemon.log_text();
+
+    // The bench of the same config, its requests written to `requests.jsonl`.
+    let out = dir.path().join("out");
+    let bench = Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .env("CANARY_TEST_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let requests = std::fs::read_to_string(out.join("requests.jsonl")).unwrap_or_else(|e| {
+        panic!(
+            "no requests.jsonl ({e}): {}",
+            String::from_utf8_lossy(&bench.stderr)
+        )
+    });
+    let bench_stderr = String::from_utf8_lossy(&bench.stderr).into_owned();
+
+    assert!(
+        heads.lock().unwrap().iter().all(|h| h.contains(KEY)),
+        "a request without the key"
+    );
+    for (what, text) in [
+        ("/api/v1/status", &status),
+        ("the daemon's log", &log),
+        ("requests.jsonl", &requests),
+        ("the bench's stderr", &bench_stderr),
+    ] {
+        assert!(!text.contains("5ecret"), "the API key shows in {what}");
+    }
+    // What the server said is still there, the key masked.
+    for (what, text) in [
+        ("/api/v1/status", &status),
+        ("the daemon's log", &log),
+        ("requests.jsonl", &requests),
+    ] {
+        assert!(
+            text.contains("invalid credentials") && text.contains("Bearer ***"),
+            "{what} lost the server's answer: {text}"
+        );
+    }
+    let line: serde_json::Value = serde_json::from_str(requests.lines().next().unwrap()).unwrap();
+    assert_eq!(line["outcome"], "http_4xx", "{line}");
+}
+
 /// The daemon's resident memory in MiB.
 fn rss_mib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -227,3 +227,51 @@ async fn a_step_past_the_servers_capacity_is_saturated_and_one_within_it_is_not(
         "slot waits are queue time, not the canary's lag"
     );
 }
+
+/// When each cycle started.
+#[derive(Default)]
+struct CycleStarts(Mutex<Vec<Instant>>);
+
+impl Sink for CycleStarts {
+    fn request(&self, _req: &Finished<'_>) {}
+
+    fn cycle_started(&self, _steps: &[llm_canary::model::StepInfo]) {
+        self.0.lock().unwrap().push(Instant::now());
+    }
+}
+
+/// A cycle that takes no time (steps a time scale of 1e-300 made 0 ns long, or every step
+/// skipped by the budget) is not followed at once by the next: the loop waits out
+/// `MIN_CYCLE` from the cycle's start, so it never spins through empty cycles (it ran thousands a
+/// second, flooding the log).
+#[tokio::test(start_paused = true)]
+async fn cycles_that_take_no_time_are_paused_to_the_shortest_cycle() {
+    use llm_canary::schedule::scheduler::MIN_CYCLE;
+    use llm_canary::schedule::{Scheduler, TargetSet, TargetSource};
+    let mut cfg = Config::parse(CONFIG, "paused.yaml", Path::new(".")).unwrap();
+    cfg.schedule.drain_grace =
+        llm_canary::config::At::dflt(llm_canary::config::Dur(Duration::ZERO));
+    let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let starts = Arc::new(CycleStarts::default());
+    let recorder = Arc::new(Recorder::new(vec![
+        Arc::new(Metrics::new(&[])),
+        starts.clone(),
+    ]));
+    let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
+    let source = TargetSource::fixed(TargetSet {
+        targets: deployment.targets.clone(),
+        scrape: Vec::new(),
+    });
+    let mut scheduler = Scheduler::new(runner, source, None, Duration::from_secs(15));
+    let empty = plan(0.0, 0.0);
+    let stop = llm_canary::shutdown::Shutdown::new();
+    let summary = scheduler
+        .run(|| vec![empty.clone()], Duration::default, Some(5), &stop)
+        .await;
+    deployment.stop().await;
+    assert_eq!(summary.cycles_finished, 5, "{summary:?}");
+    let starts = starts.0.lock().unwrap().clone();
+    assert_eq!(starts.len(), 5);
+    let gaps: Vec<Duration> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.iter().all(|g| *g >= MIN_CYCLE), "{gaps:?}");
+}

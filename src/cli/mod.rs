@@ -1,5 +1,6 @@
 //! The command line (docs/DESIGN.md §2): five subcommands, their flags, and the exit codes
-//! 0 success, 1 runtime failure, 2 bad usage or bad config.
+//! 0 success, 1 runtime failure, 2 bad usage or bad config. A stdout closed early (`| head`)
+//! ends a command quietly with 0.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -190,6 +191,26 @@ fn init_tracing() {
         .try_init();
 }
 
+/// Writes `text` to stdout, the one way the commands print there. A reader that went away
+/// (`llm-canary check | head -1`) is no failure: `Err(0)` ends the command quietly, writing and
+/// doing nothing more, as command-line tools do (Rust ignores SIGPIPE, so the write fails with
+/// `BrokenPipe` where `print!` would panic). Any other write error is `Err(1)`, said on stderr.
+fn out(text: &str) -> Result<(), ExitCode> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("llm-canary: cannot write to stdout: {e}");
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
 /// Prints a config error the way editors and CI annotations read it and picks the exit code.
 pub fn report_config_error(err: &ConfigError) -> ExitCode {
     eprintln!("{err}");
@@ -205,19 +226,23 @@ fn check(args: &CheckArgs) -> ExitCode {
             for w in setup.warning_lines() {
                 eprintln!("{w}");
             }
-            match args.output {
-                CheckOutput::Summary => {
-                    println!("{}: OK", args.config.display());
-                    print!("{}", cfg.summary());
-                    print!("{}", crate::schedule::cost::render(cfg));
-                }
+            let printed = match args.output {
+                CheckOutput::Summary => out(&format!(
+                    "{}: OK\n{}{}",
+                    args.config.display(),
+                    cfg.summary(),
+                    crate::schedule::cost::render(cfg)
+                )),
                 CheckOutput::Yaml => match serde_saphyr::to_string(cfg) {
-                    Ok(text) => print!("{text}"),
+                    Ok(text) => out(&text),
                     Err(e) => {
                         eprintln!("cannot print the config: {e}");
                         return ExitCode::from(1);
                     }
                 },
+            };
+            if let Err(code) = printed {
+                return code;
             }
             if args.probe {
                 return probe(&setup);
@@ -235,10 +260,10 @@ fn probe(setup: &Setup) -> ExitCode {
         Err(code) => return code,
     };
     match rt.block_on(crate::probe::probe_config(&setup.config, setup.base_dir())) {
-        Ok(reports) => {
-            print!("{}", crate::probe::render(&reports));
-            ExitCode::from(crate::probe::exit_code(&reports))
-        }
+        Ok(reports) => match out(&crate::probe::render(&reports)) {
+            Ok(()) => ExitCode::from(crate::probe::exit_code(&reports)),
+            Err(code) => code,
+        },
         Err(e) => {
             eprintln!("llm-canary check --probe: {e}");
             ExitCode::from(1)
@@ -325,17 +350,17 @@ fn rules(args: &RulesArgs) -> ExitCode {
         RulesFormat::Rules => crate::slo::rules::Format::Rules,
         RulesFormat::PrometheusRule => crate::slo::rules::Format::PrometheusRule,
     };
-    print!(
-        "{}",
-        crate::slo::rules::generate(
-            &setup.slos,
-            &setup.domain,
-            &setup.rules_options(),
-            &source,
-            format,
-        )
+    let rules = crate::slo::rules::generate(
+        &setup.slos,
+        &setup.domain,
+        &setup.rules_options(),
+        &source,
+        format,
     );
-    ExitCode::SUCCESS
+    match out(&rules) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
 }
 
 /// The setup of `--config`, or the embedded demo without one.
@@ -390,16 +415,19 @@ async fn bench(args: BenchArgs) -> ExitCode {
         }
     };
     let report = &outcome.report;
-    match args.format {
-        BenchFormat::Table => print!("{}", report.to_text()),
-        BenchFormat::Markdown => print!("{}", report.to_markdown()),
+    let printed = match args.format {
+        BenchFormat::Table => out(&report.to_text()),
+        BenchFormat::Markdown => out(&report.to_markdown()),
         BenchFormat::Json => match serde_json::to_string_pretty(report) {
-            Ok(json) => println!("{json}"),
+            Ok(json) => out(&format!("{json}\n")),
             Err(e) => {
                 eprintln!("llm-canary bench: {e}");
                 return ExitCode::from(1);
             }
         },
+    };
+    if let Err(code) = printed {
+        return code;
     }
     for f in &outcome.files {
         tracing::info!("wrote {}", f.display());
@@ -450,16 +478,25 @@ async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) 
         }
     };
     let tables = result.tables();
-    match args.format {
-        BenchFormat::Table => tables.iter().for_each(|t| println!("{}", t.to_text())),
-        BenchFormat::Markdown => tables.iter().for_each(|t| println!("{}", t.to_markdown())),
+    let text = match args.format {
+        BenchFormat::Table => tables
+            .iter()
+            .map(|t| format!("{}\n", t.to_text()))
+            .collect::<String>(),
+        BenchFormat::Markdown => tables
+            .iter()
+            .map(|t| format!("{}\n", t.to_markdown()))
+            .collect::<String>(),
         BenchFormat::Json => match serde_json::to_string_pretty(&result) {
-            Ok(json) => println!("{json}"),
+            Ok(json) => format!("{json}\n"),
             Err(e) => {
                 eprintln!("llm-canary bench: {e}");
                 return ExitCode::from(1);
             }
         },
+    };
+    if let Err(code) = out(&text) {
+        return code;
     }
     if stop.stopping() || result.targets.len() < targets {
         eprintln!("llm-canary bench: the search did not finish on every target");

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::record::Outcome;
 use reqwest::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 
+use super::secret::Secrets;
 use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN, StreamClient, transport};
 
 /// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
@@ -201,18 +202,40 @@ impl ExchangeError {
 /// `Authorization: Basic` for credentials written in a target URL (`https://user:pass@host`),
 /// percent-decoded as browsers and curl do; `None` without them.
 pub(super) fn basic_authorization(url: &url::Url) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Basic {}", basic_token(url)?)).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// The base64 of `user:password` of the credentials in `url`; `None` without them.
+fn basic_token(url: &url::Url) -> Option<String> {
     use base64::Engine;
     if url.username().is_empty() && url.password().is_none() {
         return None;
     }
-    let decode = |s: &str| percent_encoding::percent_decode_str(s).collect::<Vec<u8>>();
-    let mut pair = decode(url.username());
+    let mut pair = percent_decoded(url.username());
     pair.push(b':');
-    pair.extend(decode(url.password().unwrap_or("")));
-    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
-    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
-    value.set_sensitive(true);
-    Some(value)
+    pair.extend(percent_decoded(url.password().unwrap_or("")));
+    Some(base64::engine::general_purpose::STANDARD.encode(pair))
+}
+
+fn percent_decoded(s: &str) -> Vec<u8> {
+    percent_encoding::percent_decode_str(s).collect()
+}
+
+/// The secrets of credentials in `url`: the password as written and percent-decoded, and the
+/// Basic authorization they make. (The user name is an identity, not a secret.)
+pub(super) fn url_secrets(url: &url::Url) -> Secrets {
+    let mut secrets = Secrets::none();
+    if let Some(password) = url.password() {
+        secrets = secrets
+            .with(password)
+            .with(&String::from_utf8_lossy(&percent_decoded(password)));
+    }
+    if let Some(token) = basic_token(url) {
+        secrets = secrets.with(&token);
+    }
+    secrets
 }
 
 /// POSTs `body` to `endpoint` over the client's own transport and reads the response head.
@@ -252,11 +275,13 @@ pub(super) async fn post(
     .map_err(ExchangeError::Transport)
 }
 
-/// Up to `limit` bytes of an error body, read until `deadline`.
+/// Up to `limit` bytes of an error body, read until `deadline`, with `secrets` masked (a secret
+/// the limit cut through included).
 pub(super) async fn read_error_body(
     response: &mut transport::Response,
     deadline: Instant,
     limit: usize,
+    secrets: &Secrets,
 ) -> String {
     let mut collected = Vec::new();
     while collected.len() < limit {
@@ -268,7 +293,13 @@ pub(super) async fn read_error_body(
             _ => break,
         }
     }
-    String::from_utf8_lossy(&collected).into_owned()
+    let text = String::from_utf8_lossy(&collected);
+    // A body that filled the limit may go on past it, through a secret.
+    if collected.len() >= limit {
+        secrets.mask_cut(&text).into_owned()
+    } else {
+        secrets.mask(&text).into_owned()
+    }
 }
 
 /// Reads and discards the rest of a body until it ends or `deadline` passes.

@@ -11,6 +11,7 @@ mod body;
 mod chunk;
 mod http;
 mod record;
+mod secret;
 mod skim;
 mod sse;
 mod stream;
@@ -33,6 +34,7 @@ pub use record::{
     CacheSource, MAX_RECORD_SPAN, Outcome, RequestRecord, ServerSplit, ServerTiming, TokenCounter,
     Usage, WorkerId,
 };
+pub use secret::{MASK, Secrets};
 pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 
 pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_client_builder};
@@ -203,6 +205,9 @@ pub struct Endpoint {
     /// The dialect ends streams after `finish_reason` without `[DONE]`.
     ends_at_finish_reason: bool,
     authorization: Option<HeaderValue>,
+    /// What it is sent to know the canary by (its key, the password in its URL), masked out of
+    /// every text of its answers that the canary keeps.
+    secrets: Secrets,
     /// Where its connections go: `host:port`, and the TLS config of an `https://` target.
     origin: Arc<transport::Origin>,
     /// Set once a rejection of the body's extension fields was logged, so a server that rejects
@@ -266,6 +271,7 @@ impl Endpoint {
         let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e.to_string()))?;
         Ok(Self {
             authorization: http::basic_authorization(&url),
+            secrets: http::url_secrets(&url),
             url,
             api,
             model: model.into(),
@@ -305,7 +311,13 @@ impl Endpoint {
     /// authorization of credentials in the URL).
     pub fn with_api_key(mut self, key: &ApiKey) -> Result<Self, ClientError> {
         self.authorization = Some(key.authorization()?);
+        self.secrets = self.secrets.with(&key.0);
         Ok(self)
+    }
+
+    /// What this endpoint is sent to know the canary by, to mask out of what it answers.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 
     /// The full URL requests go to.
@@ -568,7 +580,7 @@ impl StreamClient {
             Ok(response) => response,
             Err(err) => {
                 let at = Instant::now();
-                let message = sanitize(&err.text(), self.config.max_error_bytes);
+                let message = sanitize(&err.text(), self.config.max_error_bytes, &endpoint.secrets);
                 rec.settle(err.send_outcome(), at, Some(message));
                 return;
             }
@@ -586,7 +598,11 @@ impl StreamClient {
             rec.settle(
                 Outcome::BadResponse,
                 at,
-                Some(sanitize(&message, self.config.max_error_bytes)),
+                Some(sanitize(
+                    &message,
+                    self.config.max_error_bytes,
+                    &endpoint.secrets,
+                )),
             );
             return;
         }
@@ -623,8 +639,9 @@ impl StreamClient {
             Some(format!("HTTP {status}")),
         );
         let tail_deadline = ex.deadline.min(at + self.config.tail_grace);
-        let text = read_error_body(response, tail_deadline, self.config.max_error_bytes).await;
         let endpoint = ex.endpoint;
+        let limit = self.config.max_error_bytes;
+        let text = read_error_body(response, tail_deadline, limit, &endpoint.secrets).await;
         let message = match rejected_fields_hint(
             status.as_u16(),
             &text,
@@ -634,7 +651,7 @@ impl StreamClient {
             // The fix first, so truncation never cuts it off.
             Some(hint) => {
                 if !endpoint.rejection_logged.swap(true, Ordering::Relaxed) {
-                    let said = sanitize(text.trim(), self.config.max_error_bytes);
+                    let said = sanitize(text.trim(), limit, &endpoint.secrets);
                     let url = crate::config::display_url(&endpoint.url);
                     tracing::error!(url = %url, status = status.as_u16(), server_said = %said, "{hint}");
                 }
@@ -642,7 +659,7 @@ impl StreamClient {
             }
             None => format!("HTTP {status}: {}", text.trim()),
         };
-        rec.error = Some(sanitize(&message, self.config.max_error_bytes));
+        rec.error = Some(sanitize(&message, limit, &endpoint.secrets));
     }
 
     /// Reads a successful response's event stream to its end, stamping each read as it arrives,
@@ -658,6 +675,7 @@ impl StreamClient {
             self.config.max_event_bytes,
             self.counter.as_deref(),
             self.config.max_error_bytes,
+            &ex.endpoint.secrets,
         )
         .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason);
         let body_limit = response_limit(&self.config, ex.request.osl);
@@ -721,7 +739,11 @@ impl StreamClient {
                 Ok(None) => decoder.on_eof(rec, at),
                 Err(err) => Flow::Finished(
                     err.outcome(),
-                    Some(sanitize(&err.to_string(), self.config.max_error_bytes)),
+                    Some(sanitize(
+                        &err.to_string(),
+                        self.config.max_error_bytes,
+                        &ex.endpoint.secrets,
+                    )),
                 ),
             };
             if let Flow::Finished(outcome, message) = flow {

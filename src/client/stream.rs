@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::chunk::ChunkJson;
 use super::record::{Outcome, RequestRecord, ServerTiming, TokenCounter, Usage, WorkerId};
+use super::secret::Secrets;
 use super::sse::{SseEvent, SseParser};
 
 /// What the reader should do after a network read.
@@ -36,6 +37,8 @@ pub(crate) struct StreamDecoder<'c> {
     template: super::skim::Template,
     counter: Option<&'c dyn TokenCounter>,
     message_limit: usize,
+    /// The target's secrets, masked out of every text of the stream that is kept.
+    secrets: &'c Secrets,
     /// A clean end of the body after `finish_reason` completes the stream (see
     /// [`crate::config::Dialect::ends_at_finish_reason`]).
     ends_at_finish_reason: bool,
@@ -46,12 +49,14 @@ impl<'c> StreamDecoder<'c> {
         max_event_bytes: usize,
         counter: Option<&'c dyn TokenCounter>,
         message_limit: usize,
+        secrets: &'c Secrets,
     ) -> Self {
         Self {
             parser: SseParser::new(max_event_bytes),
             template: Default::default(),
             counter,
             message_limit,
+            secrets,
             ends_at_finish_reason: false,
         }
     }
@@ -103,7 +108,7 @@ impl<'c> StreamDecoder<'c> {
             } else {
                 &event.data
             };
-            let message = sanitize(&String::from_utf8_lossy(text), self.message_limit);
+            let message = self.kept(&String::from_utf8_lossy(text));
             return Flow::Finished(Outcome::StreamError, Some(message));
         }
         // Named events other than the default carry no completion data.
@@ -135,24 +140,21 @@ impl<'c> StreamDecoder<'c> {
         match decoded {
             Ok(()) => {}
             Err(err) => {
-                let preview = String::from_utf8_lossy(&event.data[..event.data.len().min(80)]);
+                // Masked whole, then cut: a cut through a secret would leave its beginning.
+                let data = String::from_utf8_lossy(&event.data);
+                let data = self.secrets.mask(&data);
+                let preview = &data[..char_floor(&data, 80)];
                 let message = format!("unparseable chunk ({err}): {preview}");
-                return Flow::Finished(
-                    Outcome::BadResponse,
-                    Some(sanitize(&message, self.message_limit)),
-                );
+                return Flow::Finished(Outcome::BadResponse, Some(self.kept(&message)));
             }
         };
         if let Some(error) = &chunk.error {
-            let message = sanitize(&error_message(error), self.message_limit);
+            let message = self.kept(&error_message(error));
             return Flow::Finished(Outcome::StreamError, Some(message));
         }
         if chunk.object.as_deref() == Some("error") {
             let message = chunk.message.as_deref().unwrap_or("error object in stream");
-            return Flow::Finished(
-                Outcome::StreamError,
-                Some(sanitize(message, self.message_limit)),
-            );
+            return Flow::Finished(Outcome::StreamError, Some(self.kept(message)));
         }
         self.apply(rec, &mut chunk, at);
         Flow::Continue
@@ -164,7 +166,7 @@ impl<'c> StreamDecoder<'c> {
             rec.response_id = chunk
                 .id
                 .as_ref()
-                .map(|id| sanitize(id.as_ref(), MAX_RESPONSE_ID_BYTES));
+                .map(|id| sanitize(id.as_ref(), MAX_RESPONSE_ID_BYTES, self.secrets));
         }
         let mut finished_here = false;
         for choice in chunk.choices.iter().flatten() {
@@ -219,14 +221,34 @@ impl<'c> StreamDecoder<'c> {
                     rec.server_timing = Some(timing);
                 }
             }
-            if let Some(worker) = nvext
+            if let Some(mut worker) = nvext
                 .worker_id
                 .and_then(|w| serde_json::from_str::<WorkerId>(w.get()).ok())
             {
+                // A name is an identifier too, kept as a response id is.
+                if let WorkerId::Name(name) = &mut worker {
+                    *name = sanitize(name, MAX_RESPONSE_ID_BYTES, self.secrets);
+                }
                 rec.worker_id = Some(worker);
             }
         }
     }
+}
+
+impl StreamDecoder<'_> {
+    /// A server's message as the record keeps it.
+    fn kept(&self, text: &str) -> String {
+        sanitize(text, self.message_limit, self.secrets)
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn char_floor(text: &str, max: usize) -> usize {
+    let mut at = max.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }
 
 /// The human part of an `{"error": ...}` value: its `message`, or the value itself.
@@ -244,12 +266,15 @@ fn error_message(error: &serde_json::Value) -> String {
 /// The longest response id kept (OpenAI's and Dynamo's are under 60 bytes).
 pub(crate) const MAX_RESPONSE_ID_BYTES: usize = 128;
 
-/// Server text made safe for logs, `requests.jsonl` and terminals: every control character
+/// Server text made safe for logs, `requests.jsonl` and terminals, the one way every text a
+/// server sent becomes a record's: the target's `secrets` are masked first (a server that
+/// echoes the request's key cannot get it republished), then every control character
 /// (newline, carriage return, NUL, the ESC of terminal escape sequences, …), line and paragraph
 /// separator and bidirectional override is written as its escape (`\n`, `\u{1b}`), then the
 /// text is cut to at most `limit` bytes on a character boundary, the cut marked. A server can
 /// neither forge a log line nor drive the operator's terminal.
-pub(crate) fn sanitize(text: &str, limit: usize) -> String {
+pub(crate) fn sanitize(text: &str, limit: usize, secrets: &Secrets) -> String {
+    let text = secrets.mask(text);
     let unsafe_char = |c: char| {
         c.is_control()
             || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -290,14 +315,25 @@ mod tests {
         decode_with(reads, counter, false)
     }
 
+    static NO_SECRETS: Secrets = Secrets::none();
+
     fn decode_with(
         reads: &[(u32, &str)],
         counter: Option<&dyn TokenCounter>,
         ends_at_finish_reason: bool,
     ) -> RequestRecord {
+        decode_masking(reads, counter, ends_at_finish_reason, &NO_SECRETS)
+    }
+
+    fn decode_masking(
+        reads: &[(u32, &str)],
+        counter: Option<&dyn TokenCounter>,
+        ends_at_finish_reason: bool,
+        secrets: &Secrets,
+    ) -> RequestRecord {
         let t0 = Instant::now();
         let mut rec = RequestRecord::new("r", t0, t0);
-        let mut decoder = StreamDecoder::new(1 << 20, counter, 200)
+        let mut decoder = StreamDecoder::new(1 << 20, counter, 200, secrets)
             .ending_at_finish_reason(ends_at_finish_reason);
         let mut last = t0;
         for &(ms, text) in reads {
@@ -553,20 +589,70 @@ mod tests {
 
     #[test]
     fn sanitize_respects_char_boundaries() {
-        assert_eq!(sanitize("héllo", 2), "h…");
-        assert_eq!(sanitize("hello", 5), "hello");
+        assert_eq!(sanitize("héllo", 2, &NO_SECRETS), "h…");
+        assert_eq!(sanitize("hello", 5, &NO_SECRETS), "hello");
     }
 
     #[test]
     fn sanitize_escapes_what_could_forge_a_log_line_or_drive_a_terminal() {
         let forged = "boom\n2026-12-02T00:00:00Z  INFO llm_canary: all good\r\x1b[2J\u{202e}x\0";
-        let safe = sanitize(forged, 1000);
+        let safe = sanitize(forged, 1000, &NO_SECRETS);
         assert_eq!(
             safe,
             "boom\\n2026-12-02T00:00:00Z  INFO llm_canary: all good\\r\\u{1b}[2J\\u{202e}x\\u{0}"
         );
         assert!(!safe.chars().any(char::is_control));
         // The cut never splits an escape.
-        assert_eq!(sanitize("ab\ncd", 3), "ab…");
+        assert_eq!(sanitize("ab\ncd", 3, &NO_SECRETS), "ab…");
+    }
+
+    #[test]
+    fn the_targets_secrets_are_masked_out_of_every_text_the_stream_keeps() {
+        const KEY: &str = "sk-stream-5ecret";
+        let secrets = Secrets::none().with(KEY);
+        let frame = |body: &str| {
+            let rec = decode_masking(&[(10, body)], None, false, &secrets);
+            (rec.outcome, rec.error.unwrap_or_default())
+        };
+        // An error frame, an error object, an OpenAI error and an unparseable chunk whose
+        // preview (80 bytes) would cut through the key: each keeps the rest of what was said.
+        for (body, outcome, kept) in [
+            (
+                format!("event: error\ndata: bad key Bearer {KEY}\n\n"),
+                Outcome::StreamError,
+                "bad key Bearer ***",
+            ),
+            (
+                format!("data: {{\"object\":\"error\",\"message\":\"who is {KEY}?\"}}\n\n"),
+                Outcome::StreamError,
+                "who is ***?",
+            ),
+            (
+                format!("data: {{\"error\":{{\"message\":\"denied: {KEY}\"}}}}\n\n"),
+                Outcome::StreamError,
+                "denied: ***",
+            ),
+            (
+                format!("data: {}{KEY}\n\n", "x".repeat(70)),
+                Outcome::BadResponse,
+                "xxx***",
+            ),
+        ] {
+            let (got, error) = frame(&body);
+            assert_eq!(got, outcome, "{error}");
+            assert!(error.contains(kept), "{error:?} lacks {kept:?}");
+            assert!(
+                !error.contains("5ecret") && !error.contains("sk-str"),
+                "{error}"
+            );
+        }
+        // Ids are server text too.
+        let chunk = format!(
+            "data: {{\"id\":\"{KEY}\",\"choices\":[{{\"delta\":{{\"content\":\"y\"}}}}],\"nvext\":{{\"worker_id\":\"w-{KEY}\"}}}}\n\ndata: [DONE]\n\n"
+        );
+        let rec = decode_masking(&[(10, &chunk)], None, false, &secrets);
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert_eq!(rec.response_id.as_deref(), Some("***"));
+        assert_eq!(rec.worker_id, Some(WorkerId::Name("w-***".into())));
     }
 }

@@ -17,3 +17,9 @@ pub const MAX_TURNS: u32 = 100;
 pub const MAX_RPS: f64 = 100_000.0;
 /// The factor of every workload duration (`time_scale`).
 pub const MAX_TIME_SCALE: f64 = 100.0;
+/// The shortest step a plan may have once `time_scale` has scaled it (its warmup and steady
+/// window together): the scheduler samples a step's server metrics four times, at most every
+/// 250 ms, and a shorter step measures next to nothing. It also keeps a tiny time scale from
+/// making every step last 0 ns, a cycle of steps the daemon would run thousands of times a
+/// second.
+pub const MIN_SCALED_STEP: std::time::Duration = std::time::Duration::from_secs(1);

@@ -22,7 +22,7 @@ use std::path::Path;
 
 pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
-pub use limits::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE};
+pub use limits::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE, MIN_SCALED_STEP};
 pub use schema::*;
 pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
 pub use validate::{TokenError, read_token};

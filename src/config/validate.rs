@@ -46,6 +46,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     validate_discovery(&mut c, cfg);
     validate_tokenizer(&mut c, cfg, base_dir);
     c.finite_in(&cfg.time_scale, "time_scale", 0.0, MAX_TIME_SCALE, true);
+    validate_scaled_steps(&mut c, cfg);
     validate_client(&mut c, cfg);
     validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
@@ -60,6 +61,94 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         validate_cycle_length(&mut c, cfg);
     }
     c.diags
+}
+
+/// Every step of the cycle lasts at least [`MIN_SCALED_STEP`] once `time_scale` has scaled it
+/// (a `time_scale` of 1e-300 made every step 0 ns long). The shortest step is reported: at
+/// `time_scale` when the scale shortened it, else at the step itself.
+fn validate_scaled_steps(c: &mut Check, cfg: &Config) {
+    let scale = *cfg.time_scale;
+    if !(scale.is_finite() && scale > 0.0 && scale <= MAX_TIME_SCALE) {
+        // Reported by its own check.
+        return;
+    }
+    let w = &cfg.workloads;
+    let shortest = cfg
+        .cycle()
+        .into_iter()
+        .filter_map(|name| {
+            let step = match name {
+                "concurrency_sweep" => &w.concurrency_sweep.as_ref()?.step,
+                "multi_turn" => &w.multi_turn.as_ref()?.duration,
+                "sequence_distribution" => &w.sequence_distribution.as_ref()?.step,
+                "prefix_cache" => &w.prefix_cache.as_ref()?.step,
+                "trace_replay" => &w.trace_replay.as_ref()?.step,
+                _ => return None,
+            };
+            // A step of 0 is reported as such.
+            (!step.is_zero()).then_some((name, step))
+        })
+        .min_by_key(|(_, step)| step.0);
+    let Some((name, step)) = shortest else {
+        return;
+    };
+    // As the plan scales it (`Duration::mul_f64`), without its panic on a step too long to
+    // scale, which is not short.
+    let scaled = std::time::Duration::try_from_secs_f64(step.as_secs_f64() * scale);
+    let Some(scaled) = scaled.ok().filter(|s| *s < MIN_SCALED_STEP) else {
+        return;
+    };
+    let key = if name == "multi_turn" {
+        "duration"
+    } else {
+        "step"
+    };
+    let pos = if scale < 1.0 {
+        cfg.time_scale.pos.or(step.pos)
+    } else {
+        step.pos.or(cfg.time_scale.pos)
+    };
+    let least = MIN_SCALED_STEP.as_secs_f64() / step.as_secs_f64();
+    let fix = if least <= MAX_TIME_SCALE {
+        format!(
+            "set `time_scale` to at least {}, or lengthen `{name}.{key}`",
+            round_up(least)
+        )
+    } else {
+        format!("lengthen `{name}.{key}`")
+    };
+    c.err(
+        pos,
+        format!(
+            "`{name}.{key}` ({}) lasts {} at `time_scale` {}: a step needs at least {}",
+            **step,
+            Dur(scaled),
+            shown(scale),
+            Dur(MIN_SCALED_STEP)
+        ),
+        Some(format!(
+            "a shorter step measures next to nothing, and steps of 0s would repeat without a \
+             pause; {fix}"
+        )),
+    );
+}
+
+/// `x` as text, in scientific notation when tiny (1e-300, not 300 zeros).
+fn shown(x: f64) -> String {
+    if x != 0.0 && x.abs() < 1e-4 {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
+/// `x` rounded up to two significant digits, as text.
+fn round_up(x: f64) -> String {
+    let decimals = (1 - x.log10().floor() as i32).max(0);
+    let factor = 10f64.powi(decimals);
+    // The epsilon keeps 0.01 at 0.010 where the product rounds to 10.000000000000002.
+    let up = ((x * factor) - 1e-9).ceil() / factor;
+    format!("{up:.prec$}", prec = decimals as usize)
 }
 
 /// Something to send to, and each target: a unique name, one source (URL or simulator), its

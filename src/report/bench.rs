@@ -92,7 +92,13 @@ pub fn effective_setup(
     // invalid (a step too short for its workload, say) is a usage error, never a run.
     let problems = cfg.validate(setup.base_dir());
     if !problems.is_empty() {
-        let problems: Vec<String> = problems.iter().map(|d| d.message.clone()).collect();
+        let problems: Vec<String> = problems
+            .iter()
+            .map(|d| match &d.hint {
+                Some(hint) => format!("{} (hint: {hint})", d.message),
+                None => d.message.clone(),
+            })
+            .collect();
         return Err(ReportError::Usage(format!(
             "with --time-scale and --workload applied: {}",
             problems.join("; ")

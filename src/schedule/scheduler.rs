@@ -27,6 +27,18 @@ use crate::shutdown::Shutdown;
 pub const SCRAPES_PER_STEP: u32 = 4;
 pub const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The shortest a cycle lasts, its pause included: a cycle that took no time (every step skipped
+/// by the budget, or steps a time scale made 0 ns long) waits out the rest before the next, so
+/// the loop never spins. No valid plan's cycle is shorter, since each step lasts at least
+/// [`crate::config::MIN_SCALED_STEP`].
+pub const MIN_CYCLE: Duration = crate::config::MIN_SCALED_STEP;
+
+// The shortest step holds its [`SCRAPES_PER_STEP`] scrapes at the fastest they run.
+const _: () = assert!(
+    SCRAPES_PER_STEP as u128 * MIN_SCRAPE_INTERVAL.as_nanos()
+        <= crate::config::MIN_SCALED_STEP.as_nanos()
+);
+
 /// How a run of the loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RunSummary {
@@ -134,6 +146,7 @@ impl Scheduler {
         let mut summary = RunSummary::default();
         let mut cycle = 0u64;
         'cycles: while !stop.stopping() && cycles.is_none_or(|n| cycle < n) {
+            let started = tokio::time::Instant::now();
             let steps = plan();
             let infos: Vec<StepInfo> = steps
                 .iter()
@@ -177,8 +190,9 @@ impl Scheduler {
             if cycles.is_some_and(|n| cycle >= n) {
                 break;
             }
+            let floor = MIN_CYCLE.saturating_sub(started.elapsed());
             tokio::select! {
-                _ = tokio::time::sleep(pause()) => {}
+                _ = tokio::time::sleep(pause().max(floor)) => {}
                 _ = stop.stop_sending().cancelled() => {
                     summary.interrupted = true;
                     break;

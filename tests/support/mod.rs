@@ -8,7 +8,8 @@
 //! - [`metrics`]: a sample looked up by name and label pairs in a text exposition, sums of
 //!   samples, and the families every daemon exposition has;
 //! - [`prometheus`]: a real Prometheus (Debian's `prometheus`) on loopback;
-//! - [`raw`]: a raw HTTP/1.1 server answering canned bytes, and a canned SSE completion;
+//! - [`raw`]: a raw HTTP/1.1 server answering canned bytes, a canned SSE completion, and a
+//!   refusal that echoes the request's `Authorization`;
 //! - [`sim`]: the embedded simulator on loopback, alone or with a scraper of its `/metrics`;
 //! - [`config`]: config text shared by tests that run the same workloads;
 //! - [`free_port`].
@@ -34,7 +35,7 @@ pub use daemon::{Proc, start_daemon, start_daemon_with, start_sim_process};
 #[allow(unused_imports)]
 pub use prometheus::Prometheus;
 #[allow(unused_imports)]
-pub use raw::{RawReply, raw_server, read_request, sse_ok};
+pub use raw::{RawReply, echo_authorization_401, raw_server, read_request, sse_ok};
 
 /// How often the polling helpers probe.
 const POLL_EVERY: Duration = Duration::from_millis(100);
