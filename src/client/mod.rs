@@ -202,6 +202,8 @@ pub struct Endpoint {
     nvext: bool,
     /// The dialect ends streams after `finish_reason` without `[DONE]`.
     ends_at_finish_reason: bool,
+    /// The dialect's server names the requested model in every chunk.
+    echoes_model: bool,
     authorization: Option<HeaderValue>,
     /// Where its connections go: `host:port`, and the TLS config of an `https://` target.
     origin: Arc<transport::Origin>,
@@ -272,6 +274,7 @@ impl Endpoint {
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
             ends_at_finish_reason: dialect.ends_at_finish_reason(),
+            echoes_model: dialect.echoes_model(),
             origin: Arc::new(origin),
             rejection_logged: Arc::new(AtomicBool::new(false)),
         })
@@ -659,7 +662,12 @@ impl StreamClient {
             self.counter.as_deref(),
             self.config.max_error_bytes,
         )
-        .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason);
+        .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason)
+        .expecting_model(
+            ex.endpoint
+                .echoes_model
+                .then_some(ex.endpoint.model.as_str()),
+        );
         let body_limit = response_limit(&self.config, ex.request.osl);
         let mut body_bytes = 0usize;
         let mut last_read = rec.sent;
