@@ -606,3 +606,71 @@ async fn a_stream_that_breaks_its_contract_is_a_bad_response() {
     let rec = send_for(chat_reply(&late, 2), "gpt-4o", Dialect::Openai).await;
     assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
 }
+
+/// HTTP/1.1 framing that cannot be read one way only is the server's bad response, not a
+/// truncated stream: a chunk size that is not bare hex digits (`+1a`, ` 1a`, `0x1a`), and
+/// Content-Length values that disagree (RFC 9112 §6.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_a_bad_response() {
+    let reply = chat_reply(
+        &[serde_json::json!({"choices": [{"index": 0, "delta": {"content": "a"}}]})],
+        1,
+    );
+    let text = String::from_utf8(reply.clone()).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let head: Vec<&str> = head
+        .lines()
+        .filter(|l| !l.starts_with("content-length"))
+        .collect();
+    let head = head.join("\r\n");
+    let chunked = |size: &str| {
+        format!("{head}\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\n{body}\r\n0\r\n\r\n")
+            .into_bytes()
+    };
+    let hex = format!("{:x}", body.len());
+    let rec = send_for(chunked(&hex), "m", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    let rec = send_for(chunked(&format!("{hex};name=value")), "m", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    for size in [format!("+{hex}"), format!(" {hex}"), format!("0x{hex}")] {
+        let rec = send_for(chunked(&size), "m", Dialect::Openai).await;
+        assert_eq!(
+            rec.outcome,
+            Outcome::BadResponse,
+            "{size:?}: {:?}",
+            rec.error
+        );
+        let error = rec.error.unwrap_or_default();
+        assert!(error.contains("not hex digits"), "{size:?}: {error}");
+    }
+    let lengths = |values: &[String]| {
+        let fields: String = values
+            .iter()
+            .map(|v| format!("content-length: {v}\r\n"))
+            .collect();
+        format!("{head}\r\n{fields}\r\n{body}").into_bytes()
+    };
+    let n = body.len();
+    for values in [
+        vec![n.to_string(), (n - 10).to_string()],
+        vec![format!("{}, {n}", n - 10)],
+    ] {
+        let rec = send_for(lengths(&values), "m", Dialect::Openai).await;
+        assert_eq!(
+            rec.outcome,
+            Outcome::BadResponse,
+            "{values:?}: {:?}",
+            rec.error
+        );
+        let error = rec.error.unwrap_or_default();
+        assert!(error.contains("Content-Length"), "{values:?}: {error}");
+    }
+    // The same length twice is one length.
+    let rec = send_for(
+        lengths(&[n.to_string(), n.to_string()]),
+        "m",
+        Dialect::Openai,
+    )
+    .await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+}
