@@ -45,7 +45,10 @@ pub enum TransportError {
         authority: String,
         source: std::io::Error,
     },
-    #[error("TLS handshake with {authority} failed: {source}")]
+    #[error(
+        "TLS handshake with {authority} failed: {source}{advice}",
+        advice = super::tls::advice_suffix(.source)
+    )]
     Tls {
         authority: String,
         source: std::io::Error,
