@@ -39,7 +39,8 @@ pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_cli
 use http::{
     MAX_TAIL_BYTES, drain, read_error_body, rejected_fields_hint, response_limit, sleep_until_some,
 };
-use stream::{Flow, StreamDecoder, sanitize};
+pub(crate) use stream::sanitize;
+use stream::{Flow, StreamDecoder};
 pub use tls::{TargetTls, TlsFiles};
 pub use transport::Prewarmed;
 

@@ -653,11 +653,12 @@ fn pause(lifecycle: &Lifecycle, bytes: &[u8]) -> Response<ChunksBody> {
     } else {
         match serde_json::from_slice::<serde_json::Value>(bytes) {
             Ok(v) => match v["note"].as_str() {
+                // Logged and shown with what could reorder or hide text escaped (`Gate::set`).
                 Some(n) if n.len() <= 256 && !n.chars().any(char::is_control) => n.to_owned(),
                 _ => {
                     return text(
                         StatusCode::BAD_REQUEST,
-                        "`note`: a string of at most 256 characters",
+                        "`note`: a string of at most 256 bytes without control characters",
                     );
                 }
             },
