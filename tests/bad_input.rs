@@ -544,3 +544,191 @@ async fn implausible_usage_is_a_bad_response() {
     let rec = send(addr, 4).await;
     assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
 }
+
+/// A complete SSE reply of `chunks` (each a chat chunk), then usage for `tokens` and `[DONE]`.
+fn chat_reply(chunks: &[serde_json::Value], tokens: u64) -> Vec<u8> {
+    let mut body = String::new();
+    for chunk in chunks {
+        body.push_str(&format!("data: {chunk}\n\n"));
+    }
+    let usage = serde_json::json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}});
+    body.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// One request for `model` in `dialect` to a server that answers `reply`.
+async fn send_for(
+    reply: Vec<u8>,
+    model: &str,
+    dialect: Dialect,
+) -> llm_canary::client::RequestRecord {
+    let (addr, _) = support::raw_server(move |_| RawReply::Bytes(reply.clone())).await;
+    let client = StreamClient::new(ClientConfig {
+        request_timeout: Duration::from_secs(20),
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    let endpoint = Endpoint::new(&format!("http://{addr}"), Api::Chat, model, dialect).unwrap();
+    client
+        .send(&endpoint, &request(3), tokio::time::Instant::now())
+        .await
+}
+
+/// A stream answers one choice of the model asked for and ends that choice once: content after
+/// its `finish_reason`, a second choice index, or another model than the one asked for (in a
+/// dialect whose server repeats it) is the server's bad response, said as such; an honest
+/// stream, and OpenAI's dated snapshot of the model asked for, stay `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_breaks_its_contract_is_a_bad_response() {
+    let chunk = |model: &str, index: u64, content: &str, finish: Option<&str>| {
+        serde_json::json!({"id": "c1", "object": "chat.completion.chunk", "model": model,
+            "choices": [{"index": index, "delta": {"content": content}, "finish_reason": finish}]})
+    };
+    let m = "qwen3-tiny";
+    let honest = [
+        chunk(m, 0, "a ", None),
+        chunk(m, 0, "b ", None),
+        chunk(m, 0, "c", Some("length")),
+    ];
+    let cases = [
+        (
+            "content after finish_reason",
+            vec![
+                chunk(m, 0, "a ", None),
+                chunk(m, 0, "b", Some("stop")),
+                chunk(m, 0, " c", None),
+            ],
+            m,
+            "content after finish_reason \"stop\"",
+        ),
+        (
+            "a second choice",
+            vec![
+                chunk(m, 0, "a ", None),
+                chunk(m, 1, "b ", None),
+                chunk(m, 0, "c", Some("length")),
+            ],
+            m,
+            "a choice with index 1 after index 0",
+        ),
+        (
+            "another model",
+            vec![
+                chunk("llama-70b", 0, "a ", None),
+                chunk("llama-70b", 0, "b ", None),
+                chunk("llama-70b", 0, "c", Some("length")),
+            ],
+            m,
+            "the stream is from model \"llama-70b\", not the requested \"qwen3-tiny\"",
+        ),
+        (
+            "an alias of the model",
+            honest.to_vec(),
+            "Qwen/Qwen3-tiny",
+            "not the requested \"Qwen/Qwen3-tiny\"",
+        ),
+    ];
+    for dialect in [Dialect::Vllm, Dialect::Dynamo] {
+        for (what, chunks, asked, why) in &cases {
+            let rec = send_for(chat_reply(chunks, 3), asked, dialect).await;
+            assert_eq!(
+                rec.outcome,
+                Outcome::BadResponse,
+                "{dialect:?} {what}: {:?}",
+                rec.error
+            );
+            let error = rec.error.clone().unwrap_or_default();
+            assert!(error.contains(why), "{dialect:?} {what}: {error}");
+        }
+        let rec = send_for(chat_reply(&honest, 3), m, dialect).await;
+        assert_eq!(rec.outcome, Outcome::Ok, "{dialect:?}: {:?}", rec.error);
+        assert_eq!(rec.reply, "a b c");
+    }
+    // OpenAI names the dated snapshot of the model asked for: that dialect is not held to the
+    // name, but to one choice ended once all the same.
+    let snapshot = [
+        chunk("gpt-4o-2024-08-06", 0, "a ", None),
+        chunk("gpt-4o-2024-08-06", 0, "b ", None),
+        chunk("gpt-4o-2024-08-06", 0, "c", Some("stop")),
+    ];
+    let rec = send_for(chat_reply(&snapshot, 3), "gpt-4o", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    let late = [
+        chunk("gpt-4o-2024-08-06", 0, "a ", Some("stop")),
+        chunk("gpt-4o-2024-08-06", 0, "b ", None),
+    ];
+    let rec = send_for(chat_reply(&late, 2), "gpt-4o", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+}
+
+/// HTTP/1.1 framing that cannot be read one way only is the server's bad response, not a
+/// truncated stream: a chunk size that is not bare hex digits (`+1a`, ` 1a`, `0x1a`), and
+/// Content-Length values that disagree (RFC 9112 §6.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_a_bad_response() {
+    let reply = chat_reply(
+        &[serde_json::json!({"choices": [{"index": 0, "delta": {"content": "a"}}]})],
+        1,
+    );
+    let text = String::from_utf8(reply.clone()).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let head: Vec<&str> = head
+        .lines()
+        .filter(|l| !l.starts_with("content-length"))
+        .collect();
+    let head = head.join("\r\n");
+    let chunked = |size: &str| {
+        format!("{head}\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\n{body}\r\n0\r\n\r\n")
+            .into_bytes()
+    };
+    let hex = format!("{:x}", body.len());
+    let rec = send_for(chunked(&hex), "m", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    let rec = send_for(chunked(&format!("{hex};name=value")), "m", Dialect::Openai).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+    for size in [format!("+{hex}"), format!(" {hex}"), format!("0x{hex}")] {
+        let rec = send_for(chunked(&size), "m", Dialect::Openai).await;
+        assert_eq!(
+            rec.outcome,
+            Outcome::BadResponse,
+            "{size:?}: {:?}",
+            rec.error
+        );
+        let error = rec.error.unwrap_or_default();
+        assert!(error.contains("not hex digits"), "{size:?}: {error}");
+    }
+    let lengths = |values: &[String]| {
+        let fields: String = values
+            .iter()
+            .map(|v| format!("content-length: {v}\r\n"))
+            .collect();
+        format!("{head}\r\n{fields}\r\n{body}").into_bytes()
+    };
+    let n = body.len();
+    for values in [
+        vec![n.to_string(), (n - 10).to_string()],
+        vec![format!("{}, {n}", n - 10)],
+    ] {
+        let rec = send_for(lengths(&values), "m", Dialect::Openai).await;
+        assert_eq!(
+            rec.outcome,
+            Outcome::BadResponse,
+            "{values:?}: {:?}",
+            rec.error
+        );
+        let error = rec.error.unwrap_or_default();
+        assert!(error.contains("Content-Length"), "{values:?}: {error}");
+    }
+    // The same length twice is one length.
+    let rec = send_for(
+        lengths(&[n.to_string(), n.to_string()]),
+        "m",
+        Dialect::Openai,
+    )
+    .await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+}

@@ -318,3 +318,116 @@ async fn idle_tls_connections_survive_session_tickets_and_a_closed_one_is_not_re
     }
     assert_eq!(seen.handshakes.load(Ordering::SeqCst), 3);
 }
+
+/// A self-signed certificate as `openssl req -x509` makes it (`basicConstraints CA:TRUE`) for
+/// `names`, valid until `not_after`: its PEM and its key's.
+fn self_signed_ca(names: &[&str], not_after: (i32, u8, u8)) -> (String, String) {
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+    params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A TLS server on loopback presenting `cert` (no client certificate asked) that answers each
+/// request with a short SSE completion and closes.
+async fn server_presenting(cert: &(String, String)) -> std::net::SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(cert.0.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(cert.1.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                if support::read_request(&mut tls, &mut buf).await.is_some() {
+                    let _ = tls.write_all(&support::sse_ok("m", 4)).await;
+                    let _ = tls.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One request to `addr` trusting `ca_pem` as the target's `ca_file`.
+async fn send_trusting(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> llm_canary::client::RequestRecord {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca_pem).unwrap();
+    let files = TlsFiles {
+        ca_file: Some(dir.path().join("ca.pem")),
+        ..TlsFiles::default()
+    };
+    let endpoint = Endpoint::new(&format!("https://{addr}"), Api::Chat, "m", Dialect::Openai)
+        .unwrap()
+        .with_tls(TargetTls::from_files(&files).unwrap())
+        .unwrap();
+    let client = StreamClient::new(ClientConfig::default()).unwrap();
+    client
+        .send(&endpoint, &request("pinned"), tokio::time::Instant::now())
+        .await
+}
+
+/// The certificate `openssl req -x509` makes is a CA certificate, which webpki refuses as a
+/// server's own (`CaUsedAsEndEntity`). Put in `ca_file`, that exact certificate is trusted as the
+/// server's (pinned) — still only for its names and its validity period; any other CA
+/// certificate a server presents is refused with what to do, openssl commands included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_server_certificate_in_ca_file_is_pinned() {
+    let cert = self_signed_ca(&["127.0.0.1"], (4000, 1, 1));
+    let addr = server_presenting(&cert).await;
+    let rec = send_trusting(addr, &cert.0).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+
+    // Among other certificates of the bundle, too.
+    let other = self_signed_ca(&["127.0.0.1"], (4000, 1, 1));
+    let rec = send_trusting(addr, &format!("{}{}", other.0, cert.0)).await;
+    assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+
+    // Another self-signed CA certificate than the one in `ca_file`: refused, saying what to do.
+    let rec = send_trusting(addr, &other.0).await;
+    assert_eq!(rec.outcome, Outcome::Connect, "{:?}", rec.error);
+    let error = rec.error.unwrap_or_default();
+    assert!(
+        error.contains("presented a CA certificate")
+            && error.contains("tls.ca_file")
+            && error.contains("openssl x509 -req"),
+        "{error}"
+    );
+
+    // Pinned, but for another name, or expired: refused as webpki would.
+    let elsewhere = self_signed_ca(&["canary.example"], (4000, 1, 1));
+    let addr = server_presenting(&elsewhere).await;
+    let rec = send_trusting(addr, &elsewhere.0).await;
+    assert_eq!(rec.outcome, Outcome::Connect, "{:?}", rec.error);
+    let error = rec.error.unwrap_or_default();
+    assert!(error.contains("not valid for name"), "{error}");
+
+    let expired = self_signed_ca(&["127.0.0.1"], (2001, 1, 1));
+    let addr = server_presenting(&expired).await;
+    let rec = send_trusting(addr, &expired.0).await;
+    assert_eq!(rec.outcome, Outcome::Connect, "{:?}", rec.error);
+    let error = rec.error.unwrap_or_default();
+    assert!(error.to_ascii_lowercase().contains("expired"), "{error}");
+}

@@ -13,6 +13,10 @@ use smallvec::SmallVec;
 pub(super) struct ChunkJson<'a> {
     #[serde(borrow, default)]
     pub(super) id: Option<Cow<'a, str>>,
+    /// The model the server says answered, which the request's must match where the dialect's
+    /// server repeats it ([`crate::config::Dialect::echoes_model`]).
+    #[serde(borrow, default)]
+    pub(super) model: Option<Cow<'a, str>>,
     /// One choice inline: the canary asks for one, and a heap allocation per token would cost
     /// more than the rest of the chunk's bookkeeping.
     #[serde(borrow, default)]
@@ -35,6 +39,9 @@ pub(super) struct ChunkJson<'a> {
 
 #[derive(Deserialize, Default)]
 pub(super) struct ChoiceJson<'a> {
+    /// Which choice this is: the request asks for one, so one index per stream.
+    #[serde(default)]
+    pub(super) index: Option<u64>,
     #[serde(borrow, default)]
     pub(super) delta: Option<DeltaJson<'a>>,
     /// The completions API streams `text` instead of `delta`.

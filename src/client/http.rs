@@ -73,6 +73,10 @@ pub fn error_text(err: &reqwest::Error) -> String {
         text.push_str(&cause.to_string());
         source = cause.source();
     }
+    if let Some(advice) = super::tls::ca_as_server_advice(err) {
+        text.push_str(": ");
+        text.push_str(advice);
+    }
     match err.url() {
         Some(url) => text.replace(url.as_str(), &crate::config::display_url(url)),
         None => text,

@@ -9,6 +9,7 @@
 
 mod body;
 mod chunk;
+mod endpoint;
 mod http;
 mod record;
 mod secret;
@@ -19,17 +20,15 @@ mod tls;
 mod transport;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use tokio::time::Instant;
-use url::Url;
-
-use crate::config::{Api, Dialect, LengthControl};
 
 pub use crate::config::DEFAULT_POOL_IDLE_TIMEOUT;
 pub use body::{BodySpec, ChatMessage, Prompt, Role, encode as encode_body};
+pub use endpoint::{ApiKey, Endpoint};
 pub use record::{
     CacheSource, MAX_RECORD_SPAN, Outcome, RequestRecord, ServerSplit, ServerTiming, TokenCounter,
     Usage, WorkerId,
@@ -41,7 +40,8 @@ pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_cli
 use http::{
     MAX_TAIL_BYTES, drain, read_error_body, rejected_fields_hint, response_limit, sleep_until_some,
 };
-use stream::{Flow, StreamDecoder, sanitize};
+pub(crate) use stream::sanitize;
+use stream::{Flow, StreamDecoder};
 pub use tls::{TargetTls, TlsFiles};
 pub use transport::Prewarmed;
 
@@ -165,190 +165,6 @@ impl ClientConfig {
             return bad("max_response_bytes must be at least max_event_bytes");
         }
         Ok(())
-    }
-}
-
-/// A bearer API key. It has no `Display` and its `Debug` is redacted, so it cannot reach a log by
-/// accident.
-#[derive(Clone)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// `Bearer <key>` as a header value marked sensitive, which keeps it out of HTTP-level
-    /// debug output too.
-    pub fn authorization(&self) -> Result<HeaderValue, ClientError> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", self.0))
-            .map_err(|_| ClientError::InvalidApiKey)?;
-        value.set_sensitive(true);
-        Ok(value)
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
-/// Where and how to send: one target's endpoint.
-#[derive(Clone)]
-pub struct Endpoint {
-    url: Url,
-    api: Api,
-    model: String,
-    length_control: LengthControl,
-    nvext: bool,
-    /// The dialect ends streams after `finish_reason` without `[DONE]`.
-    ends_at_finish_reason: bool,
-    authorization: Option<HeaderValue>,
-    /// What it is sent to know the canary by (its key, the password in its URL), masked out of
-    /// every text of its answers that the canary keeps.
-    secrets: Secrets,
-    /// Where its connections go: `host:port`, and the TLS config of an `https://` target.
-    origin: Arc<transport::Origin>,
-    /// Set once a rejection of the body's extension fields was logged, so a server that rejects
-    /// every request logs the fix once, not at request rate.
-    rejection_logged: Arc<AtomicBool>,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("url", &self.url.as_str())
-            .field("api", &self.api)
-            .field("model", &self.model)
-            .field("length_control", &self.length_control)
-            .field("nvext", &self.nvext)
-            .field(
-                "api_key",
-                &self.authorization.as_ref().map(|_| "<redacted>"),
-            )
-            .field("tls", &self.origin.is_tls())
-            .finish()
-    }
-}
-
-impl Endpoint {
-    /// An endpoint on `base_url` (`http://host:8000` or `http://host:8000/v1`), with the length
-    /// fields and `nvext` the dialect accepts.
-    pub fn new(
-        base_url: &str,
-        api: Api,
-        model: impl Into<String>,
-        dialect: Dialect,
-    ) -> Result<Self, ClientError> {
-        // Shown without any credentials in it, as every URL the canary prints.
-        let invalid = |reason: &str| ClientError::InvalidUrl {
-            url: crate::config::display_url_text(base_url),
-            reason: reason.to_owned(),
-        };
-        let mut url = Url::parse(base_url).map_err(|e| invalid(&e.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(invalid("the scheme must be http or https"));
-        }
-        if url.cannot_be_a_base() {
-            return Err(invalid("not a base URL"));
-        }
-        let base_path = url.path().trim_end_matches('/');
-        let suffix = match api {
-            Api::Chat => "chat/completions",
-            Api::Completions => "completions",
-        };
-        let path = if base_path.ends_with("/v1") {
-            format!("{base_path}/{suffix}")
-        } else {
-            format!("{base_path}/v1/{suffix}")
-        };
-        url.set_path(&path);
-        let tls = match url.scheme() {
-            "https" => Some(TargetTls::platform()?),
-            _ => None,
-        };
-        let origin = transport::Origin::new(&url, tls).map_err(|e| invalid(&e.to_string()))?;
-        Ok(Self {
-            authorization: http::basic_authorization(&url),
-            secrets: http::url_secrets(&url),
-            url,
-            api,
-            model: model.into(),
-            length_control: dialect.length_control(),
-            nvext: dialect.supports_nvext(),
-            ends_at_finish_reason: dialect.ends_at_finish_reason(),
-            origin: Arc::new(origin),
-            rejection_logged: Arc::new(AtomicBool::new(false)),
-        })
-    }
-
-    /// Connects to this `https://` endpoint with `tls` (built by [`TargetTls::from_files`])
-    /// instead of the platform's roots; an `http://` endpoint stays plain.
-    pub fn with_tls(mut self, tls: Arc<TargetTls>) -> Result<Self, ClientError> {
-        let origin =
-            transport::Origin::new(&self.url, Some(tls)).map_err(|e| ClientError::InvalidUrl {
-                url: crate::config::display_url(&self.url),
-                reason: e.to_string(),
-            })?;
-        self.origin = Arc::new(origin);
-        Ok(self)
-    }
-
-    /// Overrides the dialect's length-control preset.
-    pub fn with_length_control(mut self, length_control: LengthControl) -> Self {
-        self.length_control = length_control;
-        self
-    }
-
-    /// Asks (or stops asking) for `nvext.timing` and `nvext.worker_id`.
-    pub fn with_nvext(mut self, nvext: bool) -> Self {
-        self.nvext = nvext;
-        self
-    }
-
-    /// Sends `Authorization: Bearer <key>` with every request (in place of the Basic
-    /// authorization of credentials in the URL).
-    pub fn with_api_key(mut self, key: &ApiKey) -> Result<Self, ClientError> {
-        self.authorization = Some(key.authorization()?);
-        self.secrets = self.secrets.with(&key.0);
-        Ok(self)
-    }
-
-    /// What this endpoint is sent to know the canary by, to mask out of what it answers.
-    pub fn secrets(&self) -> &Secrets {
-        &self.secrets
-    }
-
-    /// The full URL requests go to.
-    pub fn url(&self) -> &Url {
-        &self.url
-    }
-
-    pub fn api(&self) -> Api {
-        self.api
-    }
-
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
-    pub fn length_control(&self) -> LengthControl {
-        self.length_control
-    }
-
-    pub fn nvext(&self) -> bool {
-        self.nvext
-    }
-
-    fn body_spec<'a>(&'a self, user: Option<&'a str>) -> BodySpec<'a> {
-        BodySpec {
-            api: self.api,
-            model: &self.model,
-            length_control: self.length_control,
-            nvext: self.nvext,
-            user,
-        }
     }
 }
 
@@ -677,7 +493,12 @@ impl StreamClient {
             self.config.max_error_bytes,
             &ex.endpoint.secrets,
         )
-        .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason);
+        .ending_at_finish_reason(ex.endpoint.ends_at_finish_reason)
+        .expecting_model(
+            ex.endpoint
+                .echoes_model
+                .then_some(ex.endpoint.model.as_str()),
+        );
         let body_limit = response_limit(&self.config, ex.request.osl);
         let mut body_bytes = 0usize;
         let mut last_read = rec.sent;
@@ -809,6 +630,7 @@ impl StreamClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Api, Dialect};
 
     #[test]
     fn endpoint_urls_accept_a_base_with_or_without_v1() {

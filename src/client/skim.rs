@@ -1,5 +1,6 @@
 //! The fast path of chunk decoding: one walk over a streamed chunk of the common shape (`id`,
-//! `object`, `choices` with their deltas, and fields nobody reads), borrowing its strings. It
+//! `object`, `model`, `choices` with their index and deltas, and fields nobody reads), borrowing
+//! its strings. It
 //! gives up, and the caller takes serde_json's full parse, on anything it would not decode
 //! exactly as serde_json does: an escape in any string, a field read for something rarer
 //! (`usage`, `nvext`, `error`, `message`), a repeated field, an unexpected type, JSON it does not
@@ -31,13 +32,17 @@ fn decode<'a>(text: &'a str, chunk: &mut ChunkJson<'a>) -> Option<()> {
         s: text.as_bytes(),
         i: 0,
     };
-    let (mut id, mut object, mut choices) = (false, false, false);
+    let (mut id, mut object, mut model, mut choices) = (false, false, false, false);
     p.object(|p, key| match key {
         "id" => p.once(&mut id)?.string_or_null().map(|v| chunk.id = v),
         "object" => p
             .once(&mut object)?
             .string_or_null()
             .map(|v| chunk.object = v),
+        "model" => p
+            .once(&mut model)?
+            .string_or_null()
+            .map(|v| chunk.model = v),
         "choices" => p.once(&mut choices)?.choices().map(|v| chunk.choices = v),
         "usage" | "nvext" | "error" | "message" => None,
         _ => p.skip(0),
@@ -58,7 +63,8 @@ enum Field {
 /// The previous plain chunk of a stream, cut around its one string that changes from token to
 /// token (`delta.content`, `delta.reasoning_content`, `delta.reasoning` or `text`): a server
 /// writes every other byte of a stream's chunks the same way (its id, `created`, model, index,
-/// `finish_reason: null`). A chunk that is the same bytes before and after that string, with
+/// `finish_reason: null`), so those decode as the learnt chunk's: its index is kept as a value,
+/// its `id`, `object` and `model` as where they lie in the bytes. A chunk that is the same bytes before and after that string, with
 /// nothing in the string that ends or escapes it, is the same JSON with another string, and
 /// decodes to the same fields with the new text, without a walk: two comparisons and a scan of
 /// the token. Anything else (the role chunk, the `finish_reason` chunk, a new `created`) takes
@@ -81,6 +87,19 @@ struct Shape {
     /// Where `id` and `object` are in the head, when they are strings.
     id: Option<std::ops::Range<usize>>,
     object: Option<std::ops::Range<usize>>,
+    /// Where `model` is, when it is a string: in the head, or in the tail (Dynamo writes it after
+    /// `choices`).
+    model: Option<Place>,
+    /// The choice's `index`.
+    index: Option<u64>,
+}
+
+/// Where a string of the learnt chunk lies: in the head (a range from the start), or in the tail
+/// (`back` bytes before the end, `len` long), which a chunk the template takes ends with.
+#[derive(Clone, Debug)]
+enum Place {
+    Head(std::ops::Range<usize>),
+    Tail { back: usize, len: usize },
 }
 
 impl Template {
@@ -102,20 +121,31 @@ impl Template {
         let Ok(token) = std::str::from_utf8(token) else {
             return false;
         };
-        // `id` and `object` are in the head, checked again (short) rather than trusted unsafely.
-        let at = |r: &Option<std::ops::Range<usize>>| match r {
+        // `id`, `object` and `model` are in the head or the tail, checked again (short) rather
+        // than trusted unsafely.
+        let at = |r: Option<std::ops::Range<usize>>| match r {
             None => Some(None),
-            Some(r) => std::str::from_utf8(&b[r.clone()])
+            Some(r) => std::str::from_utf8(&b[r])
                 .ok()
                 .map(|s| Some(Cow::Borrowed(s))),
         };
-        let (Some(id), Some(object)) = (at(&shape.id), at(&shape.object)) else {
+        let model = shape.model.as_ref().map(|place| match place {
+            Place::Head(r) => r.clone(),
+            Place::Tail { back, len } => b.len() - back..b.len() - back + len,
+        });
+        let (Some(id), Some(object), Some(model)) =
+            (at(shape.id.clone()), at(shape.object.clone()), at(model))
+        else {
             return false;
         };
         let token = Some(Cow::Borrowed(token));
         chunk.id = id;
         chunk.object = object;
-        let mut choice = ChoiceJson::default();
+        chunk.model = model;
+        let mut choice = ChoiceJson {
+            index: shape.index,
+            ..ChoiceJson::default()
+        };
         let mut delta = DeltaJson::default();
         match shape.field {
             Field::Content => delta.content = token,
@@ -130,7 +160,7 @@ impl Template {
 
     /// Learns from a chunk the walk decoded from `text`: its shape when it has one choice, no
     /// `finish_reason`, exactly one of the token strings (borrowed from `text`) and its `id` and
-    /// `object` before that string; forgets the last shape otherwise.
+    /// `object` before that string (its `model` anywhere); forgets the last shape otherwise.
     pub(super) fn learn(&mut self, text: &str, chunk: &ChunkJson<'_>) {
         self.shape = Self::shape_of(text, chunk).map(|(shape, token)| {
             self.head.clear();
@@ -174,11 +204,28 @@ impl Template {
             Some(Cow::Borrowed(s)) => span(text, s).filter(|r| r.end < token.start).map(Some),
             Some(Cow::Owned(_)) => None,
         };
+        let model = match &chunk.model {
+            None => None,
+            Some(Cow::Borrowed(s)) => {
+                let r = span(text, s)?;
+                Some(if r.end < token.start {
+                    Place::Head(r)
+                } else {
+                    Place::Tail {
+                        back: text.len() - r.start,
+                        len: r.len(),
+                    }
+                })
+            }
+            Some(Cow::Owned(_)) => return None,
+        };
         let shape = Shape {
             field: *field,
             delta: choice.delta.is_some(),
             id: before(&chunk.id)?,
             object: before(&chunk.object)?,
+            model,
+            index: choice.index,
         };
         Some((shape, token))
     }
@@ -257,6 +304,21 @@ impl<'a> Walk<'a> {
             self.i += 1;
         }
         self.i - start
+    }
+
+    /// A choice's `index`: `null`, or digits without a leading zero that fit a `u64`, as
+    /// serde_json reads them; a sign, a fraction, an exponent or an overflow is left to it.
+    fn index(&mut self) -> Option<Option<u64>> {
+        if self.peek()? == b'n' {
+            return self.literal(b"null").map(|_| None);
+        }
+        let start = self.i;
+        let n = self.digits();
+        let leading_zero = n > 1 && self.s[start] == b'0';
+        if n == 0 || leading_zero || matches!(self.s.get(self.i), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        self.text.get(start..self.i)?.parse().ok().map(Some)
     }
 
     /// JSON's number grammar, strictly: `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`.
@@ -350,8 +412,9 @@ impl<'a> Walk<'a> {
         let mut out = SmallVec::new();
         self.array(|p| {
             let mut choice = ChoiceJson::default();
-            let (mut delta, mut text, mut finish) = (false, false, false);
+            let (mut index, mut delta, mut text, mut finish) = (false, false, false, false);
             p.object(|p, key| match key {
+                "index" => p.once(&mut index)?.index().map(|v| choice.index = v),
                 "delta" => p.once(&mut delta)?.delta().map(|v| choice.delta = v),
                 "text" => p.once(&mut text)?.string_or_null().map(|v| choice.text = v),
                 "finish_reason" => p
@@ -397,12 +460,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// What the decoder reads of a chunk, comparable.
-    type View = (
-        Option<String>,
-        Option<String>,
-        Option<Vec<[Option<String>; 5]>>,
-        bool,
-    );
+    type View = ([Option<String>; 3], Option<Vec<[Option<String>; 6]>>, bool);
 
     fn view(c: &ChunkJson<'_>) -> View {
         let s = |v: &Option<Cow<'_, str>>| v.as_ref().map(|s| s.to_string());
@@ -411,6 +469,7 @@ mod tests {
                 .map(|ch| {
                     let d = ch.delta.as_ref();
                     [
+                        ch.index.map(|i| i.to_string()),
                         d.and_then(|d| s(&d.content)),
                         d.and_then(|d| s(&d.reasoning_content)),
                         d.and_then(|d| s(&d.reasoning)),
@@ -422,7 +481,7 @@ mod tests {
         });
         let rare =
             c.usage.is_some() || c.nvext.is_some() || c.error.is_some() || c.message.is_some();
-        (s(&c.id), s(&c.object), choices, rare)
+        ([s(&c.id), s(&c.object), s(&c.model)], choices, rare)
     }
 
     /// Where the fast path answers, serde_json gives the same.
@@ -484,6 +543,39 @@ mod tests {
         }
         let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(80), "]".repeat(80));
         assert!(!agrees(&deep).unwrap());
+    }
+
+    #[test]
+    fn the_index_and_the_model_decode_as_serde_json_does() {
+        let taken = [
+            r#"{"model":"Qwen/Qwen3-30B-A3B-FP8","choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"model":null,"choices":[{"index":null,"text":"a"}]}"#,
+            r#"{"choices":[{"index": 17 ,"text":"a"}],"model":"m"}"#,
+            r#"{"choices":[{"index":18446744073709551615}]}"#,
+        ];
+        for text in taken {
+            assert!(agrees(text).unwrap(), "not taken: {text}");
+        }
+        let left = [
+            r#"{"choices":[{"index":-1}]}"#,
+            r#"{"choices":[{"index":-0}]}"#,
+            r#"{"choices":[{"index":01}]}"#,
+            r#"{"choices":[{"index":1.0}]}"#,
+            r#"{"choices":[{"index":1e2}]}"#,
+            r#"{"choices":[{"index":"0"}]}"#,
+            r#"{"choices":[{"index":18446744073709551616}]}"#,
+            r#"{"choices":[{"index":0,"index":0}]}"#,
+            r#"{"model":5}"#,
+            r#"{"model":"a\/b"}"#,
+            r#"{"model":"a","model":"a"}"#,
+        ];
+        for text in left {
+            assert!(!agrees(text).unwrap(), "taken: {text}");
+        }
+        let mut chunk = ChunkJson::default();
+        assert!(super::chunk(taken[2], &mut chunk));
+        assert_eq!(chunk.model.as_deref(), Some("m"));
+        assert_eq!(chunk.choices.as_ref().unwrap()[0].index, Some(17));
     }
 
     fn json_string() -> impl Strategy<Value = String> {

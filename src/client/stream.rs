@@ -1,13 +1,16 @@
 //! Turns the SSE body of a streamed completion into a [`RequestRecord`]: content chunks with the
 //! instant of the network read that carried them, the reply text, usage, `nvext`, and the outcome
-//! of the stream (`[DONE]`, an error frame, unparseable data, or an early end).
+//! of the stream (`[DONE]`, an error frame, unparseable data, a broken contract, or an early end).
+//! The contract of a stream for one choice: every chunk names the model asked for (where the
+//! dialect's server repeats it), one choice index throughout, and no content once that choice
+//! has its `finish_reason`.
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::chunk::ChunkJson;
+use super::chunk::{ChoiceJson, ChunkJson};
 use super::record::{Outcome, RequestRecord, ServerTiming, TokenCounter, Usage, WorkerId};
 use super::secret::Secrets;
 use super::sse::{SseEvent, SseParser};
@@ -42,6 +45,12 @@ pub(crate) struct StreamDecoder<'c> {
     /// A clean end of the body after `finish_reason` completes the stream (see
     /// [`crate::config::Dialect::ends_at_finish_reason`]).
     ends_at_finish_reason: bool,
+    /// The model the request asked for, which a chunk that names one must name exactly; `None`
+    /// where the dialect's server answers with a name of its own (see
+    /// [`crate::config::Dialect::echoes_model`]).
+    model: Option<&'c str>,
+    /// The index of the stream's one choice, from the first chunk that gave one.
+    choice: Option<u64>,
 }
 
 impl<'c> StreamDecoder<'c> {
@@ -58,7 +67,15 @@ impl<'c> StreamDecoder<'c> {
             message_limit,
             secrets,
             ends_at_finish_reason: false,
+            model: None,
+            choice: None,
         }
+    }
+
+    /// Holds every chunk that names a model to `model` (exactly, as sent), or none to any.
+    pub(crate) fn expecting_model(mut self, model: Option<&'c str>) -> Self {
+        self.model = model;
+        self
     }
 
     /// Accepts a clean end of the body after the `finish_reason` chunk as the end of the stream.
@@ -156,8 +173,58 @@ impl<'c> StreamDecoder<'c> {
             let message = chunk.message.as_deref().unwrap_or("error object in stream");
             return Flow::Finished(Outcome::StreamError, Some(self.kept(message)));
         }
+        if let Some(broken) = self.broken_contract(rec, &chunk) {
+            return Flow::Finished(Outcome::BadResponse, Some(self.kept(&broken)));
+        }
         self.apply(rec, &mut chunk, at);
         Flow::Continue
+    }
+
+    /// How `chunk` breaks the contract of a stream for one choice, if it does: another model
+    /// than the one asked for, a second choice index, or content after the choice's
+    /// `finish_reason` (earlier in the stream or earlier in this chunk). No allocation unless it
+    /// does.
+    fn broken_contract(&mut self, rec: &RequestRecord, chunk: &ChunkJson<'_>) -> Option<String> {
+        if let (Some(asked), Some(named)) = (self.model, chunk.model.as_deref())
+            && named != asked
+        {
+            return Some(format!(
+                "the stream is from model \"{}\", not the requested \"{}\"",
+                sanitize(named, MAX_MODEL_BYTES, self.secrets),
+                sanitize(asked, MAX_MODEL_BYTES, self.secrets)
+            ));
+        }
+        // An empty `finish_reason` is read as none: some servers write `""` for null.
+        fn stated(reason: Option<&str>) -> Option<&str> {
+            reason.filter(|r| !r.is_empty())
+        }
+        let mut finished = stated(rec.finish_reason.as_deref());
+        for choice in chunk.choices.iter().flatten() {
+            if let Some(index) = choice.index {
+                match self.choice {
+                    None => self.choice = Some(index),
+                    Some(first) if first != index => {
+                        return Some(format!(
+                            "a choice with index {index} after index {first}: the request asked \
+                             for one choice"
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+            let (content, reasoning) = texts(choice);
+            if let Some(reason) = finished
+                && !(content.is_empty() && reasoning.is_empty())
+            {
+                return Some(format!(
+                    "content after finish_reason \"{}\": the server sent tokens past the end of \
+                     the choice",
+                    sanitize(reason, MAX_MODEL_BYTES, self.secrets)
+                ));
+            }
+            finished = stated(choice.finish_reason.as_deref()).or(finished);
+        }
+        None
     }
 
     fn apply(&self, rec: &mut RequestRecord, chunk: &mut ChunkJson<'_>, at: Instant) {
@@ -170,18 +237,7 @@ impl<'c> StreamDecoder<'c> {
         }
         let mut finished_here = false;
         for choice in chunk.choices.iter().flatten() {
-            let (content, reasoning) = match &choice.delta {
-                Some(delta) => (
-                    delta.content.as_deref(),
-                    delta
-                        .reasoning_content
-                        .as_deref()
-                        .or(delta.reasoning.as_deref()),
-                ),
-                None => (choice.text.as_deref(), None),
-            };
-            let content = content.unwrap_or("");
-            let reasoning = reasoning.unwrap_or("");
+            let (content, reasoning) = texts(choice);
             // A role-only or otherwise empty delta is not a token.
             if !content.is_empty() || !reasoning.is_empty() {
                 let tokens = match self.counter {
@@ -250,6 +306,25 @@ fn char_floor(text: &str, max: usize) -> usize {
     }
     at
 }
+
+/// A choice's content (`delta.content`, or the completions API's `text`) and reasoning
+/// (`delta.reasoning_content` or `delta.reasoning`), empty where absent.
+fn texts<'s>(choice: &'s ChoiceJson<'_>) -> (&'s str, &'s str) {
+    let (content, reasoning) = match &choice.delta {
+        Some(delta) => (
+            delta.content.as_deref(),
+            delta
+                .reasoning_content
+                .as_deref()
+                .or(delta.reasoning.as_deref()),
+        ),
+        None => (choice.text.as_deref(), None),
+    };
+    (content.unwrap_or(""), reasoning.unwrap_or(""))
+}
+
+/// The most of a model name (or a `finish_reason`) a message quotes.
+const MAX_MODEL_BYTES: usize = 256;
 
 /// The human part of an `{"error": ...}` value: its `message`, or the value itself.
 fn error_message(error: &serde_json::Value) -> String {
@@ -322,7 +397,7 @@ mod tests {
         counter: Option<&dyn TokenCounter>,
         ends_at_finish_reason: bool,
     ) -> RequestRecord {
-        decode_masking(reads, counter, ends_at_finish_reason, &NO_SECRETS)
+        decode_full(reads, counter, ends_at_finish_reason, None, &NO_SECRETS)
     }
 
     fn decode_masking(
@@ -331,10 +406,30 @@ mod tests {
         ends_at_finish_reason: bool,
         secrets: &Secrets,
     ) -> RequestRecord {
+        decode_full(reads, counter, ends_at_finish_reason, None, secrets)
+    }
+
+    fn decode_for(
+        reads: &[(u32, &str)],
+        counter: Option<&dyn TokenCounter>,
+        ends_at_finish_reason: bool,
+        model: Option<&str>,
+    ) -> RequestRecord {
+        decode_full(reads, counter, ends_at_finish_reason, model, &NO_SECRETS)
+    }
+
+    fn decode_full(
+        reads: &[(u32, &str)],
+        counter: Option<&dyn TokenCounter>,
+        ends_at_finish_reason: bool,
+        model: Option<&str>,
+        secrets: &Secrets,
+    ) -> RequestRecord {
         let t0 = Instant::now();
         let mut rec = RequestRecord::new("r", t0, t0);
         let mut decoder = StreamDecoder::new(1 << 20, counter, 200, secrets)
-            .ending_at_finish_reason(ends_at_finish_reason);
+            .ending_at_finish_reason(ends_at_finish_reason)
+            .expecting_model(model);
         let mut last = t0;
         for &(ms, text) in reads {
             last = t0 + ms * MS;
@@ -570,6 +665,131 @@ mod tests {
             decode_with(&half, None, true).outcome,
             Outcome::StreamTruncated
         );
+    }
+
+    /// A chat chunk of `model` (none when empty) for choice `index` (none when `None`), with
+    /// `delta` and `finish_reason` as written.
+    fn chunk(model: &str, index: Option<u64>, delta: &str, finish: &str) -> String {
+        let model = match model {
+            "" => String::new(),
+            m => format!(",\"model\":{}", serde_json::to_string(m).unwrap()),
+        };
+        let index = index.map_or(String::new(), |i| format!("\"index\":{i},"));
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\"{model},\"choices\":\
+             [{{{index}\"delta\":{{{delta}}},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    }
+
+    const DONE: &str = "data: [DONE]\n\n";
+
+    #[test]
+    fn content_after_the_finish_reason_breaks_the_stream() {
+        let a = chunk("m", Some(0), r#""content":"a""#, "null");
+        let stop = chunk("m", Some(0), r#""content":"b""#, r#""stop""#);
+        let late = chunk("m", Some(0), r#""content":"c""#, "null");
+        let late_reasoning = chunk("m", Some(0), r#""reasoning_content":"hm""#, "null");
+        for after in [&late, &late_reasoning] {
+            let rec = decode(&[(10, &a), (20, &stop), (30, after), (31, DONE)], None);
+            assert_eq!(rec.outcome, Outcome::BadResponse, "{after}");
+            let error = rec.error.clone().unwrap();
+            assert!(
+                error.contains("content after finish_reason \"stop\""),
+                "{error}"
+            );
+            assert_eq!(rec.error_latency(), Some(30 * MS));
+        }
+        // In one chunk: a choice that finished, then content for it.
+        let both = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"},\
+                    {\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+        let rec = decode(&[(10, &a), (20, both), (21, DONE)], None);
+        assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+        // The finishing chunk may carry the last token; empty deltas and usage may follow.
+        let empty = chunk("m", Some(0), r#""content":"""#, "null");
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+        let rec = decode(
+            &[(10, &a), (20, &stop), (21, &empty), (22, usage), (23, DONE)],
+            None,
+        );
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert_eq!(rec.reply, "ab");
+    }
+
+    #[test]
+    fn a_second_choice_index_breaks_a_stream_of_one() {
+        let zero = chunk("m", Some(0), r#""content":"a""#, "null");
+        let one = chunk("m", Some(1), r#""content":"b""#, "null");
+        let rec = decode(&[(10, &zero), (20, &zero), (30, &one), (31, DONE)], None);
+        assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+        let error = rec.error.unwrap();
+        assert!(
+            error.contains("a choice with index 1 after index 0"),
+            "{error}"
+        );
+        // One index throughout, or none given: one choice.
+        let unnamed = chunk("m", None, r#""content":"b""#, "null");
+        let rec = decode(&[(10, &one), (20, &unnamed), (30, &one), (31, DONE)], None);
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert_eq!(rec.reply, "bbb");
+    }
+
+    #[test]
+    fn a_chunk_naming_another_model_breaks_the_stream_where_the_model_is_held() {
+        let m = |model: &str, text: &str| {
+            chunk(model, Some(0), &format!(r#""content":"{text}""#), "null")
+        };
+        // The first chunks teach the fast path the stream's shape, the model's bytes with it.
+        let (a, b, c) = (m("qwen3", "a"), m("qwen3", "b"), m("qwen3", "c"));
+        let other = m("llama\n3", "d");
+        let reads = [
+            (10, a.as_str()),
+            (11, &b),
+            (12, &c),
+            (13, &other),
+            (14, DONE),
+        ];
+        let rec = decode_for(&reads, None, false, Some("qwen3"));
+        assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+        let error = rec.error.clone().unwrap();
+        assert!(
+            error.contains(r#"the stream is from model "llama\n3", not the requested "qwen3""#),
+            "{error}"
+        );
+        assert_eq!(rec.error_latency(), Some(13 * MS));
+        // Not held to a model (the openai and transformers dialects): the same stream is ok.
+        let rec = decode_for(&reads, None, false, None);
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        // The model asked for, or none named: ok.
+        let unnamed = chunk("", Some(0), r#""content":"e""#, "null");
+        let reads = [(10, a.as_str()), (11, &b), (12, &unnamed), (13, DONE)];
+        let rec = decode_for(&reads, None, false, Some("qwen3"));
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        // Compared exactly, as sent: an alias or a case change is another model.
+        for asked in ["Qwen3", "qwen3 ", "org/qwen3"] {
+            let rec = decode_for(&[(10, &a), (11, DONE)], None, false, Some(asked));
+            assert_eq!(rec.outcome, Outcome::BadResponse, "{asked:?}");
+        }
+        // Dynamo writes `model` after `choices`: learnt there, and a change there is seen.
+        let tail = |model: &str, text: &str| {
+            format!(
+                "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\
+                 \"{text}\"}},\"finish_reason\":null}}],\"created\":1,\"model\":\"{model}\"}}\n\n"
+            )
+        };
+        let (a, b, c, d) = (
+            tail("m", "a"),
+            tail("m", "b"),
+            tail("m", "c"),
+            tail("n", "d"),
+        );
+        let reads = [(10, a.as_str()), (11, &b), (12, &c), (13, DONE)];
+        let rec = decode_for(&reads, None, false, Some("m"));
+        assert_eq!(rec.outcome, Outcome::Ok, "{:?}", rec.error);
+        assert_eq!(rec.reply, "abc");
+        let reads = [(10, a.as_str()), (11, &b), (12, &d), (13, DONE)];
+        let rec = decode_for(&reads, None, false, Some("m"));
+        assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
     }
 
     #[test]

@@ -2,13 +2,22 @@
 //! bundle and client certificate, as one rustls config that both the measurement transport
 //! ([`super::transport`]) and the target's other HTTP clients (the model lookup) use, so a request and
 //! a lookup trust the same certificates.
+//!
+//! A certificate of `ca_file` that a server presents as its own, byte for byte, is accepted
+//! (pinned) although it is a CA certificate: `openssl req -x509` makes a self-signed certificate
+//! with `basicConstraints CA:TRUE`, which webpki refuses as a server's (`CaUsedAsEndEntity`), and
+//! operators hand that very certificate to the canary as the one to trust. Everything else is
+//! still checked: its validity period (before webpki looks at the CA flag), the server's name,
+//! and the handshake's signature by its key.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
 use super::ClientError;
 
@@ -116,12 +125,23 @@ impl TargetTls {
         let wants_client_cert = match &files.ca_file {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in certs(ca)? {
+                let pinned = certs(ca)?;
+                for cert in &pinned {
                     roots
-                        .add(cert)
+                        .add(cert.clone())
                         .map_err(|e| pem_error(ca, "certificate", e.to_string()))?;
                 }
-                builder().map_err(tls_error)?.with_root_certificates(roots)
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| pem_error(ca, "certificate", e.to_string()))?;
+                builder()
+                    .map_err(tls_error)?
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(PinningVerifier { webpki, pinned }))
             }
             None => {
                 use rustls_platform_verifier::BuilderVerifierExt;
@@ -143,6 +163,124 @@ impl TargetTls {
         };
         Ok(TargetTls::new(config))
     }
+}
+
+/// The verifier of a target with a `ca_file`: webpki's, with the trusted certificates as roots,
+/// and a certificate of the file presented as the server's own accepted where webpki's only
+/// objection is that it is a CA certificate (see the module's documentation).
+#[derive(Debug)]
+struct PinningVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    /// The certificates of `ca_file`, as they are in it.
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for PinningVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verdict = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        match verdict {
+            Err(e)
+                if is_ca_used_as_end_entity(&e)
+                    && self
+                        .pinned
+                        .iter()
+                        .any(|c| c.as_ref() == end_entity.as_ref()) =>
+            {
+                // webpki checked the validity period before the CA flag; the name is checked
+                // here, the handshake's signature by the key in `verify_tls1x_signature`.
+                let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                rustls::client::verify_server_name(&parsed, server_name)?;
+                Ok(ServerCertVerified::assertion())
+            }
+            verdict => verdict,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// Whether webpki refused a certificate for being a CA certificate presented as a server's own
+/// (rustls carries that error as text only).
+fn is_ca_used_as_end_entity(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(CertificateError::Other(other))
+            if other.to_string() == "CaUsedAsEndEntity"
+    )
+}
+
+/// What to do when a server presented a CA certificate as its own and it was refused.
+const CA_AS_SERVER_ADVICE: &str = "the server presented a CA certificate (basicConstraints \
+    CA:TRUE, as `openssl req -x509` makes by default) as its own: put exactly that certificate \
+    in the target's `tls.ca_file` to trust it as it is, or better give the server a certificate \
+    signed by a CA and put the CA in `tls.ca_file`: `openssl req -x509 -newkey rsa:2048 -nodes \
+    -days 365 -subj /CN=canary-ca -keyout ca.key -out ca.pem`, then `openssl req -newkey \
+    rsa:2048 -nodes -subj /CN=HOST -addext subjectAltName=DNS:HOST -keyout server.key -out \
+    server.csr` and `openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+    -days 365 -copy_extensions copy -out server.pem` (HOST: the name in the target's URL; \
+    subjectAltName=IP:ADDRESS for an address)";
+
+/// The advice for an error whose cause (at any depth, or inside an I/O error) is a CA
+/// certificate a server presented as its own and that was refused; `None` for any other error.
+pub(super) fn ca_as_server_advice(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<&'static str> {
+    let mut at = Some(error);
+    while let Some(e) = at {
+        // An I/O error shows its inner error but gives as its source that error's source.
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        let refused = [Some(e), inner]
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.downcast_ref::<rustls::Error>())
+            .any(is_ca_used_as_end_entity);
+        if refused {
+            return Some(CA_AS_SERVER_ADVICE);
+        }
+        at = e.source();
+    }
+    None
+}
+
+/// `": <advice>"` for a TLS error that has [`ca_as_server_advice`], else nothing.
+pub(super) fn advice_suffix(error: &std::io::Error) -> String {
+    ca_as_server_advice(error).map_or_else(String::new, |advice| format!(": {advice}"))
 }
 
 /// A config builder on ring, the provider this crate links, with its safe default versions.

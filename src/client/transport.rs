@@ -45,7 +45,10 @@ pub enum TransportError {
         authority: String,
         source: std::io::Error,
     },
-    #[error("TLS handshake with {authority} failed: {source}")]
+    #[error(
+        "TLS handshake with {authority} failed: {source}{advice}",
+        advice = super::tls::advice_suffix(.source)
+    )]
     Tls {
         authority: String,
         source: std::io::Error,
@@ -63,6 +66,14 @@ pub enum TransportError {
     ClosedMidBody,
     #[error("bad chunked framing: {0}")]
     Framing(&'static str),
+    /// A chunk-size line that is not hex digits (with an optional `;extension`): the server does
+    /// not speak HTTP/1.1's chunked coding, or speaks it so that a proxy could read it otherwise.
+    #[error("bad chunked framing: the chunk size {0:?} is not hex digits")]
+    ChunkSize(String),
+    /// Content-Length values that disagree, or one that is not a number: the body's end cannot
+    /// be known (RFC 9112 §6.3).
+    #[error("invalid Content-Length: {0}")]
+    ContentLength(String),
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
     #[error("{name:?} is not a TLS server name: {source}")]
@@ -85,7 +96,9 @@ impl TransportError {
             | TransportError::Tls { .. }
             | TransportError::ConnectTimeout { .. } => Outcome::Connect,
             // The server answered, but not in HTTP.
-            TransportError::Head(_) => Outcome::BadResponse,
+            TransportError::Head(_)
+            | TransportError::ChunkSize(_)
+            | TransportError::ContentLength(_) => Outcome::BadResponse,
             TransportError::ClosedBeforeHead
             | TransportError::ClosedMidBody
             | TransportError::Framing(_)
@@ -485,7 +498,12 @@ pub async fn post(
     };
     let chunked = header(http::header::TRANSFER_ENCODING)
         .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
-    let content_length = header(http::header::CONTENT_LENGTH).and_then(|v| v.trim().parse().ok());
+    // With chunked framing a Content-Length is ignored (RFC 9112 §6.3), also a broken one.
+    let content_length = match content_length(&headers) {
+        Ok(n) => n,
+        Err(_) if chunked => None,
+        Err(e) => return Err(e),
+    };
     let keep_alive =
         !header(http::header::CONNECTION).is_some_and(|c| c.to_ascii_lowercase().contains("close"));
     let framing = match (chunked, content_length) {
@@ -506,6 +524,53 @@ pub async fn post(
         origin: Arc::clone(origin),
         connect,
     })
+}
+
+/// The body length the `Content-Length` fields announce: every value (fields repeated, or one
+/// field holding a list) must be the same run of digits, else the framing is invalid (RFC 9112
+/// §6.3: conflicting lengths are an unrecoverable error; repeats of one value count once).
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, TransportError> {
+    let mut length = None;
+    for field in headers.get_all(http::header::CONTENT_LENGTH) {
+        let shown = || String::from_utf8_lossy(field.as_bytes()).into_owned();
+        for value in field.as_bytes().split(|&b| b == b',') {
+            let value = value.trim_ascii();
+            let n = std::str::from_utf8(value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    TransportError::ContentLength(format!("{:?} is not a length", shown()))
+                })?;
+            match length {
+                Some(seen) if seen != n => {
+                    return Err(TransportError::ContentLength(format!(
+                        "two lengths, {seen} and {n}"
+                    )));
+                }
+                _ => length = Some(n),
+            }
+        }
+    }
+    Ok(length)
+}
+
+/// The size of a chunk-size line (`1a`, `1a;name=value`, hex digits optionally followed by
+/// spaces or tabs before an extension, as RFC 9112 §7.1 has it); `None` for anything else: a
+/// sign, a `0x`, leading space, no digit, or a size over `u64`.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = &line[digits..];
+    let after_space = rest.trim_ascii_start();
+    let tail_ok = after_space.is_empty() || after_space[0] == b';';
+    let spaces_ok = rest[..rest.len() - after_space.len()]
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t'));
+    if digits == 0 || !tail_ok || !spaces_ok {
+        return None;
+    }
+    // Hex digits are ASCII.
+    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
 }
 
 async fn read_head(
@@ -683,11 +748,12 @@ impl Response {
                     let line = &line[..end];
                     self.framing = match state {
                         ChunkState::Size => {
-                            let hex = line.split(|&b| b == b';').next().unwrap_or(b"");
-                            let hex = std::str::from_utf8(hex)
-                                .map_err(|_| TransportError::Framing("a chunk size is not text"))?;
-                            let size = u64::from_str_radix(hex.trim(), 16)
-                                .map_err(|_| TransportError::Framing("a chunk size is not hex"))?;
+                            let size = chunk_size(line).ok_or_else(|| {
+                                let shown = &line[..line.len().min(32)];
+                                TransportError::ChunkSize(
+                                    String::from_utf8_lossy(shown).into_owned(),
+                                )
+                            })?;
                             Framing::Chunked(if size == 0 {
                                 ChunkState::Trailer
                             } else {
@@ -840,7 +906,8 @@ mod tests {
             .await
             .unwrap();
         let err = body(&mut resp).await.unwrap_err();
-        assert_eq!(err.outcome(), Outcome::StreamTruncated, "{err}");
+        // A chunk size that is not hex is not HTTP/1.1's chunked coding: a bad response.
+        assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
 
         let (url, _) = server(b"NOT HTTP AT ALL\r\n\r\n", 1).await;
         let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
@@ -859,6 +926,91 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.outcome(), Outcome::Connect, "{err}");
+    }
+
+    #[test]
+    fn a_chunk_size_is_hex_digits_with_an_optional_extension_and_nothing_else() {
+        for (line, size) in [
+            (&b"1a"[..], 26),
+            (b"1A", 26),
+            (b"0", 0),
+            (b"000f", 15),
+            (b"5;ext=1", 5),
+            (b"5 ;ext", 5),
+            (b"5\t", 5),
+            (b"ffffffffffffffff", u64::MAX),
+        ] {
+            assert_eq!(chunk_size(line), Some(size), "{:?}", line.escape_ascii());
+        }
+        for line in [
+            &b"+1a"[..],
+            b"-1",
+            b"0x1a",
+            b" 1a",
+            b"1a x",
+            b"1g",
+            b"",
+            b";ext",
+            b"1a\r",
+            b"\xef\xbc\x91",
+            b"10000000000000000",
+        ] {
+            assert_eq!(chunk_size(line), None, "{:?}", line.escape_ascii());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_chunk_size_with_a_sign_is_a_bad_response() {
+        for reply in [
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n 5\r\nhello\r\n0\r\n\r\n",
+        ] {
+            let (url, _) = server(reply, 1).await;
+            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+                .await
+                .unwrap();
+            let err = body(&mut resp).await.unwrap_err();
+            assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
+            assert!(err.to_string().contains("not hex digits"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn conflicting_content_lengths_are_a_bad_response_and_repeats_of_one_are_not() {
+        for head in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\nabcde"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3, 5\r\n\r\nabcde",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +3\r\n\r\nabc",
+            b"HTTP/1.1 200 OK\r\ncontent-length: three\r\n\r\nabc",
+        ] {
+            let (url, _) = server(head, 1).await;
+            let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+                .await
+                .unwrap_err();
+            assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
+            assert!(err.to_string().contains("Content-Length"), "{err}");
+        }
+        for head in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\nabc"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\nabc",
+        ] {
+            let (url, _) = server(head, 1).await;
+            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+                .await
+                .unwrap();
+            assert_eq!(resp.content_length(), Some(3));
+            assert_eq!(body(&mut resp).await.unwrap(), b"abc");
+        }
+        // Chunked framing wins over any Content-Length (RFC 9112 §6.3), a broken one included.
+        let (url, _) = server(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 1, 2\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            1,
+        )
+        .await;
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(body(&mut resp).await.unwrap(), b"abc");
     }
 
     #[tokio::test]

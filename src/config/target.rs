@@ -82,6 +82,16 @@ impl Dialect {
     pub fn ends_at_finish_reason(self) -> bool {
         matches!(self, Dialect::Transformers)
     }
+
+    /// Whether the server names, in every chunk, exactly the model string the request asked
+    /// for, so a chunk naming another is a wrong answer (`bad_response`): Dynamo, SGLang and the
+    /// embedded simulator repeat the request's `model`, and vLLM its served model name (the
+    /// first of `--served-model-name`, which a target should name). OpenAI answers with a dated
+    /// snapshot (`gpt-4o` → `gpt-4o-2024-08-06`) and `transformers serve` adds a revision
+    /// (`@main`), so those dialects are not held to it.
+    pub fn echoes_model(self) -> bool {
+        matches!(self, Dialect::Dynamo | Dialect::Vllm | Dialect::Sglang)
+    }
 }
 
 /// `url` as the canary shows it (logs, `check`, `/api/v1/status`, the bench files): a user name

@@ -582,10 +582,9 @@ fn authorize<'a, B>(
         let given = request
             .headers()
             .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !same_secret(given.as_bytes(), token.as_bytes()) {
+            .and_then(|v| bearer_token(v.as_bytes()))
+            .unwrap_or(b"");
+        if !same_secret(given, token.as_bytes()) {
             let mut refused = text(StatusCode::UNAUTHORIZED, "a bearer token is required");
             refused.headers_mut().insert(
                 http::header::WWW_AUTHENTICATE,
@@ -595,6 +594,16 @@ fn authorize<'a, B>(
         }
     }
     Ok(lifecycle)
+}
+
+/// The token of an `Authorization: Bearer <token>` value: the scheme in any case (RFC 9110
+/// §11.1), then one or more spaces; `None` for another scheme.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| rest.trim_ascii_start())
 }
 
 /// Compares two secrets in time independent of where they differ.
@@ -644,11 +653,12 @@ fn pause(lifecycle: &Lifecycle, bytes: &[u8]) -> Response<ChunksBody> {
     } else {
         match serde_json::from_slice::<serde_json::Value>(bytes) {
             Ok(v) => match v["note"].as_str() {
+                // Logged and shown with what could reorder or hide text escaped (`Gate::set`).
                 Some(n) if n.len() <= 256 && !n.chars().any(char::is_control) => n.to_owned(),
                 _ => {
                     return text(
                         StatusCode::BAD_REQUEST,
-                        "`note`: a string of at most 256 characters",
+                        "`note`: a string of at most 256 bytes without control characters",
                     );
                 }
             },
@@ -808,6 +818,39 @@ mod tests {
         let response = route(&state, asked).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(body_text(response).await.contains("rollout"));
+    }
+
+    /// The scheme of `Authorization` is case-insensitive (RFC 9110 §11.1): `bearer` and
+    /// `BEARER` are Bearer; the token itself is compared exactly.
+    #[tokio::test]
+    async fn the_bearer_scheme_is_read_in_any_case_and_the_token_exactly() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let token = "s3cret-token-of-the-canary";
+        let state = state().with_lifecycle(lifecycle(reloads(&calls), Some(token)));
+        let asked = |authorization: String| {
+            let mut asked = request(Method::POST, "/-/reload", vec![]);
+            asked.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_str(&authorization).unwrap(),
+            );
+            asked
+        };
+        for scheme in ["bearer", "BEARER", "bEaReR", "Bearer "] {
+            let response = route(&state, asked(format!("{scheme} {token}"))).await;
+            assert_eq!(response.status(), StatusCode::OK, "{scheme:?}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        for refused in [
+            format!("Basic {token}"),
+            format!("bearer{token}"),
+            format!("bearer {}", token.to_uppercase()),
+            format!("bearer {token}x"),
+            "bearer".to_owned(),
+        ] {
+            let response = route(&state, asked(refused.clone())).await;
+            assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{refused:?}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
     }
 
     #[tokio::test]

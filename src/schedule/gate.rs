@@ -107,6 +107,9 @@ impl GateState {
     }
 }
 
+/// The longest note kept, escaped (a note of 256 bytes of bidi controls escapes to 683).
+const MAX_NOTE_BYTES: usize = 1024;
+
 struct Inner {
     switches: BTreeMap<Switch, String>,
     windows: Option<WindowSet>,
@@ -141,8 +144,14 @@ impl Gate {
     }
 
     /// Pauses (`Some(note)`) or lifts the pause (`None`) of one switch; the gate is open only
-    /// while no switch is set. Returns whether anything changed.
+    /// while no switch is set. Returns whether anything changed. The note, from an HTTP request
+    /// or an annotation, is kept with its control characters, line separators and bidi
+    /// overrides and isolates escaped (`\u{202e}`), so that neither its log line nor the
+    /// status can be forged or reordered on a terminal.
     pub fn set(&self, switch: Switch, pause: Option<String>) -> bool {
+        let pause = pause.map(|note| {
+            crate::client::sanitize(&note, MAX_NOTE_BYTES, &crate::client::Secrets::none())
+        });
         let changed = self.with(|i| match pause {
             Some(note) => i.switches.insert(switch, note.clone()) != Some(note),
             None => i.switches.remove(&switch).is_some(),
@@ -355,6 +364,56 @@ mod tests {
         assert!(!gate.state().open(), "the annotation still holds it");
         gate.set(Switch::Annotation, None);
         assert!(gate.state().open());
+    }
+
+    /// What a subscriber writes, kept.
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_note_can_neither_forge_a_log_line_nor_reorder_the_status() {
+        let gate = Gate::new(Arc::new(TokioClock::starting_at(ts(
+            "2026-12-02T12:00:00Z",
+        ))));
+        // A right-to-left override shows "release 1.4" for what reads "4.1 esaeler"; an
+        // annotation may hold a newline and a C1 control as well.
+        let note =
+            "release \u{202e}4.1 esaeler\u{2066}x\u{2069}\n2026-12-02T12:00:01Z  INFO forged\u{85}";
+        let log = Capture::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(gate.set(Switch::Annotation, Some(note.to_owned())));
+        });
+        let escaped = "release \\u{202e}4.1 esaeler\\u{2066}x\\u{2069}\\n2026-12-02T12:00:01Z  INFO forged\\u{85}";
+        let state = gate.state();
+        assert_eq!(
+            state.operator,
+            vec![(Switch::Annotation, escaped.to_owned())]
+        );
+        let logged = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains(escaped), "{logged}");
+        let unsafe_char = |c: char| {
+            (c.is_control() && c != '\n')
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        };
+        assert!(!logged.chars().any(unsafe_char), "{logged:?}");
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        // Setting the same note again changes nothing.
+        assert!(!gate.set(Switch::Annotation, Some(note.to_owned())));
     }
 
     #[tokio::test(start_paused = true)]

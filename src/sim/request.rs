@@ -12,6 +12,9 @@ use crate::clock::unix_now;
 /// The request fields the simulator reads; others are accepted and ignored, as real servers do.
 #[derive(Debug, Deserialize)]
 pub(super) struct CompletionBody {
+    /// Named back in every chunk, as Dynamo, vLLM and SGLang do; the simulator serves any name.
+    #[serde(default)]
+    pub(super) model: Option<String>,
     #[serde(default)]
     pub(super) messages: Option<Vec<Message>>,
     #[serde(default)]

@@ -283,7 +283,8 @@ async fn completion(
         Endpoint::Completions => format!("cmpl-{}", stream.id),
     };
     let log_key = header_id.clone().unwrap_or_else(|| id.clone());
-    let format = ChunkFormat::new(endpoint, &id, state.created, &state.model);
+    let model = body.model.as_deref().unwrap_or(&state.model);
+    let format = ChunkFormat::new(endpoint, &id, state.created, model);
     let outcome = RequestOutcome {
         endpoint: endpoint.as_str(),
         request_type,
