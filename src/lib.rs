@@ -7,6 +7,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod export;
+pub mod fds;
 pub mod files;
 pub mod heap;
 pub mod k8s;

@@ -193,6 +193,16 @@ impl Deployment {
     }
 }
 
+/// Says, once at warn level, when `cfg`'s plan needs more file descriptors than the process
+/// may open now (its soft limit, raised to the hard one at start), with `port` connections to
+/// the process's own HTTP port.
+pub fn warn_on_descriptors(cfg: &Config, port: u64) {
+    let need = crate::schedule::cost::descriptors(cfg, port).total();
+    if let Some(text) = crate::fds::shortfall(need, crate::fds::Limits::now().soft) {
+        tracing::warn!("{text}");
+    }
+}
+
 /// The measurement client of `cfg`: its timeouts and traffic marker (without a token counter).
 pub fn stream_client(cfg: &Config) -> Result<StreamClient, TargetError> {
     Ok(StreamClient::new(ClientConfig {

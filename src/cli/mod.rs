@@ -226,12 +226,20 @@ fn check(args: &CheckArgs) -> ExitCode {
             for w in setup.warning_lines() {
                 eprintln!("{w}");
             }
+            // Against the hard limit: `run` and `bench` raise the soft one to it.
+            let port = crate::export::HttpLimits::default().max_connections as u64;
+            let descriptors = crate::schedule::cost::descriptors(cfg, port);
+            let hard = crate::fds::Limits::now().hard;
+            if let Some(text) = crate::fds::shortfall(descriptors.total(), hard) {
+                eprintln!("{}: warning: {text}", args.config.display());
+            }
             let printed = match args.output {
                 CheckOutput::Summary => out(&format!(
-                    "{}: OK\n{}{}",
+                    "{}: OK\n{}{}{}",
                     args.config.display(),
                     cfg.summary(),
-                    crate::schedule::cost::render(cfg)
+                    crate::schedule::cost::render(cfg),
+                    crate::schedule::cost::render_descriptors(&descriptors, hard)
                 )),
                 CheckOutput::Yaml => match serde_saphyr::to_string(cfg) {
                     Ok(text) => out(&text),
@@ -284,6 +292,9 @@ fn async_runtime(threads: Option<u16>) -> Result<tokio::runtime::Runtime, ExitCo
     if let Some(n) = threads {
         builder.worker_threads(n);
     }
+    // Every command that opens sockets runs here: each stream is one, and a distribution's
+    // default soft limit (1024) is below a large plan's peak (crate::fds).
+    crate::fds::raise_soft_limit();
     builder.enable_all().build().map_err(|e| {
         eprintln!("cannot start the async runtime: {e}");
         ExitCode::from(1)

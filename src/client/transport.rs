@@ -40,7 +40,10 @@ pub enum TransportError {
         authority: String,
         source: std::io::Error,
     },
-    #[error("tcp connect to {authority} failed: {source}")]
+    #[error(
+        "tcp connect to {authority} failed: {source}{advice}",
+        advice = crate::fds::exhausted_advice(.source)
+    )]
     Connect {
         authority: String,
         source: std::io::Error,

@@ -381,6 +381,8 @@ impl Live {
         if let Some(budget) = lock(&self.budget).as_ref() {
             budget.set_limits(&new.config);
         }
+        let port = crate::export::HttpLimits::default().max_connections as u64;
+        crate::targets::warn_on_descriptors(&new.config, port);
         let new = Arc::new(new);
         *lock(&self.setup) = Arc::clone(&new);
         if let Some(rules) = &self.rules {

@@ -68,6 +68,10 @@ pub(super) async fn start_targets(
     shutdown: &Shutdown,
 ) -> Result<Option<Started>, DaemonError> {
     let cfg = &setup.config;
+    crate::targets::warn_on_descriptors(
+        cfg,
+        crate::export::HttpLimits::default().max_connections as u64,
+    );
     let (mut deployment, failed) = tokio::select! {
         started = Deployment::start_partial(cfg, setup.base_dir(), 1) => started?,
         _ = shutdown.stop_sending().cancelled() => {

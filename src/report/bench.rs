@@ -126,6 +126,7 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
     )?);
     let started_unix = unix_now();
     // Each target on its own: one that cannot be started is reported, the others measured.
+    crate::targets::warn_on_descriptors(cfg, 0);
     let (deployment, failed) = Deployment::start_partial(cfg, setup.base_dir(), 3).await?;
     let metrics = Arc::new(Metrics::new(&setup.latency_thresholds()));
     // The config's SLOs, evaluated over this run only (no baselines from the daemon's runs).

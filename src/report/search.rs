@@ -284,6 +284,7 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
     if let Some(dir) = &opts.out {
         std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
     }
+    crate::targets::warn_on_descriptors(cfg, 0);
     let (deployment, failed) = Deployment::start_partial(cfg, opts.setup.base_dir(), 3).await?;
     for f in &failed {
         tracing::error!(target = %f.name, error = %f.error, "target not searched");

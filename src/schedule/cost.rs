@@ -183,6 +183,66 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
         .collect()
 }
 
+/// The file descriptors a plan holds at its peak, by what holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptors {
+    /// Connections to the configured targets: each target's peak streams, its probe stream and
+    /// its server-metrics scrape. Summed over the targets whatever the pairing: a target's
+    /// connections stay in its pool, idle, while another target runs.
+    pub targets: u64,
+    /// The server side of those connections, for the targets simulated in this process.
+    pub simulators: u64,
+    /// Connections the canary's own HTTP port admits.
+    pub port: u64,
+    /// The rest of the process ([`crate::fds::RESERVED`]).
+    pub reserved: u64,
+}
+
+impl Descriptors {
+    pub fn total(&self) -> u64 {
+        self.targets + self.simulators + self.port + self.reserved
+    }
+}
+
+/// What the configured targets of `cfg` need at the plan's peak, with `port` connections to
+/// the canary's own port (discovered targets are not known before they are found).
+pub fn descriptors(cfg: &Config, port: u64) -> Descriptors {
+    // Besides the streams: the probe stream's connection and the scrape's.
+    const PER_TARGET: u64 = 2;
+    let (mut targets, mut simulators) = (0, 0);
+    for (t, cost) in cfg.targets.iter().zip(plan_cost(cfg)) {
+        let held = u64::from(cost.peak_in_flight) + PER_TARGET;
+        targets += held;
+        if t.simulated.is_some() {
+            simulators += held;
+        }
+    }
+    Descriptors {
+        targets,
+        simulators,
+        port,
+        reserved: crate::fds::RESERVED,
+    }
+}
+
+/// The `check` line of the plan's descriptors against the limit the process may raise itself to.
+pub fn render_descriptors(need: &Descriptors, hard_limit: u64) -> String {
+    let limit = if hard_limit == u64::MAX {
+        "no limit".to_owned()
+    } else {
+        format!("the hard limit {hard_limit}")
+    };
+    format!(
+        "file descriptors at the peak: ≈{} ({} to targets, {} of in-process simulators, {} for \
+         the HTTP port, {} for the rest); `run` and `bench` raise the open-file limit to {limit}\n",
+        need.total(),
+        need.targets,
+        need.simulators,
+        need.port,
+        need.reserved
+    )
+}
+
 /// `12.3k`, `4.56M`: counts the way a capacity plan reads them.
 fn short(x: f64) -> String {
     match x {
@@ -268,6 +328,27 @@ mod tests {
             "{c:?}"
         );
         assert!(c.budget.is_empty());
+    }
+
+    #[test]
+    fn descriptors_count_every_targets_peak_and_the_simulators_side() {
+        // The seed plan: two remote targets, each at a peak of 64 streams.
+        let cfg = seed();
+        let d = descriptors(&cfg, 256);
+        assert_eq!(d.targets, 2 * (64 + 2), "{d:?}");
+        assert_eq!(d.simulators, 0, "{d:?}");
+        assert_eq!(d.total(), 2 * 66 + 256 + crate::fds::RESERVED);
+        // The budget's cap lowers the peak, and with it the need.
+        let mut capped = seed();
+        capped.budget.max_inflight = Some(crate::config::At::dflt(32));
+        assert_eq!(descriptors(&capped, 0).targets, 2 * (32 + 2));
+        // A simulator in this process holds the other end of each of its connections.
+        let demo = Config::demo();
+        let d = descriptors(&demo, 0);
+        assert!(d.simulators > 0 && d.simulators == d.targets, "{d:?}");
+        let line = render_descriptors(&d, 4096);
+        assert!(line.contains(&format!("≈{}", d.total())), "{line}");
+        assert!(line.contains("hard limit 4096"), "{line}");
     }
 
     #[test]

@@ -81,6 +81,18 @@ pub fn start_sim_process(args: &[&str], log: &Path) -> (Proc, SocketAddr) {
     start_logged(&all, log, &[])
 }
 
+/// `llm-canary ARGS` started by the shell after `ulimit LIMITS` (e.g. `-Sn 256`), its log in
+/// `log`; returns the process (the shell `exec`s it: the same pid) and its address.
+pub fn start_under_ulimit(limits: &str, args: &[&str], log: &Path) -> (Proc, SocketAddr) {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit {limits} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_llm-canary"))
+        .args(args)
+        .env("RUST_LOG", "info");
+    spawn_logged(cmd, log)
+}
+
 /// `llm-canary ARGS` with its stderr copied to `log`, once it logs `listening on ADDR`.
 fn start_logged(args: &[&OsStr], log: &Path, env: &[(&str, &str)]) -> (Proc, SocketAddr) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-canary"));
@@ -88,6 +100,11 @@ fn start_logged(args: &[&OsStr], log: &Path, env: &[(&str, &str)]) -> (Proc, Soc
     for (k, v) in env {
         cmd.env(k, v);
     }
+    spawn_logged(cmd, log)
+}
+
+/// Starts `cmd` with its stderr copied to `log`; returns once it logs `listening on ADDR`.
+fn spawn_logged(mut cmd: Command, log: &Path) -> (Proc, SocketAddr) {
     let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -117,7 +134,7 @@ fn start_logged(args: &[&OsStr], log: &Path, env: &[(&str, &str)]) -> (Proc, Soc
     });
     let addr = rx
         .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("llm-canary {args:?} logs `listening on ADDR`"));
+        .unwrap_or_else(|_| panic!("{cmd:?} logs `listening on ADDR`"));
     (
         Proc {
             child,
