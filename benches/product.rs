@@ -16,6 +16,10 @@
 //!   state is what was intended from 2 s after the step's first request; the first second is
 //!   reported on its own (the connection storm). Delivered = requests/s in steady state ÷ what
 //!   N streams at the configured 410 ms per request can send.
+//! - **paced, one write per event**, 1024 streams, the same but the simulator writes every SSE
+//!   event on its own (`--write-per-event`: the role chunk, each token, the finish and usage
+//!   chunks and `[DONE]` each one HTTP chunk and one write), as vLLM's and Dynamo's frontends do:
+//!   more reads per token for the client.
 //! - **zero-delay**, 512 and 1024 streams against the `fast` profile (OSL 256) on one runtime
 //!   thread (`--threads 1`, the cheapest server, so the client under test has the most of the
 //!   shared cores; the paced cases keep one thread per core, which answers a burst of requests
@@ -260,11 +264,25 @@ fn case_dir(root: &Path, name: &str) -> PathBuf {
     dir
 }
 
-async fn paced(root: &Path, streams: u32, secs: u64, json: &Option<String>) {
-    let dir = case_dir(root, &format!("paced-{streams}"));
+/// How the simulator writes a paced case's stream.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    /// The events already waiting share a write (the simulator's default).
+    Shared,
+    /// Every event its own write (`--write-per-event`), as vLLM's and Dynamo's frontends send:
+    /// the role chunk, each token, the finish chunk, the usage chunk and `[DONE]`.
+    PerEvent,
+}
+
+async fn paced(root: &Path, streams: u32, writes: Writes, secs: u64, json: &Option<String>) {
+    let (name, extra): (&str, &[&str]) = match writes {
+        Writes::Shared => ("paced", &[]),
+        Writes::PerEvent => ("paced-per-event", &["--write-per-event"]),
+    };
+    let dir = case_dir(root, &format!("{name}-{streams}"));
     let port = free_port();
     let send_log = dir.join("send.jsonl");
-    let mut sim = start_sim("fixed", &[], port, Some(&send_log), &dir).await;
+    let mut sim = start_sim("fixed", extra, port, Some(&send_log), &dir).await;
     let config = write_config(&dir, port, streams, PACED_OSL, secs);
     let out = dir.join("out");
     let cost = run_bench(&config, &out, &sim).await;
@@ -323,8 +341,12 @@ async fn paced(root: &Path, streams: u32, secs: u64, json: &Option<String>) {
     let delivered = steady_n as f64 / steady_s / (f64::from(streams) / request_s);
     let cpu_per_m = cost.cpu_s / (tokens as f64 / 1e6);
     let ttft_goal = 2.0;
+    let written = match writes {
+        Writes::Shared => "",
+        Writes::PerEvent => ", one write per event",
+    };
     println!(
-        "\npaced, {streams} streams (TTFT {TTFT_MS} ms, ITL {ITL_MS} ms, OSL {PACED_OSL}, {secs} s, no warmup), {}",
+        "\n{name}, {streams} streams (TTFT {TTFT_MS} ms, ITL {ITL_MS} ms, OSL {PACED_OSL}, {secs} s, no warmup{written}), {}",
         machine_state()
     );
     println!(
@@ -371,7 +393,7 @@ async fn paced(root: &Path, streams: u32, secs: u64, json: &Option<String>) {
     emit_json(
         json,
         serde_json::json!({
-            "case": "paced", "streams": streams, "secs": secs, "ok": ok, "failed": failed,
+            "case": name, "streams": streams, "secs": secs, "ok": ok, "failed": failed,
             "delivered": delivered,
             "ttft_error_ms": {"p50": p(&steady, 0.5), "p99": p(&steady, 0.99), "max": steady.last()},
             "itl_error_ms": {"p50": p(&itl, 0.5), "p99": p(&itl, 0.99)},
@@ -442,8 +464,9 @@ async fn main() {
     let want = |case: &str| args.only.as_deref().is_none_or(|o| o == case);
     if want("paced") {
         for streams in [256, 1024] {
-            paced(&root, streams, args.secs, &args.json).await;
+            paced(&root, streams, Writes::Shared, args.secs, &args.json).await;
         }
+        paced(&root, 1024, Writes::PerEvent, args.secs, &args.json).await;
     }
     if want("zero-delay") {
         for streams in [512, 1024] {

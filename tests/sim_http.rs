@@ -1,6 +1,7 @@
 //! The simulator over HTTP on loopback, checked with a plain reqwest client: the OpenAI wire shape
 //! (streaming and not), usage and `nvext`, `/v1/models`, `/health`, `/metrics`, every injected
-//! fault as a client sees it, and the `fixed` profile's recorded send instants.
+//! fault as a client sees it, the `fixed` profile's recorded send instants, and one event per
+//! write under `write_per_event`.
 
 mod support;
 
@@ -710,4 +711,38 @@ async fn shutdown_is_graceful_for_open_streams() {
         .send()
         .await;
     assert!(after.is_err(), "nothing listens after shutdown");
+}
+
+/// Events per HTTP chunk of one streamed chat completion of `osl` tokens.
+async fn events_per_chunk(spec: SimSpec, osl: u32) -> Vec<usize> {
+    let sim = start_sim(spec, ServingMode::Aggregated).await;
+    let url = format!("{}/v1/chat/completions", sim.base_url());
+    let mut resp = post(&client(), &url, &chat_body("a b c", osl), None)
+        .await
+        .unwrap();
+    let mut per_chunk = Vec::new();
+    while let Some(bytes) = resp.chunk().await.unwrap() {
+        per_chunk.push(memchr::memmem::find_iter(&bytes, b"\n\n").count());
+    }
+    sim.shutdown().await;
+    per_chunk
+}
+
+#[tokio::test]
+async fn write_per_event_hands_every_event_to_the_connection_on_its_own() {
+    // The role chunk, 16 tokens, the finish chunk, the usage chunk and `[DONE]`.
+    let events = 1 + 16 + 3;
+    // By default the role chunk shares its write with the first token (and a zero-delay engine's
+    // waiting tokens share theirs).
+    let shared = events_per_chunk(fast(), 16).await;
+    assert_eq!(shared.iter().sum::<usize>(), events, "{shared:?}");
+    assert!(shared.iter().any(|&n| n > 1), "{shared:?}");
+    // One event per write, as vLLM's and Dynamo's frontends send them.
+    let spec = SimSpec {
+        write_per_event: true,
+        ..fast()
+    };
+    let own = events_per_chunk(spec, 16).await;
+    assert_eq!(own.iter().sum::<usize>(), events, "{own:?}");
+    assert!(own.iter().all(|&n| n <= 1), "{own:?}");
 }

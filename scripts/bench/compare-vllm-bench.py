@@ -6,6 +6,7 @@ Reads OUT_DIR/params.json and, per case, each tool's directory:
                                             every token's send instant, CLOCK_MONOTONIC ns)
   paced-<N>/canary/out/requests.jsonl       the canary's per-request records
   paced-<N>/vllm-bench/result.json          vllm-bench's result (--save-result --save-detailed)
+  paced-per-event-<N>/...                   the same against a simulator writing each event alone
   zero-delay-<N>/...                        the same without send logs (and without
                                             --save-detailed for vllm-bench)
   */time                                    /usr/bin/time: user s, system s, wall s, max RSS KiB
@@ -225,12 +226,14 @@ def main():
     def row(name, c, v, digits=2, higher=False):
         rows.append(f"| {name} | {fmt(c, digits)} | {fmt(v, digits)} | {compare(c, v, higher)} |")
 
-    for n in params["streams"]:
-        case = out / f"paced-{n}"
+    paced = [("paced", n) for n in params["streams"]]
+    paced += [("paced-per-event", n) for n in params.get("per_event_streams", [])]
+    for name, n in paced:
+        case = out / f"{name}-{n}"
         c = canary_run(case / "canary", server_records(case / "canary" / "send.jsonl"))
         v = vllm_bench_run(case / "vllm-bench", server_records(case / "vllm-bench" / "send.jsonl"),
-                           f"vb-paced{n}-", api)
-        label = f"paced {n}"
+                           f"vb-{name}{n}-", api)
+        label = f"{name.replace('-', ' ')} {n}"
         row(f"{label}: TTFT error p50, ms (steady, from 2 s)", pct(c.steady, .5), pct(v.steady, .5))
         row(f"{label}: TTFT error p99, ms (steady)", pct(c.steady, .99), pct(v.steady, .99))
         row(f"{label}: TTFT error p99, ms (first second)", pct(c.first, .99), pct(v.first, .99))

@@ -15,7 +15,8 @@
 # work tree) or `src-` + a hash of its Cargo.toml, Cargo.lock and src/ (anything else); later runs
 # with the same KEY reuse it. VLLM_BENCH_BIN=PATH skips the build and uses that binary.
 #
-# Environment: STREAMS (paced levels, default "256 1024"), DURATION seconds per run (12),
+# Environment: STREAMS (paced levels, default "256 1024"), PER_EVENT_STREAMS (levels of the paced
+# case against a simulator writing every SSE event on its own, default 1024), DURATION seconds per run (12),
 # TP_STREAMS (zero-delay concurrency, 512), TP_SIM_THREADS (the zero-delay simulator's runtime
 # threads, 1: the cheapest server, leaving the most of the shared cores to the client; the paced
 # simulator keeps one thread per core, which answers a burst of requests sooner), OSL (paced output length, 32), TP_OSL (256), ISL (64),
@@ -33,6 +34,11 @@
 #   DURATION, warmup 0s). vllm-bench: `--max-concurrency N --request-rate inf` with
 #   `--num-prompts` = N × DURATION / 0.41 s (the configured time of one request), so it runs
 #   about as long.
+# - paced-per-event, at each of PER_EVENT_STREAMS: the same against `llm-canary sim
+#   --write-per-event`, which hands every SSE event (the role chunk, each token, the finish and
+#   usage chunks, `[DONE]`) to the connection on its own, one HTTP chunk and one write each, as
+#   vLLM's and Dynamo's frontends do (by default the simulator writes the events already waiting
+#   together): more, smaller reads for the client.
 # - zero-delay, at TP_STREAMS: the `fast` profile (no model delay), OSL TP_OSL, closed loop; the
 #   canary for DURATION s, then vllm-bench over the same number of requests (TP_PROMPTS). No send
 #   log here (recording every token's instant would cost the simulator CPU that both clients
@@ -95,6 +101,7 @@ if [[ -z ${VLLM_BENCH_BIN:-} && ( -z $SRC || ! -f $SRC/Cargo.toml ) ]]; then
 fi
 OUT=$(realpath -m "${1:-target/vllm-bench-side-by-side}")
 STREAMS=${STREAMS:-"256 1024"}
+PER_EVENT_STREAMS=${PER_EVENT_STREAMS:-1024}
 DURATION=${DURATION:-12}
 TP_STREAMS=${TP_STREAMS:-512}
 TP_SIM_THREADS=${TP_SIM_THREADS:-1}
@@ -173,11 +180,12 @@ trap stop_sim EXIT
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-# start_sim PROFILE DIR [send-log | SIM FLAGS...]: a fresh simulator on a free port; sets PORT.
+# start_sim PROFILE DIR [send-log] [SIM FLAGS...]: a fresh simulator on a free port; sets PORT.
 start_sim() {
   local profile=$1 dir=$2 extra=()
   shift 2
-  if [[ ${1:-} == send-log ]]; then extra=(--send-log "$dir/send.jsonl"); else extra=("$@"); fi
+  if [[ ${1:-} == send-log ]]; then extra=(--send-log "$dir/send.jsonl"); shift; fi
+  extra+=("$@")
   PORT=$(free_port)
   "$CANARY" sim --profile "$profile" --listen "127.0.0.1:$PORT" "${extra[@]}" >"$dir/sim.log" 2>&1 &
   SIM_PID=$!
@@ -219,19 +227,24 @@ run_vllm_bench() {
     --save-result --result-dir "$dir" --result-filename result.json "$@"
 }
 
-for n in $STREAMS; do
+# paced NAME STREAMS [SIM FLAGS...]: the paced case NAME-STREAMS, both tools.
+paced() {
+  local name=$1 n=$2 prompts case
+  shift 2
   prompts=$(python3 -c "print(max($n, round($n * $DURATION / (0.1 + 0.01 * ($OSL - 1)))))")
-  case=$OUT/paced-$n
+  case=$OUT/$name-$n
   mkdir -p "$case/canary" "$case/vllm-bench"
-  echo "paced, $n streams, ${DURATION} s: llm-canary"
-  start_sim fixed "$case/canary" send-log
+  echo "$name, $n streams, ${DURATION} s: llm-canary"
+  start_sim fixed "$case/canary" send-log "$@"
   run_canary "$case/canary" "$n" "$OSL"
   stop_sim
-  echo "paced, $n streams, $prompts requests: vllm-bench"
-  start_sim fixed "$case/vllm-bench" send-log
-  run_vllm_bench "$case/vllm-bench" "$n" "$OSL" "$prompts" "vb-paced$n-" --save-detailed
+  echo "$name, $n streams, $prompts requests: vllm-bench"
+  start_sim fixed "$case/vllm-bench" send-log "$@"
+  run_vllm_bench "$case/vllm-bench" "$n" "$OSL" "$prompts" "vb-$name$n-" --save-detailed
   stop_sim
-done
+}
+for n in $STREAMS; do paced paced "$n"; done
+for n in $PER_EVENT_STREAMS; do paced paced-per-event "$n" --write-per-event; done
 
 case=$OUT/zero-delay-$TP_STREAMS
 mkdir -p "$case/canary" "$case/vllm-bench"
@@ -252,7 +265,8 @@ stop_sim
 
 python3 - "$OUT/params.json" <<EOF
 import json, sys
-json.dump({"streams": [int(s) for s in "$STREAMS".split()], "tp_streams": $TP_STREAMS,
+json.dump({"streams": [int(s) for s in "$STREAMS".split()],
+           "per_event_streams": [int(s) for s in "$PER_EVENT_STREAMS".split()], "tp_streams": $TP_STREAMS,
            "duration": $DURATION, "isl": $ISL, "osl": $OSL, "tp_osl": $TP_OSL, "api": "$API",
            "tp_prompts": int("$TP_PROMPTS"), "tp_sim_threads": $TP_SIM_THREADS, "loadavg": "$LOADAVG", "cores": $CORES,
            "vllm_bench": "$VB_KEY"}, open(sys.argv[1], "w"), indent=1)

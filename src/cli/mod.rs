@@ -160,6 +160,10 @@ pub struct SimArgs {
     /// a deployment that misbehaves on purpose, for alert routing and soak tests.
     #[arg(long, value_name = "YAML")]
     pub faults: Option<String>,
+    /// Write every SSE event on its own (each token its own HTTP chunk and write), as vLLM's and
+    /// Dynamo's frontends do; by default the events already waiting share a write.
+    #[arg(long)]
+    pub write_per_event: bool,
     /// Runtime threads (default: one per core). One makes the cheapest zero-delay server: its
     /// connections write what a pass produced together, instead of a second thread writing each
     /// token as the engine emits it; more answer requests sooner when many arrive at once.
@@ -536,6 +540,7 @@ async fn sim(args: SimArgs) -> ExitCode {
         reject_unknown_fields: args.reject_unknown_fields,
         request_log: args.request_log.clone(),
         send_log: args.send_log.clone(),
+        write_per_event: args.write_per_event,
         faults,
         ..crate::sim::SimSpec::default()
     };

@@ -77,6 +77,10 @@ pub struct SimSpec {
     /// CLOCK_MONOTONIC nanoseconds: the source of truth the product-path benchmark joins with the
     /// client's `requests.jsonl`.
     pub send_log: Option<PathBuf>,
+    /// Hand every SSE event to the connection on its own (the role chunk, each token, the finish
+    /// chunk, the usage chunk and `[DONE]`, each one HTTP chunk and one write), as vLLM's and
+    /// Dynamo's frontends write them; by default the events already waiting share a write.
+    pub write_per_event: bool,
 }
 
 impl Default for SimSpec {
@@ -110,6 +114,7 @@ impl Default for SimSpec {
             reject_unknown_fields: false,
             request_log: None,
             send_log: None,
+            write_per_event: false,
         }
     }
 }

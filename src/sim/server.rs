@@ -26,7 +26,7 @@ use super::engine::StreamEvent;
 use super::faults::FaultPlan;
 use super::metrics::{self, RequestOutcome};
 use super::request::{CompletionBody, log_request, prompt_tokens, unknown_field};
-use super::sse::{ChunkFormat, SimBody, SseBody, SseState, nvext_json, usage_json};
+use super::sse::{ChunkFormat, PerEvent, SimBody, SseBody, SseState, nvext_json, usage_json};
 use super::state::{Endpoint, RequestTracker, ServerState};
 use super::text;
 use crate::config::sim::RefuseMode;
@@ -303,6 +303,7 @@ async fn completion(
             want_worker,
             stall: None,
             state: SseState::Streaming,
+            per_event: state.write_per_event.then(PerEvent::default),
         };
         sse_response(sse)
     } else {

@@ -2,6 +2,7 @@
 //! emits it (with the injected stalls, truncations and resets on the wire), and the whole-body
 //! and truncated answers; the `usage` and `nvext` members both shapes of reply carry.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -129,6 +130,50 @@ pub(crate) struct SseBody {
     pub(super) want_worker: bool,
     pub(super) stall: Option<Pin<Box<Sleep>>>,
     pub(super) state: SseState,
+    /// `Some` under `write_per_event`: one event per write.
+    pub(super) per_event: Option<PerEvent>,
+}
+
+/// One event per write, as vLLM's and Dynamo's frontends send them. hyper writes every frame a
+/// body hands it in one poll together, so after each frame the body answers `Pending` once (having
+/// woken itself): hyper flushes, then polls again.
+#[derive(Default)]
+pub(super) struct PerEvent {
+    /// The events of the last frame after its first, each to go on its own.
+    queued: VecDeque<Bytes>,
+    /// A frame went out since hyper last flushed.
+    must_yield: bool,
+}
+
+impl PerEvent {
+    /// The next of the queued events, or a yield that makes hyper flush the one before; `None`
+    /// when the body may read the engine.
+    fn poll_queued(&mut self, cx: &mut Context<'_>) -> Option<Poll<Bytes>> {
+        if self.must_yield {
+            self.must_yield = false;
+            cx.waker().wake_by_ref();
+            return Some(Poll::Pending);
+        }
+        let next = self.queued.pop_front()?;
+        self.must_yield = true;
+        Some(Poll::Ready(next))
+    }
+
+    /// The first event of `frame`; the rest are queued.
+    fn split(&mut self, mut frame: Bytes) -> Bytes {
+        let mut events = Vec::new();
+        while let Some(end) = memchr::memmem::find(&frame, b"\n\n") {
+            events.push(frame.split_to(end + 2));
+        }
+        if !frame.is_empty() {
+            events.push(frame);
+        }
+        let mut events = events.into_iter();
+        let first = events.next().unwrap_or_default();
+        self.queued.extend(events);
+        self.must_yield = true;
+        first
+    }
 }
 
 /// The error that makes hyper drop the connection mid-body.
@@ -145,6 +190,9 @@ impl SseBody {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(queued) = self.per_event.as_mut().and_then(|p| p.poll_queued(cx)) {
+            return queued.map(|event| Some(Ok(Frame::data(event))));
+        }
         // A stall before the first token: the headers went, then nothing.
         if self.tracker.tokens == 0
             && let Some((0, duration)) = self.plan.stall
@@ -190,7 +238,8 @@ impl SseBody {
                     let word = text::output_word(self.stream.word_offset, self.tracker.tokens);
                     self.format.token(&mut buf, word);
                     self.tracker.token(now);
-                    if self.apply_faults(&mut buf) || buf.len() >= FRAME_BYTES {
+                    let one_token = self.per_event.is_some();
+                    if self.apply_faults(&mut buf) || buf.len() >= FRAME_BYTES || one_token {
                         break;
                     }
                 }
@@ -222,7 +271,11 @@ impl SseBody {
                 }
             }
         }
-        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+        let frame = match self.per_event.as_mut() {
+            Some(per_event) => per_event.split(buf.freeze()),
+            None => buf.freeze(),
+        };
+        Poll::Ready(Some(Ok(Frame::data(frame))))
     }
 
     /// Applies the faults due after the token just written; true when the frame must go now.

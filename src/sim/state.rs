@@ -31,6 +31,8 @@ pub struct ServerState {
     pub created: u64,
     /// Refuse the fields the OpenAI API does not define.
     pub reject_unknown_fields: bool,
+    /// Every SSE event its own write (`SimSpec::write_per_event`).
+    pub write_per_event: bool,
     /// One JSON line per completion request.
     pub request_log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
     /// `--send-log`: every finished completion's send instants.
@@ -58,6 +60,7 @@ impl ServerState {
             record_send_times: spec.profile == "fixed" || send_file.is_some(),
             created: crate::clock::since_unix_epoch().as_secs(),
             reject_unknown_fields: spec.reject_unknown_fields,
+            write_per_event: spec.write_per_event,
             request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
             send_file,
         }
