@@ -14,6 +14,9 @@ use llm_canary::client::{
     ClientConfig, Endpoint, Outcome, Prompt, RequestRecord, StreamClient, StreamRequest,
 };
 use llm_canary::config::{Api, Dialect};
+use llm_canary::export::metrics::Metrics;
+use llm_canary::model::{Finished, Phase, RecordContext, Sink};
+use llm_canary::request::{GoodputLimits, RequestLabels, ServingMode};
 use support::{Hangup, KeepAliveServer, keep_alive_server, sse_reply};
 
 fn client() -> StreamClient {
@@ -103,6 +106,40 @@ fn tally(records: &[RequestRecord]) -> (Vec<String>, usize) {
     (failed, retried.len())
 }
 
+/// `llm_canary_connection_retries_total{target}` once `records` reached the exporter as the
+/// recorder hands every finished request on.
+fn exported_retries(records: &[RequestRecord]) -> f64 {
+    let metrics = Metrics::new(&[]);
+    let labels = RequestLabels::new("t", ServingMode::Aggregated, "concurrency_sweep");
+    for rec in records {
+        let request = StreamRequest {
+            request_id: rec.request_id.clone(),
+            prompt: Prompt::Text("hello".into()),
+            osl: 4,
+        };
+        let ctx = RecordContext {
+            target_index: 0,
+            labels: &labels,
+            phase: Phase::Steady,
+            osl: 4,
+            shared_prefix_tokens: 0,
+            request: &request,
+            goodput: GoodputLimits {
+                ttft: 2.0,
+                itl: 0.1,
+            },
+        };
+        metrics.request(&Finished::new(&ctx, rec));
+    }
+    let text = metrics.encode().unwrap();
+    support::metrics::sample(
+        &text,
+        "llm_canary_connection_retries_total",
+        &[("target", "t")],
+    )
+    .unwrap_or(0.0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_hangs_up_after_three_responses_costs_no_request() {
     for hangup in [Hangup::OnRequestAfter(3), Hangup::AfterResponses(3)] {
@@ -122,6 +159,7 @@ async fn a_server_that_hangs_up_after_three_responses_costs_no_request() {
             retried <= accepted,
             "{retried} retries, {accepted} connections"
         );
+        assert_eq!(exported_retries(&records), retried as f64);
         if let Hangup::OnRequestAfter(_) = hangup {
             // The sequential requests alone: the 4th, 7th, ... 28th found their connection
             // hung up on them.
