@@ -181,7 +181,7 @@ pub struct KeepAliveServer {
     pub addr: SocketAddr,
     /// Connections accepted.
     pub accepted: Arc<AtomicUsize>,
-    /// Requests answered (a request lost to a hangup is not).
+    /// Requests answered, counted as the answer is written (a request lost to a hangup is not).
     pub answered: Arc<AtomicUsize>,
 }
 
@@ -223,10 +223,15 @@ pub async fn keep_alive_server(reply: Vec<u8>, hangup: Hangup) -> KeepAliveServe
                         }
                         _ => read_request(&mut stream, &mut buf).await,
                     };
-                    if next.is_none() || stream.write_all(&reply).await.is_err() {
+                    if next.is_none() {
                         return;
                     }
+                    // Counted before the answer goes out: once it is out, the client may finish
+                    // and read the count before this task runs again.
                     answered.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(&reply).await.is_err() {
+                        return;
+                    }
                 }
             });
         }
