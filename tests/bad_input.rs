@@ -1,7 +1,8 @@
-//! Bad input never panics and never grows without bound: the SSE parser, the SLO expression
-//! parser and the config loader under generated input (proptest, bounded in cases; the
-//! open-ended fuzzing lives in `fuzz/`), servers that stream forever or send one endless line,
-//! and server-controlled strings that would break a metric label.
+//! Bad input never panics and never grows without bound: the SSE parser, the response head
+//! parser and chunked decoder, the SLO expression parser and the config loader under generated
+//! input (proptest, bounded in cases; the open-ended fuzzing lives in `fuzz/`), servers that
+//! stream forever or send one endless line, and server-controlled strings that would break a
+//! metric label.
 
 mod support;
 
@@ -9,13 +10,110 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use llm_canary::client::{
-    ApiKey, ClientConfig, Endpoint, Outcome, Prompt, SseParser, StreamClient, StreamRequest,
+    ApiKey, BodyDecoder, ClientConfig, Endpoint, Outcome, Prompt, SseParser, StreamClient,
+    StreamRequest, parse_head,
 };
 use llm_canary::config::{Api, Config, Dialect};
 use proptest::prelude::*;
 use support::RawReply;
+
+/// `data` as the reads it may arrive in: cut at `cuts` (those past its end ignored).
+fn reads(data: &[u8], cuts: Vec<usize>) -> Vec<&[u8]> {
+    let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < data.len()).collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut from = 0;
+    let mut pieces = Vec::new();
+    for to in cuts.into_iter().chain([data.len()]) {
+        pieces.push(&data[from..to]);
+        from = to;
+    }
+    pieces
+}
+
+/// Responses as a server might send them, well-formed or not: a status line, some framing and
+/// connection fields, and a body of bytes that chunked framing is made of.
+fn responses() -> impl Strategy<Value = Vec<u8>> {
+    let status = proptest::sample::select(vec![
+        "HTTP/1.1 200 OK",
+        "HTTP/1.0 200 OK",
+        "HTTP/1.1 204 No Content",
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK",
+        "HTTP/1.1 200",
+        "HTTP/2 200 OK",
+    ]);
+    let fields = proptest::sample::subsequence(
+        vec![
+            "transfer-encoding: chunked",
+            "Transfer-Encoding: gzip, chunked",
+            "transfer-encoding: gzip",
+            "content-length: 5",
+            "content-length: 5, 7",
+            "content-length: 99999999999999999999999",
+            "connection: close",
+            "Connection: Keep-Alive",
+            "connection: upgrade, close",
+        ],
+        0..4,
+    );
+    let body = proptest::collection::vec(
+        prop_oneof![
+            any::<u8>(),
+            Just(b'\r'),
+            Just(b'\n'),
+            Just(b'0'),
+            Just(b'5'),
+            Just(b'f'),
+            Just(b';'),
+        ],
+        0..1024,
+    );
+    (status, fields, body).prop_map(|(status, fields, body)| {
+        let mut bytes = status.as_bytes().to_vec();
+        for field in fields {
+            bytes.extend_from_slice(b"\r\n");
+            bytes.extend_from_slice(field.as_bytes());
+        }
+        bytes.extend_from_slice(b"\r\n\r\n");
+        bytes.extend_from_slice(&body);
+        bytes
+    })
+}
+
+/// `body` in chunked coding, chunk after chunk of the sizes `sizes` names in turn (the last
+/// chunk what is left), sizes in upper or lower case hex, each with an extension or not, then
+/// the last chunk and a trailer or not.
+fn chunked(body: &[u8], sizes: &[usize], upper: bool, ext: bool, trailer: bool) -> Vec<u8> {
+    let mut wire = Vec::new();
+    let mut rest = body;
+    for &size in sizes.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let n = size.min(rest.len());
+        let hex = if upper {
+            format!("{n:X}")
+        } else {
+            format!("{n:x}")
+        };
+        wire.extend_from_slice(hex.as_bytes());
+        if ext {
+            wire.extend_from_slice(b" ;name=\"value\"");
+        }
+        wire.extend_from_slice(b"\r\n");
+        wire.extend_from_slice(&rest[..n]);
+        wire.extend_from_slice(b"\r\n");
+        rest = &rest[n..];
+    }
+    wire.extend_from_slice(b"0\r\n");
+    if trailer {
+        wire.extend_from_slice(b"x-trailer: 1\r\n");
+    }
+    wire.extend_from_slice(b"\r\n");
+    wire
+}
 
 /// A valid config to mutate: every kind of value the loader checks.
 const FULL: &str = include_str!("testdata/config/good/full.yaml");
@@ -50,6 +148,85 @@ proptest! {
             }
         }
         let _ = parser.finish();
+    }
+
+    #[test]
+    fn the_response_reader_takes_any_bytes_in_any_split(
+        data in prop_oneof![proptest::collection::vec(any::<u8>(), 0..2048), responses()],
+        cuts in proptest::collection::vec(0usize..2048, 0..16),
+    ) {
+        // The head, then the body its framing says, as the transport reads them: never a panic,
+        // never more body than arrived, never an empty piece.
+        let mut buf = BytesMut::new();
+        let mut head = None;
+        let mut body = 0usize;
+        for piece in reads(&data, cuts) {
+            buf.extend_from_slice(piece);
+            if head.is_none() {
+                match parse_head(&mut buf) {
+                    Ok(Some(parsed)) => head = Some(parsed),
+                    Ok(None) => continue,
+                    Err(_) => return Ok(()),
+                }
+            }
+            let Some(head) = head.as_mut() else { continue };
+            loop {
+                match head.body.decode(&mut buf) {
+                    Ok(Some(bytes)) => {
+                        prop_assert!(!bytes.is_empty());
+                        body += bytes.len();
+                    }
+                    Ok(None) => break,
+                    Err(_) => return Ok(()),
+                }
+            }
+        }
+        prop_assert!(body <= data.len());
+        if let Some(head) = head {
+            // A connection is kept only when the body's end is known without its close.
+            prop_assert!(!(head.persistent && head.body.ends_at_close()));
+        }
+    }
+
+    #[test]
+    fn a_chunked_body_decodes_to_its_bytes_in_any_split(
+        body in proptest::collection::vec(any::<u8>(), 0..2048),
+        sizes in proptest::collection::vec(1usize..300, 1..16),
+        (upper, ext, trailer) in (any::<bool>(), any::<bool>(), any::<bool>()),
+        cuts in proptest::collection::vec(0usize..4096, 0..24),
+    ) {
+        // The head, the chunked body and the start of the next response, read in any split:
+        // the body comes out whole, and what follows it stays for the next response.
+        let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        wire.extend_from_slice(&chunked(&body, &sizes, upper, ext, trailer));
+        wire.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        let mut buf = BytesMut::new();
+        let mut decoder: Option<BodyDecoder> = None;
+        let mut got = Vec::new();
+        for piece in reads(&wire, cuts) {
+            buf.extend_from_slice(piece);
+            if decoder.is_none() {
+                match parse_head(&mut buf) {
+                    Ok(Some(head)) => {
+                        prop_assert!(head.persistent);
+                        decoder = Some(head.body);
+                    }
+                    Ok(None) => continue,
+                    Err(e) => prop_assert!(false, "{e}"),
+                }
+            }
+            let Some(decoder) = decoder.as_mut() else { continue };
+            loop {
+                match decoder.decode(&mut buf) {
+                    Ok(Some(bytes)) => got.extend_from_slice(&bytes),
+                    Ok(None) => break,
+                    Err(e) => prop_assert!(false, "{e}"),
+                }
+            }
+        }
+        prop_assert!(decoder.is_some_and(|d| d.is_done()));
+        prop_assert_eq!(got, body);
+        prop_assert_eq!(&buf[..], b"HTTP/1.1 200 OK\r\n");
     }
 
     #[test]

@@ -517,6 +517,7 @@ fn requests_jsonl_follows_the_per_record_contract() {
             "prefill_worker_id",
             "decode_worker_id",
             "connect_ms",
+            "connection_retried",
         ] {
             assert!(r.get(key).is_some(), "{key} missing in {line}");
         }

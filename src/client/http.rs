@@ -242,12 +242,14 @@ pub(super) fn url_secrets(url: &url::Url) -> Secrets {
     secrets
 }
 
-/// POSTs `body` to `endpoint` over the client's own transport and reads the response head.
+/// POSTs `body` to `endpoint` over the client's own transport and reads the response head;
+/// `retried` is set when the request is sent a second time (see [`transport::post`]).
 pub(super) async fn post(
     client: &StreamClient,
     endpoint: &Endpoint,
     request_id: &str,
     body: bytes::Bytes,
+    retried: &mut bool,
 ) -> Result<transport::Response, ExchangeError> {
     let json = HeaderValue::from_static("application/json");
     let sse = HeaderValue::from_static("text/event-stream");
@@ -274,6 +276,7 @@ pub(super) async fn post(
         &endpoint.url,
         &headers,
         body,
+        retried,
     )
     .await
     .map_err(ExchangeError::Transport)

@@ -18,6 +18,7 @@ mod sse;
 mod stream;
 mod tls;
 mod transport;
+mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,6 +45,10 @@ pub(crate) use stream::sanitize;
 use stream::{Flow, StreamDecoder};
 pub use tls::{TargetTls, TlsFiles};
 pub use transport::Prewarmed;
+/// The response framing the transport reads with, public for the fuzz target and the property
+/// tests of `tests/bad_input.rs` only.
+#[doc(hidden)]
+pub use wire::{BodyDecoder, MAX_HEAD_BYTES, ResponseHead, WireError, parse_head};
 
 /// Body bytes allowed per requested output token before a stream counts as runaway: a chat chunk
 /// of one token is about 200 bytes with usage and `nvext`, so this leaves a wide margin.
@@ -386,7 +391,8 @@ impl StreamClient {
             body_bytes_sent: body.len(),
             cancel_after_tokens,
         };
-        let post = http::post(self, endpoint, &request.request_id, body);
+        // The record learns of a retry as it begins: a timeout during it still counts it.
+        let post = http::post(self, endpoint, &request.request_id, body, &mut rec.retried);
         let sent = tokio::time::timeout_at(ex.first_token_deadline, post).await;
         let Ok(sent) = sent else {
             self.time_out(rec, ex.first_token_deadline, deadline);

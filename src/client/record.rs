@@ -117,6 +117,11 @@ pub struct RequestRecord {
     /// How long opening the connection took (TCP, and the TLS handshake of an `https://`
     /// target), when this request found none idle and opened it. Inside TTFT.
     pub connect: Option<Duration>,
+    /// Sent a second time, on a new connection: the first attempt, on a reused connection, was
+    /// lost before any byte of an answer (the server had closed it as the request went out).
+    /// Measured all the same from `intended`: the lost attempt and the new connect are inside
+    /// its TTFT (`connect` holds the connect).
+    pub retried: bool,
     /// When the response head arrived (the first byte of the response is no later than this).
     pub first_byte: Option<Instant>,
     /// When the first body bytes arrived.
@@ -154,6 +159,7 @@ impl RequestRecord {
             sent,
             slot_at: None,
             connect: None,
+            retried: false,
             first_byte: None,
             first_body_byte: None,
             done: None,

@@ -4,7 +4,9 @@
 //! costs one wake-up and one read, with no connection task and no channel between the socket and
 //! the stamp, and a server that outpaces the client cannot grow the buffer. A [`Pool`] keeps idle
 //! keep-alive connections per origin and opens them, TLS handshake included, ahead of a step,
-//! ramped (docs/DESIGN.md §4).
+//! ramped (docs/DESIGN.md §4); [`post`] reuses them, and sends a request once more on a new
+//! connection when a reused one was lost before any byte of an answer. The bytes of a response
+//! are read as [`super::wire`] frames them.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -12,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -22,15 +24,11 @@ use url::Url;
 
 use super::record::Outcome;
 use super::tls::TargetTls;
+use super::wire::{self, BodyDecoder, ResponseHead, WireError};
 
 /// What one read may fill, and all a connection ever buffers of a body: a read hands its bytes
 /// on before the next, so the buffer is reclaimed instead of grown.
 pub const READ_BUF_BYTES: usize = 16 << 10;
-/// The largest response head accepted.
-const MAX_HEAD_BYTES: usize = 64 << 10;
-const MAX_HEADERS: usize = 96;
-/// The longest chunk-size line (hex digits and extensions).
-const MAX_CHUNK_LINE: usize = 1024;
 
 /// Why an exchange failed before or while reading its response.
 #[derive(Debug, thiserror::Error)]
@@ -61,22 +59,13 @@ pub enum TransportError {
         authority: String,
         timeout: Duration,
     },
-    #[error("the response head is not HTTP/1.1: {0}")]
-    Head(String),
     #[error("the connection closed before a complete response head")]
     ClosedBeforeHead,
     #[error("the connection closed mid-body")]
     ClosedMidBody,
-    #[error("bad chunked framing: {0}")]
-    Framing(&'static str),
-    /// A chunk-size line that is not hex digits (with an optional `;extension`): the server does
-    /// not speak HTTP/1.1's chunked coding, or speaks it so that a proxy could read it otherwise.
-    #[error("bad chunked framing: the chunk size {0:?} is not hex digits")]
-    ChunkSize(String),
-    /// Content-Length values that disagree, or one that is not a number: the body's end cannot
-    /// be known (RFC 9112 §6.3).
-    #[error("invalid Content-Length: {0}")]
-    ContentLength(String),
+    /// Bytes that are not an HTTP/1.1 response, or not one way.
+    #[error(transparent)]
+    Wire(#[from] WireError),
     #[error("connection error: {0}")]
     Io(#[from] std::io::Error),
     #[error("{name:?} is not a TLS server name: {source}")]
@@ -98,13 +87,9 @@ impl TransportError {
             | TransportError::Connect { .. }
             | TransportError::Tls { .. }
             | TransportError::ConnectTimeout { .. } => Outcome::Connect,
-            // The server answered, but not in HTTP.
-            TransportError::Head(_)
-            | TransportError::ChunkSize(_)
-            | TransportError::ContentLength(_) => Outcome::BadResponse,
+            TransportError::Wire(e) => e.outcome(),
             TransportError::ClosedBeforeHead
             | TransportError::ClosedMidBody
-            | TransportError::Framing(_)
             | TransportError::Io(_) => Outcome::StreamTruncated,
             // An origin that cannot be set up is refused with the endpoint, before any request;
             // were one sent, it could not connect.
@@ -112,6 +97,15 @@ impl TransportError {
             | TransportError::NoHost
             | TransportError::NoTlsConfig => Outcome::Connect,
         }
+    }
+
+    /// Whether the connection was lost (an I/O error, or its end before a response head): what
+    /// a server's close of an idle connection does to a request sent on it.
+    fn is_connection_loss(&self) -> bool {
+        matches!(
+            self,
+            TransportError::Io(_) | TransportError::ClosedBeforeHead
+        )
     }
 }
 
@@ -450,18 +444,71 @@ pub fn authority(url: &Url) -> String {
     }
 }
 
-/// Sends a POST of `body` to `url` at `origin` with `headers` and reads the response head. A
-/// reused connection is checked for a close before the request is written; once written, a
-/// request is never sent twice.
+/// Sends a POST of `body` to `url` at `origin` with `headers` and reads the response head.
+///
+/// A request on a reused connection that fails before any byte of an answer arrives (the write
+/// fails, or the connection resets or ends before the status line) is sent once more, on a new
+/// connection, and `retried` is set as that begins: the server closed the idle connection as the
+/// request went out (a keep-alive limit or idle timeout, which it need not announce), so the
+/// failure is the transport's, not the target's. A request the server may have begun answering,
+/// or one that failed on a new connection, is never sent again.
 pub async fn post(
     pool: &Arc<Pool>,
     origin: &Arc<Origin>,
     url: &Url,
     headers: &[(&str, &HeaderValue)],
     body: Bytes,
+    retried: &mut bool,
 ) -> Result<Response, TransportError> {
-    let authority = &origin.authority;
-    let mut head = Vec::with_capacity(256 + headers.len() * 48);
+    let request = request_bytes(&origin.authority, url, headers, &body);
+    // A request that asks for the close gets it, whatever the answer says (RFC 9112 §9.6).
+    let closes = headers.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case("connection") && wire::lists_option(value.as_bytes(), "close")
+    });
+    let respond = |(conn, buf, head): (Conn, BytesMut, ResponseHead), connect| Response {
+        status: head.status,
+        content_length: head.content_length,
+        keep_alive: head.persistent && !closes,
+        headers: head.headers,
+        body: head.body,
+        stream: Some(conn),
+        buf,
+        pool: Arc::clone(pool),
+        origin: Arc::clone(origin),
+        connect,
+    };
+    if let Some(conn) = pool.checkout(origin) {
+        match exchange(conn, &request).await {
+            Ok(sent) => return Ok(respond(sent, None)),
+            Err(Failed {
+                error,
+                answered: false,
+            }) if error.is_connection_loss() => {
+                tracing::debug!(
+                    authority = %origin.authority,
+                    error = %error,
+                    "a reused connection failed before any byte of an answer: sending once more on a new one"
+                );
+                *retried = true;
+            }
+            Err(failed) => return Err(failed.error),
+        }
+    }
+    let started = Instant::now();
+    let conn = pool.connect(origin).await?;
+    let connect = started.elapsed();
+    let sent = exchange(conn, &request).await.map_err(|f| f.error)?;
+    Ok(respond(sent, Some(connect)))
+}
+
+/// The bytes of a POST of `body` to `url` with `headers`.
+fn request_bytes(
+    authority: &str,
+    url: &Url,
+    headers: &[(&str, &HeaderValue)],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut head = Vec::with_capacity(256 + headers.len() * 48 + body.len());
     head.extend_from_slice(b"POST ");
     head.extend_from_slice(url.path().as_bytes());
     if let Some(q) = url.query() {
@@ -479,168 +526,53 @@ pub async fn post(
     head.extend_from_slice(b"\r\ncontent-length: ");
     head.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
     head.extend_from_slice(b"\r\n\r\n");
-    head.extend_from_slice(&body);
+    head.extend_from_slice(body);
+    head
+}
 
-    let (mut stream, connect) = match pool.checkout(origin) {
-        Some(stream) => (stream, None),
-        None => {
-            let started = Instant::now();
-            let stream = pool.connect(origin).await?;
-            (stream, Some(started.elapsed()))
-        }
-    };
-    stream.write_all(&head).await?;
-    // TLS holds what it encrypted until flushed; for TCP this does nothing.
-    stream.flush().await?;
+/// An exchange that failed, and whether any byte of an answer had arrived.
+struct Failed {
+    error: TransportError,
+    answered: bool,
+}
+
+/// Writes `request` on `conn` and reads the response head: the connection, the buffer holding
+/// what followed the head, and the head.
+async fn exchange(
+    mut conn: Conn,
+    request: &[u8],
+) -> Result<(Conn, BytesMut, ResponseHead), Failed> {
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
-    let (status, headers) = read_head(&mut stream, &mut buf).await?;
-    let header = |name| {
-        headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-    };
-    let chunked = header(http::header::TRANSFER_ENCODING)
-        .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
-    // With chunked framing a Content-Length is ignored (RFC 9112 §6.3), also a broken one.
-    let content_length = match content_length(&headers) {
-        Ok(n) => n,
-        Err(_) if chunked => None,
-        Err(e) => return Err(e),
-    };
-    let keep_alive =
-        !header(http::header::CONNECTION).is_some_and(|c| c.to_ascii_lowercase().contains("close"));
-    let framing = match (chunked, content_length) {
-        (true, _) => Framing::Chunked(ChunkState::Size),
-        (false, Some(n)) => Framing::Length(n),
-        (false, None) => Framing::Close,
-    };
-    let keep_alive = keep_alive && !matches!(framing, Framing::Close);
-    Ok(Response {
-        status,
-        headers,
-        content_length,
-        stream: Some(stream),
-        buf,
-        framing,
-        keep_alive,
-        pool: Arc::clone(pool),
-        origin: Arc::clone(origin),
-        connect,
-    })
-}
-
-/// The body length the `Content-Length` fields announce: every value (fields repeated, or one
-/// field holding a list) must be the same run of digits, else the framing is invalid (RFC 9112
-/// §6.3: conflicting lengths are an unrecoverable error; repeats of one value count once).
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, TransportError> {
-    let mut length = None;
-    for field in headers.get_all(http::header::CONTENT_LENGTH) {
-        let shown = || String::from_utf8_lossy(field.as_bytes()).into_owned();
-        for value in field.as_bytes().split(|&b| b == b',') {
-            let value = value.trim_ascii();
-            let n = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    TransportError::ContentLength(format!("{:?} is not a length", shown()))
-                })?;
-            match length {
-                Some(seen) if seen != n => {
-                    return Err(TransportError::ContentLength(format!(
-                        "two lengths, {seen} and {n}"
-                    )));
-                }
-                _ => length = Some(n),
-            }
-        }
+    let mut answered = false;
+    let result = async {
+        conn.write_all(request).await?;
+        // TLS holds what it encrypted until flushed; for TCP this does nothing.
+        conn.flush().await?;
+        read_head(&mut conn, &mut buf, &mut answered).await
     }
-    Ok(length)
-}
-
-/// The size of a chunk-size line (`1a`, `1a;name=value`, hex digits optionally followed by
-/// spaces or tabs before an extension, as RFC 9112 §7.1 has it); `None` for anything else: a
-/// sign, a `0x`, leading space, no digit, or a size over `u64`.
-fn chunk_size(line: &[u8]) -> Option<u64> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    let rest = &line[digits..];
-    let after_space = rest.trim_ascii_start();
-    let tail_ok = after_space.is_empty() || after_space[0] == b';';
-    let spaces_ok = rest[..rest.len() - after_space.len()]
-        .iter()
-        .all(|b| matches!(b, b' ' | b'\t'));
-    if digits == 0 || !tail_ok || !spaces_ok {
-        return None;
+    .await;
+    match result {
+        Ok(head) => Ok((conn, buf, head)),
+        Err(error) => Err(Failed { error, answered }),
     }
-    // Hex digits are ASCII.
-    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
 }
 
+/// Reads until `buf` holds a complete response head; `answered` is set by the first byte.
 async fn read_head(
     stream: &mut Conn,
     buf: &mut BytesMut,
-) -> Result<(StatusCode, HeaderMap), TransportError> {
+    answered: &mut bool,
+) -> Result<ResponseHead, TransportError> {
     loop {
-        let mut parsed = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut parsed);
-        match resp.parse(buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let status = resp
-                    .code
-                    .and_then(|c| StatusCode::from_u16(c).ok())
-                    .ok_or_else(|| TransportError::Head("no status code".into()))?;
-                let mut headers = HeaderMap::with_capacity(resp.headers.len());
-                for h in resp.headers.iter() {
-                    let name = HeaderName::from_bytes(h.name.as_bytes())
-                        .map_err(|e| TransportError::Head(e.to_string()))?;
-                    let value = HeaderValue::from_bytes(h.value)
-                        .map_err(|e| TransportError::Head(e.to_string()))?;
-                    headers.append(name, value);
-                }
-                buf.advance(len);
-                // An interim 1xx answer (100 Continue) is followed by the real head.
-                if status.is_informational() {
-                    continue;
-                }
-                return Ok((status, headers));
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(e) => return Err(TransportError::Head(e.to_string())),
-        }
-        if buf.len() >= MAX_HEAD_BYTES {
-            return Err(TransportError::Head(format!(
-                "the head is over {} KiB",
-                MAX_HEAD_BYTES >> 10
-            )));
+        if let Some(head) = wire::parse_head(buf)? {
+            return Ok(head);
         }
         buf.reserve(READ_BUF_BYTES);
         if stream.read_buf(buf).await? == 0 {
             return Err(TransportError::ClosedBeforeHead);
         }
+        *answered = true;
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    /// Expecting a chunk-size line.
-    Size,
-    /// Inside a chunk's data, this many bytes left.
-    Data(u64),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailer,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Chunked(ChunkState),
-    /// Content-Length: bytes left.
-    Length(u64),
-    /// Until the server closes.
-    Close,
-    /// The body is complete.
-    Done,
 }
 
 /// A response whose body is read by the task that sent the request.
@@ -652,7 +584,8 @@ pub struct Response {
     /// `None` once the body ended and the connection went back to the pool.
     stream: Option<Conn>,
     buf: BytesMut,
-    framing: Framing,
+    body: BodyDecoder,
+    /// Whether the connection may carry another request once the body is read.
     keep_alive: bool,
     pool: Arc<Pool>,
     origin: Arc<Origin>,
@@ -683,10 +616,10 @@ impl Response {
     /// reused once they are dropped.
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
         loop {
-            if let Some(piece) = self.decode()? {
+            if let Some(piece) = self.body.decode(&mut self.buf)? {
                 return Ok(Some(piece));
             }
-            if self.framing == Framing::Done {
+            if self.body.is_done() {
                 self.release();
                 return Ok(None);
             }
@@ -698,8 +631,7 @@ impl Response {
             }
             if stream.read_buf(&mut self.buf).await? == 0 {
                 self.stream = None;
-                if self.framing == Framing::Close {
-                    self.framing = Framing::Done;
+                if self.body.closed() {
                     return Ok(None);
                 }
                 return Err(TransportError::ClosedMidBody);
@@ -707,79 +639,8 @@ impl Response {
         }
     }
 
-    /// Takes the next complete piece of body out of the buffer, advancing the framing.
-    fn decode(&mut self) -> Result<Option<Bytes>, TransportError> {
-        loop {
-            match self.framing {
-                Framing::Done => return Ok(None),
-                Framing::Close => {
-                    return Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze()));
-                }
-                Framing::Length(0) => {
-                    self.framing = Framing::Done;
-                    return Ok(None);
-                }
-                Framing::Length(left) => {
-                    if self.buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let n = (left as usize).min(self.buf.len());
-                    self.framing = Framing::Length(left - n as u64);
-                    return Ok(Some(self.buf.split_to(n).freeze()));
-                }
-                Framing::Chunked(ChunkState::Data(left)) => {
-                    if self.buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let n = (left as usize).min(self.buf.len());
-                    let rest = left - n as u64;
-                    self.framing = Framing::Chunked(if rest == 0 {
-                        ChunkState::DataEnd
-                    } else {
-                        ChunkState::Data(rest)
-                    });
-                    return Ok(Some(self.buf.split_to(n).freeze()));
-                }
-                Framing::Chunked(state) => {
-                    let Some(end) = memchr::memmem::find(&self.buf, b"\r\n") else {
-                        if self.buf.len() > MAX_CHUNK_LINE {
-                            return Err(TransportError::Framing("a chunk line over 1 KiB"));
-                        }
-                        return Ok(None);
-                    };
-                    let line = self.buf.split_to(end + 2);
-                    let line = &line[..end];
-                    self.framing = match state {
-                        ChunkState::Size => {
-                            let size = chunk_size(line).ok_or_else(|| {
-                                let shown = &line[..line.len().min(32)];
-                                TransportError::ChunkSize(
-                                    String::from_utf8_lossy(shown).into_owned(),
-                                )
-                            })?;
-                            Framing::Chunked(if size == 0 {
-                                ChunkState::Trailer
-                            } else {
-                                ChunkState::Data(size)
-                            })
-                        }
-                        ChunkState::DataEnd if line.is_empty() => {
-                            Framing::Chunked(ChunkState::Size)
-                        }
-                        ChunkState::DataEnd => {
-                            return Err(TransportError::Framing("no CRLF after a chunk's data"));
-                        }
-                        ChunkState::Trailer if line.is_empty() => Framing::Done,
-                        ChunkState::Trailer => Framing::Chunked(ChunkState::Trailer),
-                        ChunkState::Data(_) => unreachable!("handled above"),
-                    };
-                }
-            }
-        }
-    }
-
-    /// At the body's end: the connection goes back to the pool when the server keeps it and
-    /// sent nothing past the body.
+    /// At the body's end: the connection goes back to the pool when both sides keep it and the
+    /// server sent nothing past the body.
     fn release(&mut self) {
         if let Some(stream) = self.stream.take()
             && self.keep_alive
@@ -849,6 +710,150 @@ mod tests {
         Ok(all)
     }
 
+    /// What a [`scripted`] server does with one request.
+    #[derive(Clone, Copy)]
+    enum Act {
+        /// Answers it, and keeps the connection.
+        Answer,
+        /// Closes the connection without a byte of answer.
+        Close,
+        /// Writes these bytes of an answer, then closes.
+        Partial(&'static [u8]),
+    }
+
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    /// A server that does `script(connection, request)` with each request (both counted from 0)
+    /// and counts the connections it accepted.
+    async fn scripted(
+        script: fn(usize, usize) -> Act,
+    ) -> (Url, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let conn = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    for request in 0.. {
+                        let mut got = Vec::new();
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let reply = match script(conn, request) {
+                            Act::Answer => ANSWER,
+                            Act::Close => return,
+                            Act::Partial(bytes) => bytes,
+                        };
+                        if s.write_all(reply).await.is_err() {
+                            return;
+                        }
+                        if let Act::Partial(_) = script(conn, request) {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}/v1/x").parse().unwrap(), accepted)
+    }
+
+    /// Two requests in turn through one pool, the first answered: whether the second was, and
+    /// whether it was sent again.
+    async fn two_requests(url: &Url, request_headers: &[(&str, &HeaderValue)]) -> (bool, bool) {
+        let (pool, origin) = (pool(), origin(url));
+        let mut first = post(
+            &pool,
+            &origin,
+            url,
+            request_headers,
+            Bytes::new(),
+            &mut false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(body(&mut first).await.unwrap(), b"ok");
+        let mut retried = false;
+        let second = post(
+            &pool,
+            &origin,
+            url,
+            request_headers,
+            Bytes::new(),
+            &mut retried,
+        )
+        .await;
+        let ok = match second {
+            Ok(mut resp) => body(&mut resp).await.is_ok_and(|b| b == b"ok"),
+            Err(_) => false,
+        };
+        (ok, retried)
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_lost_before_any_answer_is_retried_once_on_a_new_one() {
+        // The server hangs up on the second request of its first connection, unanswered.
+        let (url, accepted) = scripted(|conn, request| match (conn, request) {
+            (0, 1) => Act::Close,
+            _ => Act::Answer,
+        })
+        .await;
+        assert_eq!(two_requests(&url, &[]).await, (true, true));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_the_server_began_answering_or_sent_on_a_new_connection_is_never_retried() {
+        // Part of a status line, then the close: the server had the request.
+        let (url, accepted) = scripted(|conn, request| match (conn, request) {
+            (0, 1) => Act::Partial(b"HTTP/1.1 2"),
+            _ => Act::Answer,
+        })
+        .await;
+        assert_eq!(two_requests(&url, &[]).await, (false, false));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A request on a connection of its own that is lost: the target's failure, as it is.
+        let (url, accepted) = scripted(|_, _| Act::Close).await;
+        let mut retried = false;
+        let err = post(
+            &pool(),
+            &origin(&url),
+            &url,
+            &[],
+            Bytes::new(),
+            &mut retried,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, TransportError::ClosedBeforeHead), "{err}");
+        assert!(!retried);
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Lost on its retry too: one retry, then the failure.
+        let (url, accepted) = scripted(|conn, request| match (conn, request) {
+            (0, 0) => Act::Answer,
+            _ => Act::Close,
+        })
+        .await;
+        assert_eq!(two_requests(&url, &[]).await, (false, true));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_asked_for_the_close_does_not_keep_its_connection() {
+        let (url, accepted) = scripted(|_, _| Act::Answer).await;
+        let close = HeaderValue::from_static("Close");
+        assert_eq!(
+            two_requests(&url, &[("Connection", &close)]).await,
+            (true, false)
+        );
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     const CHUNKED: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
 
     #[tokio::test]
@@ -857,9 +862,16 @@ mod tests {
             let (url, accepted) = server(CHUNKED, pieces).await;
             let pool = pool();
             for i in 0..3 {
-                let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::from_static(b"{}"))
-                    .await
-                    .unwrap();
+                let mut resp = post(
+                    &pool,
+                    &origin(&url),
+                    &url,
+                    &[],
+                    Bytes::from_static(b"{}"),
+                    &mut false,
+                )
+                .await
+                .unwrap();
                 // Only the request that opened the connection paid for (and times) a connect.
                 assert_eq!(resp.connect_time().is_some(), i == 0);
                 assert_eq!(resp.status(), StatusCode::OK);
@@ -877,7 +889,7 @@ mod tests {
     #[tokio::test]
     async fn content_length_and_close_delimited_bodies() {
         let (url, _) = server(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", 2).await;
-        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap();
         assert_eq!(resp.content_length(), Some(3));
@@ -889,7 +901,7 @@ mod tests {
         )
         .await;
         let pool = pool();
-        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new())
+        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap();
         // The server keeps the socket open: the first piece arrives, the end would need a close.
@@ -905,7 +917,7 @@ mod tests {
             1,
         )
         .await;
-        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap();
         let err = body(&mut resp).await.unwrap_err();
@@ -913,7 +925,7 @@ mod tests {
         assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
 
         let (url, _) = server(b"NOT HTTP AT ALL\r\n\r\n", 1).await;
-        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap_err();
         assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
@@ -925,41 +937,10 @@ mod tests {
             .local_addr()
             .unwrap();
         let url: Url = format!("http://{free}/").parse().unwrap();
-        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+        let err = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap_err();
         assert_eq!(err.outcome(), Outcome::Connect, "{err}");
-    }
-
-    #[test]
-    fn a_chunk_size_is_hex_digits_with_an_optional_extension_and_nothing_else() {
-        for (line, size) in [
-            (&b"1a"[..], 26),
-            (b"1A", 26),
-            (b"0", 0),
-            (b"000f", 15),
-            (b"5;ext=1", 5),
-            (b"5 ;ext", 5),
-            (b"5\t", 5),
-            (b"ffffffffffffffff", u64::MAX),
-        ] {
-            assert_eq!(chunk_size(line), Some(size), "{:?}", line.escape_ascii());
-        }
-        for line in [
-            &b"+1a"[..],
-            b"-1",
-            b"0x1a",
-            b" 1a",
-            b"1a x",
-            b"1g",
-            b"",
-            b";ext",
-            b"1a\r",
-            b"\xef\xbc\x91",
-            b"10000000000000000",
-        ] {
-            assert_eq!(chunk_size(line), None, "{:?}", line.escape_ascii());
-        }
     }
 
     #[tokio::test]
@@ -969,7 +950,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n 5\r\nhello\r\n0\r\n\r\n",
         ] {
             let (url, _) = server(reply, 1).await;
-            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
                 .await
                 .unwrap();
             let err = body(&mut resp).await.unwrap_err();
@@ -987,7 +968,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: three\r\n\r\nabc",
         ] {
             let (url, _) = server(head, 1).await;
-            let err = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            let err = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
                 .await
                 .unwrap_err();
             assert_eq!(err.outcome(), Outcome::BadResponse, "{err}");
@@ -998,7 +979,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\nabc",
         ] {
             let (url, _) = server(head, 1).await;
-            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+            let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
                 .await
                 .unwrap();
             assert_eq!(resp.content_length(), Some(3));
@@ -1010,7 +991,7 @@ mod tests {
             1,
         )
         .await;
-        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new())
+        let mut resp = post(&pool(), &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap();
         assert_eq!(body(&mut resp).await.unwrap(), b"abc");
@@ -1027,7 +1008,7 @@ mod tests {
         assert_eq!(pool.idle_count(&origin(&url)), 10);
         // Already warm: nothing more to open.
         assert_eq!(pool.prewarm(&origin(&url), 10, 4).await.opened, 0);
-        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new())
+        let mut resp = post(&pool, &origin(&url), &url, &[], Bytes::new(), &mut false)
             .await
             .unwrap();
         assert_eq!(body(&mut resp).await.unwrap(), b"hello, world");

@@ -147,6 +147,7 @@ pub struct Metrics {
     pub(super) schedule_lag: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
     pub(super) client_queue: Family<TargetWorkloadLabels, AtomicHistogram, SharedBuckets>,
     pub(super) connect: Family<TargetLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) connection_retries: Family<TargetLabels, Counter>,
     pub(super) inflight: Family<TargetLabels, Gauge>,
     pub(super) config_last_reload_successful: Gauge,
     pub(super) config_last_reload_success_timestamp: GaugeF64,
@@ -242,6 +243,7 @@ impl Metrics {
             schedule_lag: Family::new_with_constructor(lag),
             client_queue: Family::new_with_constructor(queue),
             connect: Family::new_with_constructor(SharedBuckets(connect_buckets().into())),
+            connection_retries: Family::default(),
             inflight: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
@@ -421,6 +423,15 @@ impl Metrics {
             target: target.to_owned(),
         };
         self.connect.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts a request to `target` sent a second time, on a new connection, after the reused
+    /// one it went out on was lost before any byte of an answer.
+    pub fn record_connection_retry(&self, target: &str) {
+        let labels = TargetLabels {
+            target: target.to_owned(),
+        };
+        self.connection_retries.get_or_create(&labels).inc();
     }
 
     /// Moves `llm_canary_requests_in_flight{target}` by `delta` (1 at a send, -1 at its end).
@@ -631,6 +642,7 @@ impl Metrics {
         self.server_kv_offload_blocks.remove(&labels);
         self.target_up.remove(&labels);
         self.connect.remove(&labels);
+        self.connection_retries.remove(&labels);
         self.inflight.remove(&labels);
         self.probe_success.remove(&labels);
         let scope = ScopeLabels {
@@ -1177,6 +1189,7 @@ mod tests {
             );
             metrics.add_inflight(&labels.target, 1);
             metrics.add_inflight(&labels.target, -1);
+            metrics.record_connection_retry(&labels.target);
         }
         let before = metrics.encode().expect("encode");
         let agg_lines = before
@@ -1227,6 +1240,24 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn connection_retries_count_per_target() {
+        let metrics = Metrics::new(&[]);
+        let retries = |m: &Metrics, target| {
+            sample(
+                &m.encode().expect("encode"),
+                "llm_canary_connection_retries_total",
+                &[("target", target)],
+            )
+        };
+        assert_eq!(retries(&metrics, "agg"), None, "no series before a retry");
+        metrics.record_connection_retry("agg");
+        metrics.record_connection_retry("agg");
+        metrics.record_connection_retry("disagg");
+        assert_eq!(retries(&metrics, "agg"), Some(2.0));
+        assert_eq!(retries(&metrics, "disagg"), Some(1.0));
     }
 
     #[test]

@@ -28,6 +28,10 @@ impl Sink for Metrics {
         let (labels, s) = (req.labels, &req.sample);
         self.set_target_up(&labels.target, reached_target(s.outcome));
         self.record_request(labels, req.phase, s);
+        // Warmup requests too: a retry tells of the target's connections, not of a step.
+        if req.record.retried {
+            self.record_connection_retry(&labels.target);
+        }
         if req.phase == Phase::Warmup {
             return;
         }

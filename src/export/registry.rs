@@ -304,6 +304,11 @@ impl Metrics {
             self.connect.clone(),
         );
         r.register(
+            "llm_canary_connection_retries",
+            "Requests sent a second time, on a new connection, because the reused connection they went out on was lost before any byte of an answer (the server had closed it: a keep-alive limit or an idle timeout); not an error of the target, and the request is measured from its intended send all the same",
+            self.connection_retries.clone(),
+        );
+        r.register(
             "llm_canary_inflight_requests",
             "Requests sent and not yet finished",
             self.inflight.clone(),

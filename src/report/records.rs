@@ -52,6 +52,10 @@ struct Line<'a> {
     /// The connect (TCP, and TLS for `https://`) this request paid for inside its TTFT, when it
     /// found no idle connection (`null` on a reused connection).
     connect_ms: Option<f64>,
+    /// Sent a second time, on a new connection (then `connect_ms` is that connect): the reused
+    /// connection it first went out on was lost before any byte of an answer. Both attempts are
+    /// inside its TTFT.
+    connection_retried: bool,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -224,6 +228,7 @@ impl BenchSink {
                 .slot_at
                 .map(|s| ms(s.saturating_duration_since(rec.intended))),
             connect_ms: rec.connect.map(ms),
+            connection_retried: rec.retried,
             requested_osl: req.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),

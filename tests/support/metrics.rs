@@ -76,6 +76,8 @@ pub const LATE_FAMILIES: &[(&str, &str)] = &[
     // Connect times, once a connection to an `http://` target was opened (TLS ones are not
     // timed).
     ("llm_canary_connect_seconds", "histogram"),
+    // Requests sent again after a reused connection was lost before any answer.
+    ("llm_canary_connection_retries", "counter"),
     // The server's own timing, from servers that send Dynamo's `nvext.timing`.
     ("llm_canary_server_ttft_seconds", "histogram"),
     ("llm_canary_server_queue_seconds", "histogram"),

@@ -8,8 +8,9 @@
 //! - [`metrics`]: a sample looked up by name and label pairs in a text exposition, sums of
 //!   samples, and the families every daemon exposition has;
 //! - [`prometheus`]: a real Prometheus (Debian's `prometheus`) on loopback;
-//! - [`raw`]: a raw HTTP/1.1 server answering canned bytes, a canned SSE completion, and a
-//!   refusal that echoes the request's `Authorization`;
+//! - [`raw`]: a raw HTTP/1.1 server answering canned bytes, a keep-alive server that hangs up
+//!   as servers and proxies do (a request-count limit, HTTP/1.0, an idle timeout), a canned SSE
+//!   completion, and a refusal that echoes the request's `Authorization`;
 //! - [`sim`]: the embedded simulator on loopback, alone or with a scraper of its `/metrics`;
 //! - [`config`]: config text shared by tests that run the same workloads;
 //! - [`free_port`].
@@ -35,7 +36,10 @@ pub use daemon::{Proc, start_daemon, start_daemon_with, start_sim_process};
 #[allow(unused_imports)]
 pub use prometheus::Prometheus;
 #[allow(unused_imports)]
-pub use raw::{RawReply, echo_authorization_401, raw_server, read_request, sse_ok};
+pub use raw::{
+    Hangup, KeepAliveServer, RawReply, echo_authorization_401, keep_alive_server, raw_server,
+    read_request, sse_ok, sse_reply,
+};
 
 /// How often the polling helpers probe.
 const POLL_EVERY: Duration = Duration::from_millis(100);

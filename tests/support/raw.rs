@@ -1,7 +1,11 @@
-//! A raw HTTP/1.1 server on loopback answering canned bytes (for what no real server sends), and
-//! a canned SSE chat completion.
+//! A raw HTTP/1.1 server on loopback answering canned bytes (for what no real server sends), a
+//! keep-alive server that ends its connections the ways real servers and proxies do, and a canned
+//! SSE chat completion.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// What [`raw_server`] answers to one request.
 pub enum RawReply {
@@ -103,8 +107,15 @@ async fn read_more<S: tokio::io::AsyncRead + Unpin>(
     Some(())
 }
 
-/// A complete SSE chat-completion response of `tokens` one-word chunks, with usage.
+/// A complete SSE chat-completion response of `tokens` one-word chunks, with usage, after which
+/// the server closes (`connection: close`).
 pub fn sse_ok(model: &str, tokens: usize) -> Vec<u8> {
+    sse_reply(model, tokens, "HTTP/1.1 200 OK\r\nconnection: close")
+}
+
+/// The response of [`sse_ok`] under the status line and fields of `head` (no CRLF at its end;
+/// `content-type` and `content-length` are added).
+pub fn sse_reply(model: &str, tokens: usize, head: &str) -> Vec<u8> {
     let mut body = String::new();
     for i in 0..tokens {
         let chunk = serde_json::json!({"id": "r1", "object": "chat.completion.chunk", "model": model,
@@ -115,7 +126,7 @@ pub fn sse_ok(model: &str, tokens: usize) -> Vec<u8> {
         "usage": {"prompt_tokens": 10, "completion_tokens": tokens}});
     body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
     format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{head}\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -146,4 +157,84 @@ pub fn echo_authorization_401(head: &str, pad: usize) -> RawReply {
         )
         .into_bytes(),
     )
+}
+
+/// How a [`keep_alive_server`] ends its connections; none says so with `Connection: close`.
+#[derive(Debug, Clone, Copy)]
+pub enum Hangup {
+    /// Never: every connection serves requests until the client closes it.
+    Never,
+    /// Closed at once after this many responses (a request-count keep-alive limit): whether the
+    /// client sees the close before it reuses the connection is the network's race.
+    AfterResponses(usize),
+    /// After this many responses the next request is read and left unanswered, and the
+    /// connection closed: the race above, always lost by the client.
+    OnRequestAfter(usize),
+    /// A connection idle for `idle` after a response is closed, which takes the server `closing`
+    /// more: a request that arrives in that time is lost with the connection, unanswered (the
+    /// server's idle timeout racing the client's next request).
+    IdleTimeout { idle: Duration, closing: Duration },
+}
+
+/// A [`keep_alive_server`] and what it counted.
+pub struct KeepAliveServer {
+    pub addr: SocketAddr,
+    /// Connections accepted.
+    pub accepted: Arc<AtomicUsize>,
+    /// Requests answered, counted as the answer is written (a request lost to a hangup is not).
+    pub answered: Arc<AtomicUsize>,
+}
+
+/// A server on loopback that answers every request with `reply` (a whole response, framed by its
+/// Content-Length) on connections it keeps until `hangup` ends them.
+pub async fn keep_alive_server(reply: Vec<u8>, hangup: Hangup) -> KeepAliveServer {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = KeepAliveServer {
+        addr: listener.local_addr().unwrap(),
+        accepted: Arc::default(),
+        answered: Arc::default(),
+    };
+    let (accepted, answered) = (Arc::clone(&server.accepted), Arc::clone(&server.answered));
+    let reply: Arc<[u8]> = reply.into();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let (answered, reply) = (Arc::clone(&answered), Arc::clone(&reply));
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                for served in 0usize.. {
+                    let next = match hangup {
+                        Hangup::AfterResponses(n) if served == n => return,
+                        Hangup::OnRequestAfter(n) if served == n => {
+                            // Whatever arrives (or the end) closes it, unanswered.
+                            let _ = read_more(&mut stream, &mut buf).await;
+                            return;
+                        }
+                        Hangup::IdleTimeout { idle, closing } if served > 0 => {
+                            let next = read_request(&mut stream, &mut buf);
+                            match tokio::time::timeout(idle, next).await {
+                                Ok(head) => head,
+                                Err(_) => {
+                                    tokio::time::sleep(closing).await;
+                                    return;
+                                }
+                            }
+                        }
+                        _ => read_request(&mut stream, &mut buf).await,
+                    };
+                    if next.is_none() {
+                        return;
+                    }
+                    // Counted before the answer goes out: once it is out, the client may finish
+                    // and read the count before this task runs again.
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    server
 }
