@@ -53,6 +53,13 @@ pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024;
 const MAX_BUF_BYTES: usize = 256 * 1024;
 /// How long a shutdown waits for in-flight requests (e.g. a scrape being written) by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The listening socket's queue of connections the kernel has completed and `accept` has not
+/// taken yet (capped by `net.core.somaxconn`, 4096 on Linux since 5.4). tokio's `bind` uses 128,
+/// as std does: 300 clients reconnecting as fast as they are refused (issue 40) kept that queue
+/// full, the kernel dropped the handshakes it had no room for, and a probe's connection waited
+/// for its SYN's retransmission, a second later. Refusing is fast; the queue only has to hold a
+/// burst.
+const LISTEN_BACKLOG: u32 = 1024;
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -222,6 +229,19 @@ impl AppState {
     }
 }
 
+/// A listener on `addr` as tokio's `bind` makes one (`SO_REUSEADDR`), with a listen backlog of
+/// [`LISTEN_BACKLOG`] instead of 128. Needs a runtime.
+pub fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// How a shutdown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownOutcome {
@@ -242,9 +262,7 @@ pub struct HttpServer {
 impl HttpServer {
     /// Binds `addr` (port 0 picks a free port; read it back with [`HttpServer::local_addr`]).
     pub async fn bind(addr: SocketAddr, state: AppState) -> Result<Self, HttpError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| HttpError::Bind { addr, source })?;
+        let listener = bind_listener(addr).map_err(|source| HttpError::Bind { addr, source })?;
         Ok(Self::from_listener(listener, state))
     }
 
