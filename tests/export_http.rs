@@ -130,6 +130,7 @@ fn fill(metrics: &Metrics) {
     metrics.record_token_count_mismatch(&disagg);
     metrics.observe_schedule_lag("agg", "concurrency_sweep", 0.0004);
     metrics.observe_connect("agg", 0.0003);
+    metrics.record_connection_retry("agg");
     metrics.set_target_up("agg", true);
     metrics.set_target_up("disagg", false);
     // A request still in flight at scrape time.
@@ -241,7 +242,7 @@ async fn scrape_serves_openmetrics_with_every_family() {
         .chain(LATE_FAMILIES.iter().filter(|(n, _)| !unfilled.contains(n)))
         .copied()
         .collect();
-    assert_eq!(families.len(), 56);
+    assert_eq!(families.len(), 58);
     for (name, kind) in &families {
         let line = format!("# TYPE {name} {kind}\n");
         assert!(text.contains(&line), "missing `{}`", line.trim_end());
@@ -570,12 +571,15 @@ async fn greedy_and_slow_clients_cannot_hold_the_surface() {
     let metrics = Arc::new(Metrics::new(&[]));
     fill(&metrics);
     let limits = HttpLimits {
-        max_connections: 4,
+        max_connections: 8,
+        max_connections_per_peer: 4,
+        health_connections: 4,
         header_read_timeout: Duration::from_secs(1),
         body_read_timeout: Duration::from_secs(1),
         write_stall_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
         max_metrics_responses: 4,
+        ..HttpLimits::default()
     };
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = calls.clone();
@@ -593,8 +597,9 @@ async fn greedy_and_slow_clients_cannot_hold_the_surface() {
     let running = start(state).await;
     let bound = Duration::from_secs(10);
 
-    // Connections that send nothing fill the limit; one more is closed at once, and the idle
-    // ones are closed once their head is overdue, after which scrapes get through again.
+    // Connections that send nothing fill the general pool (8 less 4 kept for health probes),
+    // which is also this peer's share: one more is closed at once; the idle ones are closed
+    // once their head is overdue, after which scrapes get through again.
     let mut idle = Vec::new();
     for _ in 0..4 {
         idle.push(raw(&running.base, b"").await);

@@ -13,7 +13,7 @@ use super::{
     CurrentTargets, DaemonError, PauseControl, Status, probe_target, reload_on_hangup, slo_engine,
     state_backend, take_over_on_leading,
 };
-use crate::export::http::{AppState, HttpServer, Lifecycle, Readiness};
+use crate::export::http::{AppState, HttpServer, Lifecycle, Readiness, bind_listener};
 use crate::export::metrics::Metrics;
 use crate::export::otlp::OtlpExporter;
 use crate::k8s::KubeParts;
@@ -39,9 +39,7 @@ pub(super) async fn bind(
     listen: Option<SocketAddr>,
 ) -> Result<TcpListener, DaemonError> {
     let addr = listen.unwrap_or_else(|| setup.config.export.listen.parse().expect("validated"));
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| DaemonError::Bind { addr, source })?;
+    let listener = bind_listener(addr).map_err(|source| DaemonError::Bind { addr, source })?;
     let local = listener
         .local_addr()
         .map_err(|source| DaemonError::Bind { addr, source })?;

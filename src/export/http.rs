@@ -2,23 +2,25 @@
 //! `/api/v1/status`, and the lifecycle endpoints that change the daemon's state (`/-/reload`,
 //! `/-/pause`, `/-/resume`, baseline pins), off unless enabled and then optionally behind a
 //! bearer token. A hyper 1 HTTP/1 server with a readiness latch, a bounded graceful drain, and
-//! bounds on what a client can hold: connections, head and body sizes, and how long a head, a
-//! body or a stalled reader may take.
+//! bounds on what a client can hold: connections (in all and per peer, with a reserve for the
+//! health probes, [`super::admission`]), head and body sizes, and how long a head, a body or a
+//! response may take ([`super::limits`], [`super::stall`]); what it refuses is counted and
+//! logged in summary ([`super::refusals`]).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::Body;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -26,7 +28,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admission::{Admission, Admitted};
+use super::body::ChunksBody;
+use super::limits::HttpLimits;
 use super::metrics::Metrics;
+use super::refusals::{Refusal, Refusals};
 use super::stall::StallGuard;
 
 /// The content type of `/metrics` (contract, docs/DESIGN.md §2).
@@ -39,41 +45,6 @@ const JSON_CONTENT_TYPE: &str = "application/json";
 /// with 413 rather than buffered.
 pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024;
 
-/// How long and how many a client may hold (defaults in [`HttpLimits::default`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HttpLimits {
-    /// Connections served at once; more are closed on accept. Prometheus replicas, probes and
-    /// an operator's curl need a handful.
-    pub max_connections: usize,
-    /// A request head not complete within this closes the connection (idle keep-alive ones too).
-    pub header_read_timeout: Duration,
-    /// A body not received within this is refused with 408, so a client trickling bytes cannot
-    /// hold a connection.
-    pub body_read_timeout: Duration,
-    /// A response the client stops reading for this long is abandoned and its connection closed,
-    /// so a stalled scraper holds neither a connection nor the encoded exposition.
-    pub write_stall_timeout: Duration,
-    /// A response not written completely within this is abandoned and its connection closed:
-    /// a client reading a byte now and then never trips the stall limit, but cannot hold a
-    /// response for longer than this.
-    pub response_timeout: Duration,
-    /// `/metrics` responses in flight at once (each holds its encoding until written); more are
-    /// answered 503 with `Retry-After`. Prometheus replicas scrape one at a time each.
-    pub max_metrics_responses: usize,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        HttpLimits {
-            max_connections: 256,
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(10),
-            write_stall_timeout: Duration::from_secs(30),
-            response_timeout: Duration::from_secs(60),
-            max_metrics_responses: 8,
-        }
-    }
-}
 /// hyper's connection buffer limit, which bounds a request head (a scraper's or a probe's are
 /// under 1 KiB) and also how much of a response hyper queues per write: the `/metrics` body is a
 /// list of shared chunks of ~25 KiB each, and a limit of 16 KiB wrote them one per syscall
@@ -82,6 +53,13 @@ impl Default for HttpLimits {
 const MAX_BUF_BYTES: usize = 256 * 1024;
 /// How long a shutdown waits for in-flight requests (e.g. a scrape being written) by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The listening socket's queue of connections the kernel has completed and `accept` has not
+/// taken yet (capped by `net.core.somaxconn`, 4096 on Linux since 5.4). tokio's `bind` uses 128,
+/// as std does: 300 clients reconnecting as fast as they are refused (issue 40) kept that queue
+/// full, the kernel dropped the handshakes it had no room for, and a probe's connection waited
+/// for its SYN's retransmission, a second later. Refusing is fast; the queue only has to hold a
+/// burst.
+const LISTEN_BACKLOG: u32 = 1024;
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -160,61 +138,6 @@ pub trait BaselineHook: Send + Sync {
 /// Span of a pin when the request names none: the seed plan's regression span.
 const DEFAULT_PIN_SPAN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-/// A response body written chunk by chunk with an exact length (so a `content-length`). `/metrics`
-/// hands over the exposition's chunks as they are kept (megabytes of latency series, shared, not
-/// joined), and hyper writes them with vectored writes; every other answer is one chunk.
-#[derive(Debug, Default)]
-pub struct ChunksBody {
-    chunks: std::collections::VecDeque<Bytes>,
-    remaining: u64,
-    /// A `/metrics` body's place among the responses in flight, given back when the body is
-    /// written or dropped.
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl ChunksBody {
-    pub fn new(chunks: Vec<Bytes>) -> Self {
-        let chunks: std::collections::VecDeque<Bytes> =
-            chunks.into_iter().filter(|c| !c.is_empty()).collect();
-        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
-        Self {
-            chunks,
-            remaining,
-            _permit: None,
-        }
-    }
-
-    fn holding(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
-        self._permit = Some(permit);
-        self
-    }
-}
-
-impl Body for ChunksBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        let chunk = this.chunks.pop_front().map(|chunk| {
-            this.remaining -= chunk.len() as u64;
-            Ok(Frame::data(chunk))
-        });
-        std::task::Poll::Ready(chunk)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
-}
-
 /// The readiness latch of `/-/ready`: unset until the daemon says it is ready (config loaded and
 /// the first scheduler tick ran), then set for good.
 #[derive(Debug, Clone, Default)]
@@ -244,8 +167,8 @@ pub struct AppState {
     /// `None`: every state-changing endpoint answers 403.
     lifecycle: Option<Lifecycle>,
     limits: HttpLimits,
-    connections: Arc<tokio::sync::Semaphore>,
-    metrics_responses: Arc<tokio::sync::Semaphore>,
+    admission: Arc<Admission>,
+    refusals: Arc<Refusals>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -260,27 +183,26 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// State with the lifecycle endpoints disabled (403) and readiness unset.
     pub fn new(metrics: Arc<Metrics>, status: Arc<dyn StatusSource>) -> Self {
+        let limits = HttpLimits::default();
         Self {
-            metrics,
             readiness: Readiness::new(),
             status,
             baselines: None,
             lifecycle: None,
-            limits: HttpLimits::default(),
-            connections: Arc::new(tokio::sync::Semaphore::new(
-                HttpLimits::default().max_connections,
-            )),
-            metrics_responses: Arc::new(tokio::sync::Semaphore::new(
-                HttpLimits::default().max_metrics_responses,
-            )),
+            limits,
+            admission: Arc::new(Admission::new(&limits)),
+            refusals: Arc::new(Refusals::new(metrics.clone(), limits.refusal_log_interval)),
+            metrics,
         }
     }
 
     /// Other bounds on clients than the defaults (tests shorten them).
     pub fn with_limits(mut self, limits: HttpLimits) -> Self {
-        self.connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-        self.metrics_responses =
-            Arc::new(tokio::sync::Semaphore::new(limits.max_metrics_responses));
+        self.admission = Arc::new(Admission::new(&limits));
+        self.refusals = Arc::new(Refusals::new(
+            self.metrics.clone(),
+            limits.refusal_log_interval,
+        ));
         self.limits = limits;
         self
     }
@@ -307,6 +229,19 @@ impl AppState {
     }
 }
 
+/// A listener on `addr` as tokio's `bind` makes one (`SO_REUSEADDR`), with a listen backlog of
+/// [`LISTEN_BACKLOG`] instead of 128. Needs a runtime.
+pub fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// How a shutdown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownOutcome {
@@ -327,9 +262,7 @@ pub struct HttpServer {
 impl HttpServer {
     /// Binds `addr` (port 0 picks a free port; read it back with [`HttpServer::local_addr`]).
     pub async fn bind(addr: SocketAddr, state: AppState) -> Result<Self, HttpError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| HttpError::Bind { addr, source })?;
+        let listener = bind_listener(addr).map_err(|source| HttpError::Bind { addr, source })?;
         Ok(Self::from_listener(listener, state))
     }
 
@@ -358,24 +291,17 @@ impl HttpServer {
     /// drain timeout for them.
     pub async fn serve(self, shutdown: CancellationToken) -> ShutdownOutcome {
         let connections = TaskTracker::new();
+        // Refusals between two log lines are summarised at the next one; this tick writes that
+        // line when the refusals stop coming.
+        let mut summary = tokio::time::interval(self.state.limits.refusal_log_interval);
+        summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
+                _ = summary.tick() => self.state.refusals.flush(),
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let Ok(permit) = Arc::clone(&self.state.connections).try_acquire_owned() else {
-                            tracing::warn!(%peer, limit = self.state.limits.max_connections, "too many HTTP connections: closing a new one");
-                            drop(stream);
-                            continue;
-                        };
-                        let state = self.state.clone();
-                        let shutdown = shutdown.clone();
-                        connections.spawn(async move {
-                            serve_connection(stream, state, shutdown).await;
-                            drop(permit);
-                        });
-                    }
+                    Ok((stream, peer)) => self.admit(stream, peer, &connections, &shutdown),
                     Err(error) => {
                         tracing::warn!(%error, "accepting an HTTP connection failed");
                         tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
@@ -398,26 +324,92 @@ impl HttpServer {
             }
         }
     }
+
+    /// Serves a new connection if its peer may have one (a general slot, or a health-reserve
+    /// slot that answers only the health paths); closes it otherwise, counted and logged in
+    /// summary.
+    fn admit(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        connections: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) {
+        // An IPv4 client of a dual-stack listener is the same peer as over IPv4.
+        let peer = peer.ip().to_canonical();
+        let (slot, health_only) = match self.state.admission.admit(peer) {
+            Ok(Admitted::Served(slot)) => (slot, false),
+            Ok(Admitted::HealthOnly(slot)) => (slot, true),
+            Err(why) => {
+                self.state.refusals.refuse(why, peer);
+                drop(stream);
+                return;
+            }
+        };
+        let client = Client { peer, health_only };
+        let state = self.state.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            serve_connection(stream, state, client, shutdown).await;
+            drop(slot);
+        });
+    }
 }
 
-async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: CancellationToken) {
+/// Who a connection serves.
+#[derive(Debug, Clone, Copy)]
+struct Client {
+    peer: IpAddr,
+    /// On a health-reserve slot (the general pool was full): only the health paths are
+    /// answered; anything else is refused with 503, counted as `connection_limit`.
+    health_only: bool,
+}
+
+/// The paths a health-reserve connection answers.
+fn is_health_path(path: &str) -> bool {
+    matches!(path, "/-/healthy" | "/-/ready")
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    state: Arc<AppState>,
+    client: Client,
+    shutdown: CancellationToken,
+) {
     let limits = state.limits;
-    let service = service_fn(move |request| {
-        let state = state.clone();
-        async move { Ok::<_, Infallible>(route(&state, request).await) }
+    let response_bytes = Arc::new(AtomicU64::new(0));
+    let stream = StallGuard::new(
+        stream,
+        limits,
+        response_bytes.clone(),
+        state.refusals.clone(),
+        client.peer,
+    );
+    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+        let (state, response_bytes) = (state.clone(), response_bytes.clone());
+        async move {
+            let response = if client.health_only && !is_health_path(request.uri().path()) {
+                state.refusals.refuse(Refusal::ConnectionLimit, client.peer);
+                busy(Refusal::ConnectionLimit)
+            } else {
+                route(&state, client.peer, request).await
+            };
+            // The write deadline of this response follows its size (`StallGuard`).
+            let bytes = response.body().size_hint().exact().unwrap_or(0);
+            response_bytes.store(bytes, Ordering::Release);
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(MAX_BUF_BYTES);
-    let stream = StallGuard {
-        inner: stream,
-        stall: None,
-        limit: limits.write_stall_timeout,
-        response_limit: limits.response_timeout,
-        response_deadline: None,
-    };
+    builder.timer(TokioTimer::new()).max_buf_size(MAX_BUF_BYTES);
+    if client.health_only {
+        // A reserve slot is for one probe: its head soon, then the connection goes back.
+        builder
+            .header_read_timeout(limits.reserve_header_read_timeout())
+            .keep_alive(false);
+    } else {
+        builder.header_read_timeout(limits.header_read_timeout);
+    }
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
@@ -428,13 +420,22 @@ async fn serve_connection(stream: TcpStream, state: Arc<AppState>, shutdown: Can
         }
     };
     if let Err(error) = result {
-        // Clients hanging up mid-request are routine for probes; not worth more than debug.
+        // Clients hanging up mid-request are routine for probes; not worth more than debug (a
+        // response cut at a write limit is counted and logged by `Refusals`).
         tracing::debug!(%error, "HTTP connection ended with an error");
     }
 }
 
+/// A 503 with `Retry-After: 1` for a request refused at a limit.
+fn busy(why: Refusal) -> Response<ChunksBody> {
+    let mut busy = text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}; retry"));
+    busy.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    busy
+}
+
 /// Answers one request. Generic over the body so unit tests can drive it without a socket.
-async fn route<B>(state: &AppState, request: Request<B>) -> Response<ChunksBody>
+async fn route<B>(state: &AppState, peer: IpAddr, request: Request<B>) -> Response<ChunksBody>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -442,7 +443,7 @@ where
     let method = request.method().clone();
     let limit = state.limits.body_read_timeout;
     match request.uri().path() {
-        "/metrics" => get_only(&method, || metrics(state)).await,
+        "/metrics" => get_only(&method, || metrics(state, peer)).await,
         "/-/healthy" => get_only(&method, || async { text(StatusCode::OK, "OK") }).await,
         "/-/ready" => {
             get_only(&method, || async {
@@ -517,23 +518,22 @@ where
     }
 }
 
-async fn metrics(state: &AppState) -> Response<ChunksBody> {
-    // Bounded: each response in flight holds its encoding until the client has read it.
-    let Ok(permit) = Arc::clone(&state.metrics_responses).try_acquire_owned() else {
-        let mut busy = text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many /metrics responses in flight; retry",
-        );
-        busy.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        return busy;
+async fn metrics(state: &AppState, peer: IpAddr) -> Response<ChunksBody> {
+    // Bounded, in all and per peer: each response in flight holds its encoding until the client
+    // has read it or its write deadline cut it.
+    let slot = match state.admission.metrics_response(peer) {
+        Ok(slot) => slot,
+        Err(why) => {
+            state.refusals.refuse(why, peer);
+            return busy(why);
+        }
     };
     let metrics = state.metrics.clone();
     // Encoding a full series set takes milliseconds of CPU; keep it off the async workers that
     // drive the traffic.
     match tokio::task::spawn_blocking(move || metrics.encode_chunks()).await {
         Ok(Ok(chunks)) => {
-            let mut response = Response::new(ChunksBody::new(chunks).holding(permit));
+            let mut response = Response::new(ChunksBody::new(chunks).holding(slot));
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
@@ -731,6 +731,8 @@ mod tests {
     use super::*;
     use http_body_util::Full;
 
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     fn state() -> AppState {
         let status = Arc::new(|| serde_json::json!({"targets": []}));
         AppState::new(Arc::new(Metrics::new(&[])), status)
@@ -783,9 +785,9 @@ mod tests {
     #[tokio::test]
     async fn lifecycle_endpoints_are_forbidden_unless_enabled() {
         for path in ["/-/reload", "/-/pause", "/-/resume"] {
-            let response = route(&state(), request(Method::POST, path, vec![])).await;
+            let response = route(&state(), LOCAL, request(Method::POST, path, vec![])).await;
             assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
-            let response = route(&state(), request(Method::GET, path, vec![])).await;
+            let response = route(&state(), LOCAL, request(Method::GET, path, vec![])).await;
             assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
         }
     }
@@ -797,7 +799,7 @@ mod tests {
         let state = state().with_lifecycle(lifecycle(reloads(&calls), Some(token)));
         let mut asked = request(Method::POST, "/-/pause", br#"{"note": "rollout"}"#.to_vec());
         assert_eq!(
-            route(&state, asked).await.status(),
+            route(&state, LOCAL, asked).await.status(),
             StatusCode::UNAUTHORIZED
         );
         asked = request(Method::POST, "/-/reload", vec![]);
@@ -806,7 +808,7 @@ mod tests {
             HeaderValue::from_static("Bearer s3cret-token-of-the-canarY"),
         );
         assert_eq!(
-            route(&state, asked).await.status(),
+            route(&state, LOCAL, asked).await.status(),
             StatusCode::UNAUTHORIZED
         );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
@@ -815,7 +817,7 @@ mod tests {
             http::header::AUTHORIZATION,
             HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         );
-        let response = route(&state, asked).await;
+        let response = route(&state, LOCAL, asked).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(body_text(response).await.contains("rollout"));
     }
@@ -836,7 +838,7 @@ mod tests {
             asked
         };
         for scheme in ["bearer", "BEARER", "bEaReR", "Bearer "] {
-            let response = route(&state, asked(format!("{scheme} {token}"))).await;
+            let response = route(&state, LOCAL, asked(format!("{scheme} {token}"))).await;
             assert_eq!(response.status(), StatusCode::OK, "{scheme:?}");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 4);
@@ -847,7 +849,7 @@ mod tests {
             format!("bearer {token}x"),
             "bearer".to_owned(),
         ] {
-            let response = route(&state, asked(refused.clone())).await;
+            let response = route(&state, LOCAL, asked(refused.clone())).await;
             assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{refused:?}");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 4);
@@ -858,11 +860,11 @@ mod tests {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let state = state().with_lifecycle(lifecycle(reloads(&calls), None));
         let big = vec![b'x'; MAX_REQUEST_BODY_BYTES + 1];
-        let response = route(&state, request(Method::POST, "/-/reload", big)).await;
+        let response = route(&state, LOCAL, request(Method::POST, "/-/reload", big)).await;
         assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         let small = vec![b'x'; MAX_REQUEST_BODY_BYTES];
-        let response = route(&state, request(Method::POST, "/-/reload", small)).await;
+        let response = route(&state, LOCAL, request(Method::POST, "/-/reload", small)).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(body_text(response).await, "reloaded");
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -872,7 +874,7 @@ mod tests {
     async fn get_endpoints_refuse_other_methods() {
         let state = state();
         for path in ["/metrics", "/-/healthy", "/-/ready", "/api/v1/status"] {
-            let response = route(&state, request(Method::POST, path, vec![])).await;
+            let response = route(&state, LOCAL, request(Method::POST, path, vec![])).await;
             assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
             assert_eq!(response.headers()[ALLOW], "GET", "{path}");
         }

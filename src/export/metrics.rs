@@ -151,6 +151,8 @@ pub struct Metrics {
     pub(super) inflight: Family<TargetLabels, Gauge>,
     pub(super) config_last_reload_successful: Gauge,
     pub(super) config_last_reload_success_timestamp: GaugeF64,
+    /// Clients the HTTP surface refused or cut off, by reason (`export::refusals`).
+    pub(super) http_refused: Family<ReasonLabels, Counter>,
 
     pub(super) paused: Family<ReasonLabels, Gauge>,
     pub(super) probe_success: Family<TargetLabels, Gauge>,
@@ -247,6 +249,7 @@ impl Metrics {
             inflight: Family::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success_timestamp: GaugeF64::default(),
+            http_refused: Family::default(),
             paused: Family::default(),
             probe_success: Family::default(),
             budget_steps: Family::default(),
@@ -559,6 +562,15 @@ impl Metrics {
             self.config_last_reload_success_timestamp
                 .set(crate::clock::unix_now());
         }
+    }
+
+    /// Counts `n` clients the HTTP surface refused or cut off for `reason`; `n = 0` creates the
+    /// series, so `rate()` has its starting point before the first refusal.
+    pub fn record_http_refused(&self, reason: &str, n: u64) {
+        let labels = ReasonLabels {
+            reason: reason.to_owned(),
+        };
+        self.http_refused.get_or_create(&labels).inc_by(n);
     }
 
     /// Removes every series of `target` from every family: a target that left the config or the

@@ -2,23 +2,29 @@
 //! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]) and the OTLP push
 //! ([`otlp`]). Each is a [`crate::model::Sink`] of the schedule's data.
 
+mod admission;
+mod body;
 pub mod buckets;
 pub mod histogram;
 pub mod http;
 mod labels;
+mod limits;
 pub mod metrics;
 pub mod otlp;
 mod record;
+mod refusals;
 mod registry;
 mod stall;
 
 pub use buckets::latency_buckets;
 pub use http::{
-    AppState, HttpError, HttpLimits, HttpServer, Lifecycle, OPENMETRICS_CONTENT_TYPE, PauseHook,
-    Readiness, ReloadFuture, ReloadHook, ShutdownOutcome, StatusSource,
+    AppState, HttpError, HttpServer, Lifecycle, OPENMETRICS_CONTENT_TYPE, PauseHook, Readiness,
+    ReloadFuture, ReloadHook, ShutdownOutcome, StatusSource,
 };
+pub use limits::HttpLimits;
 pub use metrics::{Metrics, MetricsError};
 pub use otlp::{OtlpError, OtlpExporter, OtlpTarget};
+pub use refusals::Refusal;
 
 /// Helpers of the module's unit tests.
 #[cfg(test)]

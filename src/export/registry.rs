@@ -333,6 +333,11 @@ impl Metrics {
             self.config_last_reload_success_timestamp.clone(),
         );
         r.register(
+            "llm_canary_http_refused",
+            "Clients the canary's own HTTP surface refused or cut off, by reason: a connection limit (all peers, one peer), the /metrics response slots (all, one peer's share), a response not read within its write deadline or stalled",
+            self.http_refused.clone(),
+        );
+        r.register(
             "llm_canary_paused",
             "1 for each reason traffic is paused now (operator, schedule, budget); all 0 while sending",
             self.paused.clone(),

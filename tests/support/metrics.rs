@@ -66,6 +66,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "gauge",
     ),
     ("llm_canary_paused", "gauge"),
+    ("llm_canary_http_refused", "counter"),
 ];
 
 /// Families the encoder writes only once they have a series: counted events that traffic may not
