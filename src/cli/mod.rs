@@ -160,6 +160,11 @@ pub struct SimArgs {
     /// a deployment that misbehaves on purpose, for alert routing and soak tests.
     #[arg(long, value_name = "YAML")]
     pub faults: Option<String>,
+    /// Run-to-run variability of the deployment's speed, as a YAML mapping in the schema of a
+    /// target's `simulated.variability` (e.g. '{period: 2m, bimodal: {probability: 0.4, factor:
+    /// 1.4}}', or '{drift_per_hour: 0.01}'): a deployment whose speed changes between runs.
+    #[arg(long, value_name = "YAML")]
+    pub variability: Option<String>,
     /// Write every SSE event on its own (each token its own HTTP chunk and write), as vLLM's and
     /// Dynamo's frontends do; by default the events already waiting share a write.
     #[arg(long)]
@@ -532,6 +537,17 @@ async fn sim(args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let variability = args
+        .variability
+        .as_deref()
+        .map(|t| crate::sim::Variability::parse(t, "--variability"));
+    let variability = match variability.transpose() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("llm-canary sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let spec = crate::sim::SimSpec {
         profile: args.profile.clone(),
         workers: args.workers,
@@ -542,6 +558,7 @@ async fn sim(args: SimArgs) -> ExitCode {
         send_log: args.send_log.clone(),
         write_per_event: args.write_per_event,
         faults,
+        variability,
         ..crate::sim::SimSpec::default()
     };
     let problems = spec.validate();

@@ -66,6 +66,8 @@ pub struct SimSpec {
     /// Seed of every random choice (EOS positions, fault sampling).
     pub seed: u64,
     pub faults: FaultSpec,
+    /// Run-to-run variability of the deployment's speed; absent = every pass as modelled.
+    pub variability: Option<Variability>,
     /// Answer 400 to request fields the OpenAI API does not define (`min_tokens`, `ignore_eos`,
     /// `nvext`), as OpenAI's own API and strict gateways do.
     pub reject_unknown_fields: bool,
@@ -111,6 +113,7 @@ impl Default for SimSpec {
             eos_probability: 0.002,
             seed: 0,
             faults: FaultSpec::default(),
+            variability: None,
             reject_unknown_fields: false,
             request_log: None,
             send_log: None,
@@ -288,6 +291,16 @@ impl SimSpec {
                 .into_iter()
                 .map(|e| format!("faults.{e}")),
         );
+        if let Some(v) = &self.variability {
+            if matches!(self.profile.as_str(), "fixed" | "fast") {
+                errors.push(format!(
+                    "variability: scales the modelled pass times, which profile `{}` does not have; \
+                     use default, h200, a100, l40s or table",
+                    self.profile
+                ));
+            }
+            errors.extend(v.validate().into_iter().map(|e| format!("variability.{e}")));
+        }
         errors
     }
 
@@ -409,21 +422,7 @@ impl FaultSpec {
     /// (`llm-canary sim --faults`), named `source` in messages. Every problem is reported, each
     /// with its line and column where it has one.
     pub fn parse(text: &str, source: &str) -> Result<FaultSpec, super::ConfigError> {
-        let invalid = |diagnostics| super::ConfigError::Invalid {
-            file: source.to_owned(),
-            diagnostics,
-        };
-        let spec: FaultSpec = serde_saphyr::from_str(text)
-            .map_err(|e| invalid(vec![super::error::from_yaml_error(&e)]))?;
-        let problems = spec.validate();
-        if !problems.is_empty() {
-            let diagnostics = problems
-                .into_iter()
-                .map(|p| super::Diagnostic::new(None, p))
-                .collect();
-            return Err(invalid(diagnostics));
-        }
-        Ok(spec)
+        parse_block(text, source, FaultSpec::validate)
     }
 
     /// True when no fault is configured.
@@ -463,6 +462,127 @@ impl FaultSpec {
             errors.push(format!(
                 "error.status must be an HTTP error status (400-599), got {}",
                 f.status
+            ));
+        }
+        errors
+    }
+}
+
+/// A YAML mapping of one of these schemas given outside a config file (`llm-canary sim
+/// --faults`, `--variability`), named `source` in messages: parsed strictly, then validated,
+/// every problem reported, each with its line and column where it has one.
+fn parse_block<T: serde::de::DeserializeOwned>(
+    text: &str,
+    source: &str,
+    validate: fn(&T) -> Vec<String>,
+) -> Result<T, super::ConfigError> {
+    let invalid = |diagnostics| super::ConfigError::Invalid {
+        file: source.to_owned(),
+        diagnostics,
+    };
+    let spec: T = serde_saphyr::from_str(text)
+        .map_err(|e| invalid(vec![super::error::from_yaml_error(&e)]))?;
+    let problems = validate(&spec);
+    if !problems.is_empty() {
+        let diagnostics = problems
+            .into_iter()
+            .map(|p| super::Diagnostic::new(None, p))
+            .collect();
+        return Err(invalid(diagnostics));
+    }
+    Ok(spec)
+}
+
+/// Run-to-run variability of a simulated deployment's speed (`simulated.variability`): every
+/// pass's modelled time is multiplied by a factor that changes from one run to the next, as a
+/// real deployment's speed does with its batch phases, cache states and neighbours, so the SLO
+/// statistics meet the between-run variance they meet in production. Drawn from the spec's
+/// `seed`, on tokio's clock (deterministic in paused time too); `crate::sim::variability` runs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Variability {
+    /// Every pass lasts `scale` times its modelled time: a uniformly slower (> 1) or faster
+    /// deployment.
+    pub scale: f64,
+    /// One run: `bimodal` and `jitter` draw their factor once per period, periods counted from
+    /// the simulator's start.
+    #[serde(with = "duration_text")]
+    pub period: Duration,
+    /// A period is slow by `factor` with `probability` (a batch phase, a cold cache).
+    pub bimodal: Option<Bimodal>,
+    /// Each period's speed also varies uniformly within ±`jitter` (a fraction, e.g. 0.03).
+    pub jitter: f64,
+    /// A slow multiplicative drift: passes last (1 + `drift_per_hour`)^hours longer, hours
+    /// counted from when this variability took effect (0.01: +1 % an hour).
+    pub drift_per_hour: f64,
+}
+
+impl Default for Variability {
+    fn default() -> Self {
+        Variability {
+            scale: 1.0,
+            period: Duration::from_secs(300),
+            bimodal: None,
+            jitter: 0.0,
+            drift_per_hour: 0.0,
+        }
+    }
+}
+
+/// The slow mode of a bimodal deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bimodal {
+    /// Chance that a period is slow, in [0, 1].
+    pub probability: f64,
+    /// How much slower a slow period's passes are (1.4: 40 % longer).
+    pub factor: f64,
+}
+
+/// The largest factor any part of [`Variability`] may apply: beyond it a simulated deployment
+/// is down, which `faults` models.
+pub const MAX_SPEED_FACTOR: f64 = 100.0;
+
+impl Variability {
+    /// Parses and validates a YAML mapping given outside a config file (`llm-canary sim
+    /// --variability`), named `source` in messages.
+    pub fn parse(text: &str, source: &str) -> Result<Variability, super::ConfigError> {
+        parse_block(text, source, Variability::validate)
+    }
+
+    /// Every problem, as sentences naming the field.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        let factor = |name: &str, f: f64, errors: &mut Vec<String>| {
+            if !(f.is_finite() && f > 0.0 && f <= MAX_SPEED_FACTOR) {
+                errors.push(format!(
+                    "{name} must be a positive factor up to {MAX_SPEED_FACTOR}, got {f}"
+                ));
+            }
+        };
+        factor("scale", self.scale, &mut errors);
+        if self.period < Duration::from_millis(1) {
+            errors.push(format!(
+                "period must be at least 1ms, got {}",
+                duration_text::format(self.period)
+            ));
+        }
+        if let Some(b) = &self.bimodal {
+            if !(0.0..=1.0).contains(&b.probability) {
+                errors.push(format!(
+                    "bimodal.probability must be in [0, 1], got {}",
+                    b.probability
+                ));
+            }
+            factor("bimodal.factor", b.factor, &mut errors);
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            errors.push(format!("jitter must be in [0, 1), got {}", self.jitter));
+        }
+        if !(self.drift_per_hour > -1.0 && self.drift_per_hour <= 1.0) {
+            errors.push(format!(
+                "drift_per_hour must be in (-1, 1] (0.01 is +1 % an hour), got {}",
+                self.drift_per_hour
             ));
         }
         errors
@@ -724,6 +844,60 @@ mod tests {
         let errors = spec.validate();
         assert_eq!(errors.len(), 5, "{errors:?}");
         assert!(errors.iter().any(|e| e.starts_with("faults.error.status")));
+    }
+
+    #[test]
+    fn variability_parses_strictly_and_names_every_bad_field() {
+        let yaml = "variability: { period: 2m, bimodal: { probability: 0.4, factor: 1.4 }, \
+                    drift_per_hour: 0.01 }\n";
+        let spec: SimSpec = serde_saphyr::from_str(yaml).unwrap();
+        let v = spec.variability.clone().unwrap();
+        assert_eq!(v.period, Duration::from_secs(120));
+        assert_eq!((v.scale, v.jitter), (1.0, 0.0));
+        assert_eq!(v.bimodal.unwrap().factor, 1.4);
+        assert!(spec.validate().is_empty(), "{:?}", spec.validate());
+        assert!(SimSpec::default().variability.is_none());
+
+        let bad = SimSpec {
+            profile: "fixed".into(),
+            variability: Some(Variability {
+                scale: 0.0,
+                bimodal: Some(Bimodal {
+                    probability: 1.5,
+                    factor: f64::NAN,
+                }),
+                jitter: 1.0,
+                drift_per_hour: -1.0,
+                period: Duration::ZERO,
+            }),
+            ..SimSpec::default()
+        };
+        let errors = bad.validate();
+        assert_eq!(errors.len(), 7, "{errors:?}");
+        assert!(errors[0].contains("profile `fixed`"), "{errors:?}");
+        for field in [
+            "scale",
+            "period",
+            "bimodal.probability",
+            "bimodal.factor",
+            "jitter",
+        ] {
+            let prefix = format!("variability.{field} ");
+            assert!(
+                errors.iter().any(|e| e.starts_with(&prefix)),
+                "{field}: {errors:?}"
+            );
+        }
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("variability.drift_per_hour"))
+        );
+
+        let flag = Variability::parse("{ drift_per_hour: 0.02 }", "--variability").unwrap();
+        assert_eq!(flag.drift_per_hour, 0.02);
+        let typo = Variability::parse("{ bimodel: {} }", "--variability").unwrap_err();
+        assert!(typo.to_string().contains("bimodel"), "{typo}");
     }
 
     #[test]

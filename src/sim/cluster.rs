@@ -19,8 +19,9 @@ use super::engine::{
 };
 use super::kv::{TierConfig, block_hashes};
 use super::profile::{Gpu, H200, H200_DECODE, H200_PREFILL, Timing};
+use super::variability::Speed;
 use crate::config::ServingMode;
-use crate::config::sim::{PoolSpec, SimSpec, TierSpec, TimingTable};
+use crate::config::sim::{PoolSpec, SimSpec, TierSpec, TimingTable, Variability};
 
 /// A request as the engine sees it: token ids and length controls.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +125,8 @@ struct Inner {
     next_id: AtomicU64,
     rng: Mutex<StdRng>,
     cost_per_hour_usd: f64,
+    /// The run-to-run variability every worker's passes follow.
+    speed: Arc<Speed>,
     cancel: CancellationToken,
 }
 
@@ -222,7 +225,7 @@ struct Workers {
 fn start_workers(
     spec: &SimSpec,
     pools: Vec<(WorkerRole, u32, PoolHw)>,
-    timing: &Timing,
+    (timing, speed): (&Timing, &Arc<Speed>),
     handoff_tx: &mpsc::UnboundedSender<Seq>,
     cancel: &CancellationToken,
 ) -> Workers {
@@ -259,6 +262,7 @@ fn start_workers(
                 bytes_per_block,
                 cpu_tier: tier(spec.cpu_tier, bytes_per_block),
                 disk_tier: tier(spec.disk_tier, bytes_per_block),
+                speed: Arc::clone(speed),
             };
             next_worker += 1;
             workers.cost_per_hour_usd += hw.cost_per_hour_usd;
@@ -293,7 +297,8 @@ impl Cluster {
         let pools = pools(spec, disaggregated)?;
         let cancel = CancellationToken::new();
         let (handoff_tx, handoff_rx) = mpsc::unbounded_channel();
-        let workers = start_workers(spec, pools, &timing, &handoff_tx, &cancel);
+        let speed = Speed::new(spec.variability.clone(), spec.seed);
+        let workers = start_workers(spec, pools, (&timing, &speed), &handoff_tx, &cancel);
         let inner = Arc::new(Inner {
             mode,
             block_size: spec.block_size as usize,
@@ -311,6 +316,7 @@ impl Cluster {
             next_id: AtomicU64::new(1),
             rng: Mutex::new(StdRng::seed_from_u64(spec.seed)),
             cost_per_hour_usd: workers.cost_per_hour_usd,
+            speed,
             cancel,
         });
         if disaggregated {
@@ -340,6 +346,17 @@ impl Cluster {
             .chain(&self.inner.decode)
             .map(|w| w.lock().snapshot())
             .collect()
+    }
+
+    /// Replaces the run-to-run variability from the next pass on (`None`: passes as modelled);
+    /// a drift starts over from here.
+    pub fn set_variability(&self, variability: Option<Variability>) {
+        self.inner.speed.set(variability);
+    }
+
+    /// The factor the deployment's passes take now (1: as modelled).
+    pub fn speed_factor(&self) -> f64 {
+        self.inner.speed.factor(Instant::now())
     }
 
     /// Stops every engine loop.

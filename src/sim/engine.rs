@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::kv::{KvCache, KvCounters, PrefixMatch, TierConfig, chain_hash};
 use super::profile::{PassShape, Timing};
 use super::text;
+use super::variability::Speed;
 
 /// What a worker does in its deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,8 @@ pub struct EngineConfig {
     pub bytes_per_block: f64,
     pub cpu_tier: Option<TierConfig>,
     pub disk_tier: Option<TierConfig>,
+    /// The deployment's run-to-run variability, shared by its workers.
+    pub speed: Arc<Speed>,
 }
 
 /// Why a request stopped.
@@ -421,7 +424,8 @@ impl Core {
             .cfg
             .timing
             .pass_ms(shape, self.cfg.prefill_scale, self.cfg.decode_scale);
-        Some(Duration::from_secs_f64(ms / 1e3 + onboard_seconds))
+        let pass = Duration::from_secs_f64(ms / 1e3 + onboard_seconds);
+        Some(self.cfg.speed.apply(pass, now))
     }
 
     /// Takes the prefix hit and fresh blocks for the sequence at the front of the queue and
@@ -697,6 +701,7 @@ mod tests {
             bytes_per_block: 1.0,
             cpu_tier: None,
             disk_tier: None,
+            speed: Speed::new(None, 0),
         }
     }
 
@@ -733,6 +738,31 @@ mod tests {
         core.complete(now);
         assert!(matches!(rx.try_recv(), Ok(StreamEvent::Token { .. })));
         assert_eq!(core.snapshot().engine.prompt_tokens_computed, 250);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deployments_speed_scales_every_pass_and_its_absence_changes_nothing() {
+        use crate::config::sim::Variability;
+        let first_pass = |speed: Arc<Speed>| {
+            let mut cfg = config(1000);
+            cfg.speed = speed;
+            let mut core = Core::new(cfg);
+            let (s, _rx) = seq(1, (0..300).collect(), 4);
+            core.enqueue(s);
+            core.schedule(Instant::now()).unwrap()
+        };
+        let modelled = first_pass(Speed::new(None, 0));
+        // P(300) of the H200 fit, unscaled: the default keeps the modelled time to the nanosecond.
+        let p = H200_PREFILL.at(300.0);
+        assert_eq!(modelled, Duration::from_secs_f64(p / 1e3));
+        let slower = Variability {
+            scale: 1.25,
+            ..Variability::default()
+        };
+        let scaled = first_pass(Speed::new(Some(slower), 0));
+        let ratio = scaled.as_secs_f64() / modelled.as_secs_f64();
+        // To the nanosecond either pass is rounded to.
+        assert!((ratio - 1.25).abs() < 1e-6, "{ratio}");
     }
 
     #[tokio::test(start_paused = true)]

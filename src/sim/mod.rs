@@ -4,7 +4,8 @@
 //!
 //! Layers, bottom up: [`kv`] (block pool and prefix cache), [`profile`] (pass timing, GPUs, model
 //! KV footprint), [`engine`] (one worker's pass loop), [`cluster`] (pools, router, handoff), and
-//! the HTTP server (`server`, `metrics`, `faults`). The engine only uses tokio time, so a
+//! the HTTP server (`server`, `metrics`, `faults`); [`variability`] scales every pass by the
+//! deployment's run-to-run speed. The engine only uses tokio time, so a
 //! `#[tokio::test(start_paused = true)]` test drives a [`Cluster`] in virtual time.
 
 pub mod cluster;
@@ -18,6 +19,7 @@ mod server;
 mod sse;
 mod state;
 pub mod text;
+pub mod variability;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,8 +31,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::sim::{
-    AfterTokens, DecodeGrid, ErrorEventFault, ErrorFault, FaultSpec, ModelShape, PROFILES,
+    AfterTokens, Bimodal, DecodeGrid, ErrorEventFault, ErrorFault, FaultSpec, ModelShape, PROFILES,
     PoolSpec, RefuseMode, SimSpec, SlowFirstByte, StallFault, TierSpec, TimingTable, TruncateFault,
+    Variability,
 };
 pub use cluster::{Cluster, GenerateRequest, RequestStream};
 pub use engine::{Completion, FinishReason, ServerTiming, StreamEvent, WorkerRole, WorkerSnapshot};
@@ -177,6 +180,12 @@ impl SimHandle {
     /// Replaces the injected faults; takes effect for new requests and connections.
     pub fn set_faults(&self, faults: FaultSpec) {
         self.faults.send_replace(Arc::new(faults));
+    }
+
+    /// Replaces the run-to-run variability of the deployment's speed from its next pass on
+    /// (`None`: every pass as modelled), e.g. a slowdown injected into a running deployment.
+    pub fn set_variability(&self, variability: Option<Variability>) {
+        self.cluster.set_variability(variability);
     }
 
     /// The instants at which each token's chunk of request `request_id` (its `x-request-id`, or
