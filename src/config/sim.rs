@@ -291,16 +291,24 @@ impl SimSpec {
                 .into_iter()
                 .map(|e| format!("faults.{e}")),
         );
-        if let Some(v) = &self.variability {
-            if matches!(self.profile.as_str(), "fixed" | "fast") {
-                errors.push(format!(
-                    "variability: scales the modelled pass times, which profile `{}` does not have; \
-                     use default, h200, a100, l40s or table",
-                    self.profile
-                ));
-            }
-            errors.extend(v.validate().into_iter().map(|e| format!("variability.{e}")));
+        errors.extend(self.variability_problems());
+        errors
+    }
+
+    /// The problems of `variability`, which needs a profile that models its passes.
+    fn variability_problems(&self) -> Vec<String> {
+        let Some(v) = &self.variability else {
+            return Vec::new();
+        };
+        let mut errors = Vec::new();
+        if matches!(self.profile.as_str(), "fixed" | "fast") {
+            errors.push(format!(
+                "variability: scales the modelled pass times, which profile `{}` does not have; \
+                 use default, h200, a100, l40s or table",
+                self.profile
+            ));
         }
+        errors.extend(v.validate().into_iter().map(|e| format!("variability.{e}")));
         errors
     }
 
