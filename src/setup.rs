@@ -79,6 +79,7 @@ impl Setup {
         })?;
         let mut warnings = window_warnings(&cfg);
         warnings.extend(probe_warnings(&cfg, &slos));
+        warnings.extend(quantile_warnings(&cfg, &slos));
         Ok(Setup {
             config: cfg,
             slos,
@@ -174,6 +175,37 @@ fn window_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
                 minutes(cycle)
             )),
         );
+    }
+    out
+}
+
+/// A quantile's interval is bounded on both sides only from a number of samples on (p99: 368):
+/// below it, the SLO can fail but never pass. `min_samples` under that number lets the SLO read
+/// such data without a word, so say it here (the held runs a tail quantile pools reach it in
+/// time; docs/SLO.md, "Run-to-run variation").
+fn quantile_warnings(cfg: &Config, slos: &[SloDef]) -> Vec<config::Diagnostic> {
+    let mut out = Vec::new();
+    for (s, def) in cfg.slos.iter().zip(slos) {
+        for pct in def.quantiles() {
+            let Some(need) = crate::measure::stats::samples_to_bound(pct / 100.0) else {
+                continue;
+            };
+            if need <= def.min_samples {
+                continue;
+            }
+            let pos = s.min_samples.pos.or(s.name.pos);
+            let name = format!("p{pct}");
+            out.push(
+                config::Diagnostic::new(
+                    pos,
+                    format!(
+                        "warning: SLO `{}`: {name} has a bounded 95 % interval from {need} samples on; with min_samples {} it reads fewer, and until its window (with the runs it pools) holds {need} it can fail but not pass",
+                        *s.name, def.min_samples
+                    ),
+                )
+                .hint(format!("set min_samples: {need}, or read a lower quantile")),
+            );
+        }
     }
     out
 }

@@ -5,12 +5,49 @@
 use serde_json::{Value as Json, json};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::config::SaturatedSteps;
 
 use super::ast::{BaselineRef, Cond, Objective, Value};
-use super::eval::{self, Ctx, Interval, Side, Truth, Want};
-use super::verdict::{Raw, SloReading, SloState};
+use super::eval::{self, Ctx, Interval, Side, Store, Truth, Want};
+use super::verdict::{Raw, RunGate, SloReading, SloState};
 use super::{SloDef, SloKind};
+
+/// The reason of an SLO whose evaluations have all been borderline so far.
+const BORDERLINE: &str = "borderline: the sides' confidence intervals overlap (see `comparisons`), \
+     so neither pass nor fail is clear yet; the state changes at the first clear verdict that \
+     holds for `for`";
+
+/// Why an SLO whose data suffices has no verdict yet: what held the evaluation back (an
+/// unbounded quantile, a run inside its baseline's run-to-run range, a first failing run
+/// waiting for the next), else overlapping intervals.
+pub(super) fn undecided_reason(ctx: &Ctx<'_>, gate: &RunGate) -> String {
+    let mut why: Vec<String> = ctx.notes.borrow().clone();
+    if gate.waiting() {
+        why.push(
+            "this run fails clearly; a fail needs the next run to fail too (one slow run does not page)"
+                .to_owned(),
+        );
+    }
+    if why.is_empty() {
+        BORDERLINE.to_owned()
+    } else {
+        format!("no clear verdict yet: {}", why.join("; "))
+    }
+}
+
+/// When the data `d` reads was measured: the newest step of its stalest selector (how old its
+/// data is) and the newest step of any (which run it judges).
+pub(super) fn data_times(store: &Store, d: &SloDef) -> (Option<Instant>, Option<Instant>) {
+    let newest: Option<Vec<Instant>> = d
+        .selectors()
+        .iter()
+        .map(|sel| store.newest(&sel.matchers, d.saturated_steps))
+        .collect();
+    let newest = newest.unwrap_or_default();
+    (newest.iter().min().copied(), newest.iter().max().copied())
+}
 
 pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
     let mut w = Wanted::default();
@@ -51,12 +88,13 @@ impl Wanted {
     /// Gathers what `v` reads over `window` from the steps `steps` selects.
     fn visit(&mut self, v: &Value, window: Duration, steps: SaturatedSteps, in_baseline: bool) {
         match v {
-            Value::Agg(_, sel) => {
+            Value::Agg(agg, sel) => {
                 let want = Want {
                     measure: sel.measure,
                     matchers: sel.matchers.clone(),
                     window,
                     steps,
+                    pool: eval::pool_need(*agg),
                 };
                 let list = if in_baseline {
                     &mut self.cycle_wants
