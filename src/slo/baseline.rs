@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::measure::stats::{Interval, t_999};
 
 /// Past runs a baseline term needs before its run-to-run range can be told: with fewer, a
-/// comparison with it cannot fail (docs/SLO.md, "Run-to-run variation").
-pub const MIN_SPREAD_RUNS: usize = 3;
+/// comparison with it cannot fail (docs/SLO.md, "Run-to-run variation"). Eight runs of a
+/// deployment with a slow mode one run in five show it with 83 % probability, and a false page
+/// then needs that mode's first two runs in a row.
+pub const MIN_SPREAD_RUNS: usize = 8;
 
 /// Entries older than this are dropped: the longest baseline span anyone should need.
 const MAX_AGE_SECONDS: f64 = 8.0 * 86_400.0;
@@ -136,12 +138,16 @@ impl BaselineStore {
         })
     }
 
-    /// How `key` moved over the cycles that ended in the last `span_seconds`, failing ones
-    /// included, less the ⌊n/20⌋ highest and lowest; `None` without any.
+    /// How `key` moved over the cycles that ended in the last `span_seconds` before the newest
+    /// one, failing ones included, less the ⌊n/20⌋ highest and lowest; `None` without any.
+    ///
+    /// The newest cycle is left out: it is either the run being judged (held until its step
+    /// runs again) or the run before it, the first of the two a fail needs, and a regression's
+    /// first run must not widen the range its second is judged against.
     pub fn spread(&self, key: &str, now_unix: f64, span_seconds: f64) -> Option<RunSpread> {
-        let mut values: Vec<f64> = self
-            .terms
-            .get(key)?
+        let entries = self.terms.get(key)?;
+        let before_newest = &entries[..entries.len().saturating_sub(1)];
+        let mut values: Vec<f64> = before_newest
             .iter()
             .filter(|e| now_unix - e.cycle_end_unix <= span_seconds && e.estimate.is_finite())
             .map(|e| e.estimate)
@@ -149,9 +155,8 @@ impl BaselineStore {
         if values.is_empty() {
             return None;
         }
-        // A 5 % trimmed spread: the first run of a regression is among the runs when its second
-        // is judged, and must not widen the range enough to hide it; a mode that runs keep
-        // returning to is many runs, and stays.
+        // A 5 % trimmed spread: one stray run (an outage's, a restart's) does not widen the
+        // range for a day; a mode that runs keep returning to is many runs, and stays.
         values.sort_by(f64::total_cmp);
         let trim = values.len() / 20;
         let values = &values[trim..values.len() - trim];
@@ -277,17 +282,19 @@ mod tests {
                 },
             );
         }
-        let s = store.spread("k", 4000.0, 86_400.0).unwrap();
+        // The newest run is the one judged (or the first of two): left out of its own range.
+        store.record("k", entry(5000.0, 0.5));
+        let s = store.spread("k", 5000.0, 86_400.0).unwrap();
         assert_eq!(s.runs, 4);
         assert!((s.mean - 0.061).abs() < 1e-12, "{s:?}");
         let (lo, hi) = s.prediction();
         // Both modes are runs like the others; four runs leave the range wide (t at 3 degrees
         // of freedom), and it narrows as runs accrue.
         assert!(lo < 0.051 && hi > 0.071 && hi < 0.2, "{lo} {hi}");
-        for i in 4..32 {
+        for i in 5..33 {
             store.record("k", entry(1000.0 * (i + 1) as f64, [0.051, 0.071][i % 2]));
         }
-        let (_, hi) = store.spread("k", 32_000.0, 86_400.0).unwrap().prediction();
+        let (_, hi) = store.spread("k", 33_000.0, 86_400.0).unwrap().prediction();
         assert!(hi > 0.071 && hi < 0.071 * 1.5, "{hi}");
         // Identical runs: any other value is outside.
         let mut flat = BaselineStore::in_memory();

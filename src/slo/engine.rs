@@ -128,14 +128,14 @@ impl SloEngine {
         baselines: BaselineStore,
         metrics: Option<Arc<dyn SloPublisher>>,
     ) -> SloEngine {
-        let (wants, cycle_wants, objective_sets) = wants_of(&defs);
+        let reads = wants_of(&defs);
         let (now, now_unix) = (Instant::now(), unix_now());
         let verdicts = defs
             .iter()
             .map(|d| (d.name.clone(), Verdict::new(now, now_unix)))
             .collect();
-        let store = Store::sliding(wants, objective_sets.clone());
-        let cycle_store = Store::accumulating(cycle_wants, objective_sets);
+        let store = Store::sliding(reads.wants, reads.objective_sets.clone(), reads.keep);
+        let cycle_store = Store::accumulating(reads.cycle_wants, reads.objective_sets);
         let pending = Pending {
             folding: Arc::new(Folding::of(&[&store, &cycle_store])),
             ..Pending::default()
@@ -333,7 +333,7 @@ impl SloEngine {
             if inner.defs == defs && inner.domain == domain {
                 return;
             }
-            let (wants, cycle_wants, objective_sets) = wants_of(&defs);
+            let reads = wants_of(&defs);
             let (now, now_unix) = (self.now(), unix_now());
             let kept: Vec<&SloDef> = defs.iter().filter(|d| inner.defs.contains(d)).collect();
             let mut verdicts = HashMap::new();
@@ -371,8 +371,8 @@ impl SloEngine {
                 .collect();
             inner.baselines.retain_keys(&keys);
             // New windows start empty; a changed window or selector needs fresh samples anyway.
-            inner.store = Store::sliding(wants, objective_sets.clone());
-            inner.cycle_store = Store::accumulating(cycle_wants, objective_sets);
+            inner.store = Store::sliding(reads.wants, reads.objective_sets.clone(), reads.keep);
+            inner.cycle_store = Store::accumulating(reads.cycle_wants, reads.objective_sets);
             let folding = Folding::of(&[&inner.store, &inner.cycle_store]);
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             if *pending.folding != folding {
@@ -1367,6 +1367,53 @@ mod tests {
         assert_eq!(state(&engine), SloState::Fail);
         let bad = engine.status_json()[0]["value"].as_f64().unwrap();
         assert!((bad - 40.0 / 80.0).abs() < 1e-9, "{bad}");
+    }
+
+    /// A burn-rate SLO's window is its own, however much longer than every comparison window:
+    /// the step totals it reads are kept that long (they were kept only as long as the longest
+    /// comparison window, which cut the availability SLO of the seed plan from 6 h to 1 h).
+    #[tokio::test(start_paused = true)]
+    async fn a_burn_rate_window_longer_than_every_comparison_window_is_read_whole() {
+        let burn = SloDef {
+            name: "probe-availability".into(),
+            kind: SloKind::BurnRate {
+                selector: crate::slo::parse_sli(r#"ttft{workload="probe"} < 1s"#)
+                    .unwrap()
+                    .0,
+                threshold: 1.0,
+                objective: 90.0,
+                period: crate::slo::DEFAULT_PERIOD,
+            },
+            window: Duration::from_secs(600),
+            min_samples: 50,
+            ..def(GAIN, 0)
+        };
+        // The comparison SLO's window is 120 s.
+        let engine = in_memory_engine(vec![def(GAIN, 0), burn]);
+        let burn_state = |engine: &SloEngine| engine.evaluate(Instant::now(), 0.0)[1].1.clone();
+        let (fast, slow) = (Duration::from_millis(200), Duration::from_secs(3));
+        for _ in 0..60 {
+            probe(&engine, "agg", slow, Outcome::Ok);
+        }
+        assert_eq!(burn_state(&engine).reading.state, SloState::Fail);
+        // 200 s later, past the comparison window but inside the burn-rate one: the slow probes
+        // still count, half of the 120 are bad.
+        advance(Duration::from_secs(200)).await;
+        for _ in 0..60 {
+            probe(&engine, "agg", fast, Outcome::Ok);
+        }
+        let status = burn_state(&engine);
+        assert_eq!(status.reading.state, SloState::Fail, "{status:?}");
+        let bad = status.reading.value.unwrap();
+        assert!((bad - 0.5).abs() < 1e-9, "{status:?}");
+        // Once the slow probes are older than the burn-rate window, they leave it.
+        advance(Duration::from_secs(450)).await;
+        for _ in 0..10 {
+            probe(&engine, "agg", fast, Outcome::Ok);
+        }
+        let status = burn_state(&engine);
+        assert_eq!(status.reading.state, SloState::Pass, "{status:?}");
+        assert!(status.reading.value.unwrap().abs() < 1e-9, "{status:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,12 +1,14 @@
 //! The SLO engine (docs/DESIGN.md §7): the expression language ([`ast`], [`parse`]), statistical
 //! evaluation over sliding HDR windows ([`eval`]), verdicts with `for` hysteresis ([`verdict`]),
 //! baselines from the target's own past ([`baseline`]), the running engine that publishes
-//! `llm_canary_slo_*` ([`engine`]) and the Prometheus rules generator ([`rules`]).
+//! `llm_canary_slo_*` ([`engine`]) and the Prometheus rules generator ([`rules`]), which leads
+//! every file with the canary's own health alerts ([`health`]).
 
 pub mod ast;
 pub mod baseline;
 pub mod engine;
 pub mod eval;
+pub mod health;
 mod lex;
 pub mod parse;
 mod promql;

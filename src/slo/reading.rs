@@ -49,7 +49,21 @@ pub(super) fn data_times(store: &Store, d: &SloDef) -> (Option<Instant>, Option<
     (newest.iter().min().copied(), newest.iter().max().copied())
 }
 
-pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
+/// What the stores of the SLO engine keep for a set of definitions.
+pub(super) struct Reads {
+    /// The distributions of the sliding store.
+    pub(super) wants: Vec<Want>,
+    /// The distributions of the cycle's store (inside `baseline(…)`).
+    pub(super) cycle_wants: Vec<Want>,
+    /// The goodput objective sets and burn-rate SLIs whose good requests are counted.
+    pub(super) objective_sets: Vec<Vec<Objective>>,
+    /// How long the sliding store keeps step totals: the longest window of any SLO. A burn-rate
+    /// SLO reads step totals only, so no distribution names its window, and it must count here
+    /// or its window is cut to the longest comparison window.
+    pub(super) keep: Duration,
+}
+
+pub(super) fn wants_of(defs: &[SloDef]) -> Reads {
     let mut w = Wanted::default();
     for d in defs {
         match &d.kind {
@@ -72,8 +86,16 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
             }]),
         }
     }
-    (w.wants, w.cycle_wants, w.objective_sets)
+    Reads {
+        wants: w.wants,
+        cycle_wants: w.cycle_wants,
+        objective_sets: w.objective_sets,
+        keep: defs.iter().map(|d| d.window).max().unwrap_or(DEFAULT_KEEP),
+    }
 }
+
+/// How long step totals are kept when no SLO says (there is none to read them).
+const DEFAULT_KEEP: Duration = Duration::from_secs(3600);
 
 /// What the SLOs' expressions read: the distributions of the sliding store, those of the
 /// cycle's store (inside `baseline(…)`), and the goodput objective sets.

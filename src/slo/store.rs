@@ -319,13 +319,11 @@ pub struct Store {
 const CYCLE_SPAN: Duration = Duration::from_secs(400 * 86_400);
 
 impl Store {
-    /// A store of sliding windows for `wants`, counting good requests for `objective_sets`.
-    pub fn sliding(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>) -> Store {
-        let keep = wants
-            .iter()
-            .map(|w| w.window)
-            .max()
-            .unwrap_or(Duration::from_secs(3600));
+    /// A store of sliding windows for `wants`, counting good requests for `objective_sets`, that
+    /// keeps step totals for `keep`: the longest window any lookup may ask for (a burn-rate
+    /// SLO's reads totals only, so it is not among the wants' windows).
+    pub fn sliding(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>, keep: Duration) -> Store {
+        let keep = wants.iter().map(|w| w.window).fold(keep, Duration::max);
         Store::empty(wants, objective_sets, keep, None)
     }
 
