@@ -569,9 +569,21 @@ impl SloEngine {
         self.evaluate(self.now(), unix_now())
     }
 
+    /// Judges every SLO on the one run measured so far: a bench's verdict. A bench has no next
+    /// run to confirm a fail, so a clear fail is a fail here (the daemon's evaluations wait for
+    /// a second failing run, docs/SLO.md "Run-to-run variation").
+    pub fn judge_run(&self) -> Vec<(String, SloStatus)> {
+        self.evaluate_gated(self.now(), unix_now(), false)
+    }
+
     /// Evaluates every SLO at `now`: updates the verdicts, publishes the metrics, logs and calls
     /// the hooks on state changes. Returns each SLO's status.
     pub fn evaluate(&self, now: Instant, now_unix: f64) -> Vec<(String, SloStatus)> {
+        self.evaluate_gated(now, now_unix, true)
+    }
+
+    /// [`Self::evaluate`], with a comparison's fail held for a second run when `gated`.
+    fn evaluate_gated(&self, now: Instant, now_unix: f64, gated: bool) -> Vec<(String, SloStatus)> {
         let mut changes = Vec::new();
         let statuses = self.with(|inner| {
             let mut out = Vec::new();
@@ -593,8 +605,8 @@ impl SloEngine {
                     .entry(d.name.clone())
                     .or_insert_with(|| Verdict::new(now, now_unix));
                 let raw = match d.kind {
-                    SloKind::Expr(_) => verdict.gate.apply(raw, newest),
-                    SloKind::BurnRate { .. } => raw,
+                    SloKind::Expr(_) if gated => verdict.gate.apply(raw, newest),
+                    SloKind::Expr(_) | SloKind::BurnRate { .. } => raw,
                 };
                 let old = verdict.update(raw, d.for_, now, now_unix);
                 // No verdict yet although the data suffices: say why, or the status would read
@@ -1222,6 +1234,26 @@ mod tests {
             seen.push(run(&engine, &mut rng, factor));
         }
         assert_eq!(seen, [SloState::Pass, SloState::Fail, SloState::Pass]);
+    }
+
+    /// A bench measures one run and judges it: the daemon's evaluation holds that run's clear
+    /// fail for a second run, a bench's judgement does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_bench_judges_its_one_run_and_the_daemon_waits_for_the_second() {
+        let daemon = in_memory_engine(vec![def(GAIN, 0)]);
+        let bench = in_memory_engine(vec![def(GAIN, 0)]);
+        let (mut a, mut b) = (StdRng::seed_from_u64(3), StdRng::seed_from_u64(3));
+        advance(Duration::from_secs(10)).await;
+        // Disaggregated as slow as aggregated: the gain fails clearly.
+        step(&daemon, &mut a, 200, 0.5, 0.5, false);
+        step(&bench, &mut b, 200, 0.5, 0.5, false);
+        assert_eq!(state(&daemon), SloState::InsufficientData);
+        let reason = daemon.status_json()[0]["reason"].clone();
+        assert!(
+            reason.as_str().unwrap_or_default().contains("next run"),
+            "{reason}"
+        );
+        assert_eq!(bench.judge_run()[0].1.reading.state, SloState::Fail);
     }
 
     /// A p99 over runs of 170 samples: no run alone bounds it above, so the held runs are
