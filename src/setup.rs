@@ -5,9 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use crate::config::{self, Config, ConfigError};
 use crate::measure::stats::Z_95;
 use crate::request::PROBE_WORKLOAD;
+use crate::sim::estimate::StepShape;
 use crate::slo::ast::{MatchOp, Selector};
 use crate::slo::{LabelDomain, SloDef, SloKind};
 
@@ -79,6 +82,8 @@ impl Setup {
         })?;
         let mut warnings = window_warnings(&cfg);
         warnings.extend(probe_warnings(&cfg, &slos));
+        warnings.extend(quantile_warnings(&cfg, &slos));
+        warnings.extend(drain_warnings(&cfg));
         Ok(Setup {
             config: cfg,
             slos,
@@ -178,6 +183,37 @@ fn window_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
     out
 }
 
+/// A quantile's interval is bounded on both sides only from a number of samples on (p99: 368):
+/// below it, the SLO can fail but never pass. `min_samples` under that number lets the SLO read
+/// such data without a word, so say it here (the held runs a tail quantile pools reach it in
+/// time; docs/SLO.md, "Run-to-run variation").
+fn quantile_warnings(cfg: &Config, slos: &[SloDef]) -> Vec<config::Diagnostic> {
+    let mut out = Vec::new();
+    for (s, def) in cfg.slos.iter().zip(slos) {
+        for pct in def.quantiles() {
+            let Some(need) = crate::measure::stats::samples_to_bound(pct / 100.0) else {
+                continue;
+            };
+            if need <= def.min_samples {
+                continue;
+            }
+            let pos = s.min_samples.pos.or(s.name.pos);
+            let name = format!("p{pct}");
+            out.push(
+                config::Diagnostic::new(
+                    pos,
+                    format!(
+                        "warning: SLO `{}`: {name} has a bounded 95 % interval from {need} samples on; with min_samples {} it reads fewer, and until its window (with the runs it pools) holds {need} it can fail but not pass",
+                        *s.name, def.min_samples
+                    ),
+                )
+                .hint(format!("set min_samples: {need}, or read a lower quantile")),
+            );
+        }
+    }
+    out
+}
+
 /// An SLO that reads only the probe stream sees one request per target and probe interval. A
 /// window that holds fewer than the SLO needs (`min_samples`, and for a burn-rate SLO the
 /// requests without which a clear pass is impossible at its objective) leaves it
@@ -270,6 +306,129 @@ fn probe_warnings(cfg: &Config, slos: &[SloDef]) -> Vec<config::Diagnostic> {
     out
 }
 
+/// A workload, the longest request of its steps as `sim::estimate` reads it, and where the config
+/// writes its output length.
+type WorkloadShape = (&'static str, StepShape, Option<(u64, u64)>);
+
+/// The [`WorkloadShape`] of every workload of the cycle whose lengths the config states.
+fn step_shapes(cfg: &Config) -> Vec<WorkloadShape> {
+    let w = &cfg.workloads;
+    let streams = |rate: &Option<config::Rate>, closed: u32| {
+        rate.as_ref().map_or(closed, |r| *r.max_inflight)
+    };
+    let mut out = Vec::new();
+    for name in cfg.cycle() {
+        let shape = match name {
+            "concurrency_sweep" => w.concurrency_sweep.as_ref().map(|s| {
+                let top = s.levels.iter().copied().max().unwrap_or(1);
+                (
+                    shape(*s.isl, *s.osl, streams(&s.rate, top), *s.isl + *s.osl / 2),
+                    s.osl.pos,
+                )
+            }),
+            // The last turn resends every earlier exchange.
+            "multi_turn" => w.multi_turn.as_ref().map(|m| {
+                let exchange = *m.isl + *m.osl;
+                let isl = *m.turns * exchange - *m.osl;
+                let held = (*m.turns).div_ceil(2) * exchange;
+                (shape(isl, *m.osl, *m.conversations, held), m.osl.pos)
+            }),
+            "sequence_distribution" => w.sequence_distribution.as_ref().map(|d| {
+                let held = (*d.isl.min + *d.isl.max) / 2 + (*d.osl.min + *d.osl.max) / 4;
+                let top = streams(&d.rate, *d.concurrency);
+                (shape(*d.isl.max, *d.osl.max, top, held), d.osl.max.pos)
+            }),
+            "prefix_cache" => w.prefix_cache.as_ref().map(|p| {
+                let top = streams(&p.rate, *p.concurrency);
+                (shape(*p.isl, *p.osl, top, *p.isl + *p.osl / 2), p.osl.pos)
+            }),
+            // A trace's lengths are its rows': not estimated.
+            _ => None,
+        };
+        if let Some((shape, pos)) = shape {
+            out.push((name, shape, pos));
+        }
+    }
+    out
+}
+
+fn shape(isl: u32, osl: u32, streams: u32, held_tokens: u32) -> StepShape {
+    StepShape {
+        isl,
+        osl,
+        streams,
+        held_tokens,
+    }
+}
+
+/// How long the longest request of `shape` takes on target `t`, and on what the estimate rests:
+/// a simulated target's timing model; for a real one the slowest request its `goodput` limits
+/// still call good, where the config writes them (the defaults are the plan's objectives, not
+/// a statement about the deployment, so they are no estimate).
+fn request_time(
+    cfg: &Config,
+    t: &config::TargetConfig,
+    shape: StepShape,
+) -> Option<(Duration, String)> {
+    if let Some(sim) = &t.simulated {
+        let time = crate::sim::estimate::request_time(sim, t.serving_mode, shape, None)?;
+        return Some((
+            time,
+            format!("the simulator's timing model, {} streams", shape.streams),
+        ));
+    }
+    let goodput = t.goodput.as_ref().or_else(|| {
+        let g = &cfg.goodput;
+        (g.ttft.pos.is_some() || g.itl.pos.is_some()).then_some(g)
+    })?;
+    let (ttft, itl) = (goodput.ttft.0, goodput.itl.0);
+    let time = ttft + itl * shape.osl.saturating_sub(1);
+    let why = format!(
+        "within `goodput` (TTFT {}, ITL {})",
+        humantime::format_duration(ttft),
+        humantime::format_duration(itl)
+    );
+    Some((time, why))
+}
+
+/// A drain grace shorter than the requests a step sends cuts them at every step's end, and each
+/// counts as a `timeout` (docs/METRICS.md, "Steps and windows"): said per workload, for the target whose
+/// longest request takes longest, where the estimate is known (`request_time`).
+fn drain_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
+    let drain = cfg.schedule.drain_grace.0;
+    let mut out = Vec::new();
+    for (workload, shape, osl_pos) in step_shapes(cfg) {
+        let slowest = cfg
+            .targets
+            .iter()
+            .filter_map(|t| Some((t, request_time(cfg, t, shape)?)))
+            .max_by_key(|(_, (time, _))| *time);
+        let Some((target, (time, why))) = slowest.filter(|(_, (time, _))| *time > drain) else {
+            continue;
+        };
+        let secs = |d: Duration| {
+            humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64))
+        };
+        out.push(
+            config::Diagnostic::new(
+                cfg.schedule.drain_grace.pos.or(osl_pos),
+                format!(
+                    "warning: `schedule.drain_grace` ({}) is shorter than the slowest request of `{workload}` on `{}`: about {} (up to {} output tokens; {why}): requests still in flight when a step ends count as `timeout`, and may mark the step faulted",
+                    humantime::format_duration(drain),
+                    *target.name,
+                    secs(time),
+                    shape.osl,
+                ),
+            )
+            .hint(format!(
+                "a drain_grace of at least {} covers it with a tenth to spare (requests under load take longer); see docs/METRICS.md, \"Steps and windows\"",
+                secs(time.mul_f64(1.1))
+            )),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,9 +470,13 @@ mod tests {
              workloads:\n  concurrency_sweep: {{ levels: [1], step: 1m }}\n\
              probe_stream: {probe}\nslos:\n{slos}"
         );
+        // The probe stream's warnings only (a p99 also draws the quantile's).
         Setup::parse(&text, "t.yaml", Path::new("."))
             .unwrap()
             .warning_lines()
+            .into_iter()
+            .filter(|l| l.contains("probe"))
+            .collect()
     }
 
     #[test]
@@ -368,6 +531,68 @@ mod tests {
         let lines = probe_warning_lines("{ enabled: false }", &burn("6h", ""));
         assert!(
             lines.len() == 1 && lines[0].contains("turns off"),
+            "{lines:?}"
+        );
+    }
+
+    /// The drain warnings of two targets (a simulated disaggregated deployment as the demo's,
+    /// and one with a URL) with `extra` appended to the config.
+    fn drain_warning_lines(extra: &str) -> Vec<String> {
+        let text = format!(
+            "targets:\n\
+             \x20 - name: sim-disagg\n    serving_mode: disaggregated\n\
+             \x20   simulated: {{ prefill_workers: 4, decode_workers: 4, prefill: {{ gpu: a100, tp: 4 }}, decode: {{ gpu: l40s, tp: 2 }} }}\n\
+             \x20 - {{ name: real, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }}\n\
+             workloads:\n\
+             \x20 concurrency_sweep: {{ levels: [1, 64], isl: 1024, osl: 512, step: 20m }}\n\
+             \x20 sequence_distribution: {{ isl: {{ min: 128, max: 4096 }}, osl: {{ min: 64, max: 2048 }}, concurrency: 16, step: 20m }}\n\
+             {extra}"
+        );
+        Setup::parse(&text, "t.yaml", Path::new("."))
+            .unwrap()
+            .warning_lines()
+            .into_iter()
+            .filter(|l| l.contains("drain_grace"))
+            .collect()
+    }
+
+    #[test]
+    fn a_drain_grace_shorter_than_a_steps_slowest_request_is_a_warning_at_its_place() {
+        // The default 30 s covers the sweep (about 10 s at 64 streams on L40S decode), not the
+        // distribution's 2,048-token answers (about 38 s); the key is not written, so the
+        // warning points at the output length that needs it.
+        let lines = drain_warning_lines("");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("t.yaml:8:") && lines[0].contains(": warning: `schedule.drain_grace` (30s) is shorter than the slowest request of `sequence_distribution` on `sim-disagg`: about 3"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[0]
+                .contains("(up to 2048 output tokens; the simulator's timing model, 16 streams)")
+                && lines[0].contains("count as `timeout`")
+                && lines[0].contains("hint: a drain_grace of at least 4"),
+            "{lines:?}"
+        );
+        // 10 s: the sweep too, at the key's own place.
+        let lines = drain_warning_lines("schedule: { drain_grace: 10s }\n");
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with("t.yaml:9:26: warning: `schedule.drain_grace` (10s)")
+                && lines[0].contains("`concurrency_sweep` on `sim-disagg`: about 11s"),
+            "{lines:?}"
+        );
+        // Long enough: nothing to say.
+        assert_eq!(
+            drain_warning_lines("schedule: { drain_grace: 45s }\n"),
+            Vec::<String>::new()
+        );
+        // A target with a URL is estimated from a `goodput` the config writes: 2,048 tokens at
+        // 50 ms are 104 s.
+        let lines = drain_warning_lines("schedule: { drain_grace: 45s }\ngoodput: { itl: 50ms }\n");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("`sequence_distribution` on `real`: about 1m 45s (up to 2048 output tokens; within `goodput` (TTFT 2s, ITL 50ms))"),
             "{lines:?}"
         );
     }

@@ -358,6 +358,8 @@ slos:
                     .expect("not cut"),
             );
             walls.push(started.elapsed());
+            // The daemon evaluates every few seconds, so between two cycles at least once.
+            slo.evaluate_now();
         }
         let text = metrics.encode().unwrap();
         deployment.stop().await;
@@ -415,7 +417,6 @@ slos:
         sample(&text, "llm_canary_target_up", &[("target", "steady")]),
         Some(1.0)
     );
-    slo.evaluate_now();
     for name in ["hole-errors", "stalled-errors"] {
         assert_eq!(
             slo.state(name),

@@ -1,7 +1,9 @@
 //! The generated Prometheus rules: `rules/` is up to date with `llm-canary rules --config
-//! examples/seed-plan.yaml`, every file in `rules/` passes `promtool check rules` and every test
-//! in `rules/tests/` passes `promtool test rules`; the `le` bounds the rules select are exactly
-//! those the daemon exposes; and `llm-canary check` reports expression errors at FILE:LINE:COL.
+//! examples/seed-plan.yaml` and `llm-canary rules --health`, every file in `rules/` passes
+//! `promtool check rules` and every test in `rules/tests/` passes `promtool test rules`; every
+//! alert carries the routing labels and an absolute runbook link; the `le` bounds the rules
+//! select are exactly those the daemon exposes; and `llm-canary check` reports expression
+//! errors at FILE:LINE:COL.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,6 +82,67 @@ fn rules_dir_holds_the_generated_rules_of_the_seed_plan() {
     }
     assert!(generated.contains("team: \"ml-infra\""), "routing labels");
     assert!(generated.contains("# SLO `kv-transfer-share-short-isl` reads `kv_transfer`"));
+    // The canary's own health alerts lead the file, once each, and the stale-data alert is with
+    // the cycle's.
+    for alert in [
+        "LlmCanaryAbsent",
+        "LlmCanaryNoRequests",
+        "LlmCanaryTargetDown",
+        "LlmCanaryTargetAllFailed",
+        "LlmCanaryConfigReloadFailed",
+        "LlmCanarySloDataStale",
+    ] {
+        assert_eq!(count(alert), 1, "{alert}");
+    }
+    assert!(generated.contains("groups:\n  - name: \"llm-canary-health\"\n"));
+    // Every alert carries the routing labels and an absolute runbook link.
+    let alerts: Vec<&str> = generated.split("- alert: ").skip(1).collect();
+    assert!(alerts.len() > 40, "{}", alerts.len());
+    for alert in &alerts {
+        let alert = alert.split("\n      - ").next().unwrap();
+        assert!(
+            alert.contains("team: \"ml-infra\""),
+            "no routing labels:\n{alert}"
+        );
+        assert!(
+            alert.contains(
+                "runbook_url: \"https://github.com/llm-canary/llm-canary/blob/main/docs/SLO.md#"
+            ),
+            "no absolute runbook:\n{alert}"
+        );
+    }
+    // The availability SLO's `for` is 0: no "has been for 1s".
+    assert!(!generated.contains("for 1s"), "a `for` of 0 written as 1s");
+    assert!(generated.contains("(`for` is 0: the first evaluation that showed it decided)"));
+}
+
+#[test]
+fn rules_dir_holds_the_health_alerts_as_rules_health_prints_them() {
+    let out = canary(&["rules", "--health"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated = String::from_utf8(out.stdout).unwrap();
+    let committed = std::fs::read_to_string(root().join("rules/canary-health.yaml")).unwrap();
+    assert!(
+        generated == committed,
+        "rules/canary-health.yaml is stale: run `cargo run -- rules --health > rules/canary-health.yaml`"
+    );
+    // The same group as the seed plan's file begins with, less its routing labels.
+    let seed = canary(&["rules", "--config", "examples/seed-plan.yaml"]);
+    let group = |text: &[u8]| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_saphyr::from_str(std::str::from_utf8(text).unwrap()).unwrap();
+        v["groups"][0].clone()
+    };
+    let mut labelled = group(&seed.stdout);
+    for rule in labelled["rules"].as_array_mut().unwrap() {
+        let labels = rule["labels"].as_object_mut().unwrap();
+        assert_eq!(labels.remove("team"), Some("ml-infra".into()));
+    }
+    assert_eq!(group(generated.as_bytes()), labelled);
 }
 
 #[test]

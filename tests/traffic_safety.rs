@@ -1,7 +1,8 @@
 //! Pointing the canary at production safely, under paused tokio time against simulators of
 //! fixed timing: quiet hours and an operator's pause send nothing and leave verdicts as they
 //! were; a budget below the plan's demand holds in-flight streams, requests per second and output
-//! tokens per hour, and says what it cut; every request carries the traffic marker (as the
+//! tokens per hour, and says what it cut; a spent hour pauses the steps while the probe stream
+//! goes on within its own allowance; every request carries the traffic marker (as the
 //! simulator's request log shows it).
 
 use std::path::Path;
@@ -12,7 +13,7 @@ use jiff::Timestamp;
 use llm_canary::export::metrics::Metrics;
 use llm_canary::model::{BudgetReport, Finished, Sink};
 use llm_canary::schedule::gate::{Gate, Switch, TokioClock};
-use llm_canary::schedule::{Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
+use llm_canary::schedule::{ProbeStream, Recorder, Scheduler, TargetSet, TargetSource, plan_cycle};
 use llm_canary::setup::Setup;
 use llm_canary::shutdown::Shutdown;
 use llm_canary::slo::baseline::BaselineStore;
@@ -26,6 +27,8 @@ mod support;
 #[derive(Debug, Clone)]
 struct Send {
     target: String,
+    /// A probe of the probe stream, not a step's request.
+    probe: bool,
     sent: Instant,
     end: Instant,
     tokens: u64,
@@ -39,6 +42,7 @@ impl Sink for Sends {
     fn request(&self, req: &Finished<'_>) {
         self.0.lock().unwrap().push(Send {
             target: req.labels.target.clone(),
+            probe: req.labels.workload == "probe",
             sent: req.record.sent,
             end: req.record.end,
             tokens: req.record.output_tokens(),
@@ -142,6 +146,12 @@ impl Rig {
     }
 
     fn scheduler(&self, gate: Arc<Gate>) -> Scheduler {
+        self.scheduler_and_probes(gate).0
+    }
+
+    /// The scheduler, and the probe stream beside it on the same budget and sinks, as the
+    /// daemon runs them.
+    fn scheduler_and_probes(&self, gate: Arc<Gate>) -> (Scheduler, ProbeStream) {
         let recorder = Arc::new(Recorder::new(vec![
             self.metrics.clone(),
             self.slo.clone(),
@@ -149,11 +159,23 @@ impl Rig {
             self.reports.clone(),
         ]));
         let runner = Arc::new(self.deployment.runner(&self.setup.config, recorder, 1));
+        let probes = ProbeStream {
+            client: runner.client.clone(),
+            budget: Arc::clone(&runner.budget),
+            recorder: Arc::clone(&runner.recorder),
+            tokens: Arc::clone(&runner.tokens),
+            gate: Arc::clone(&gate),
+            config: self.setup.config.probe_stream.clone(),
+            goodput: runner.goodput,
+            run_salt: 1,
+        };
         let source = TargetSource::fixed(TargetSet {
             targets: self.deployment.targets.clone(),
             scrape: Vec::new(),
         });
-        Scheduler::new(runner, source, None, Duration::from_secs(15)).with_gate(gate)
+        let scheduler =
+            Scheduler::new(runner, source, None, Duration::from_secs(15)).with_gate(gate);
+        (scheduler, probes)
     }
 
     fn paused(&self, reason: &str) -> Option<f64> {
@@ -436,6 +458,75 @@ async fn a_spent_hour_pauses_the_schedule_until_its_tokens_age_out() {
         .count();
     assert!(late > 0, "nothing sent after the hour");
     assert_eq!(rig.paused("budget"), Some(0.0));
+    rig.deployment.stop().await;
+}
+
+/// [`SPENT`] with the probe stream (a probe every 20 s of one output token: 180 tokens of each
+/// hour are its own) and an availability SLO over it.
+const SPENT_WITH_PROBES: &str = r#"
+targets:
+  - { name: a, serving_mode: aggregated, model: sim, simulated: { profile: fixed, fixed_ttft: 100ms, fixed_itl: 10ms } }
+budget: { max_output_tokens_per_hour: 800 }
+workloads:
+  concurrency_sweep: { levels: [2], isl: 64, osl: 8, step: 60s, warmup: 5s }
+schedule: { drain_grace: 2s }
+slos:
+  - { name: availability, objective: 90.0, sli: 'ttft{workload="probe"} < 2s', window: 1h, min_samples: 60 }
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_spent_hour_pauses_the_steps_but_not_the_probe_stream() {
+    let rig = Rig::new(SPENT_WITH_PROBES).await;
+    let gate = Arc::new(Gate::new(Arc::new(TokioClock::starting_at(at("12:00:00")))));
+    let (mut scheduler, probes) = rig.scheduler_and_probes(gate);
+    let stop = Shutdown::new();
+    let (_targets, probed) = tokio::sync::watch::channel(rig.deployment.targets.clone());
+    let probing = tokio::spawn(probes.run(probed, stop.stop_sending().clone()));
+    let evaluations = tokio::spawn(llm_canary::slo::engine::run_evaluations(
+        Arc::clone(&rig.slo),
+        stop.service(),
+    ));
+    let plan = plan_cycle(&rig.setup.config);
+    let t0 = Instant::now();
+    let run = scheduler.run(|| plan.clone(), Duration::default, None, &stop);
+    let script = async {
+        tokio::time::sleep(Duration::from_secs(30 * 60)).await;
+        // The steps spent their share of the hour in the first step, and wait.
+        assert_eq!(rig.paused("budget"), Some(1.0));
+        let sends = rig.sends.all();
+        let (probes, steps): (Vec<&Send>, Vec<&Send>) = sends.iter().partition(|s| s.probe);
+        let step_tokens: u64 = steps.iter().map(|s| s.tokens).sum();
+        assert!(
+            (600..=620).contains(&step_tokens),
+            "the steps' share is 800 - 180: {step_tokens}"
+        );
+        assert!(steps.iter().all(|s| s.sent < t0 + Duration::from_secs(65)));
+        // The probes went on all along, the pause included, and were counted.
+        let paused_probes = probes
+            .iter()
+            .filter(|p| p.sent > t0 + Duration::from_secs(70))
+            .count();
+        assert!(paused_probes >= 80, "{paused_probes} probes while paused");
+        assert!(probes.iter().all(|p| p.tokens == 1));
+        let counted = support::metrics::sum(
+            &rig.metrics.encode().unwrap(),
+            "llm_canary_requests_total",
+            &[("workload", "probe"), ("outcome", "ok")],
+        );
+        assert_eq!(counted, probes.len() as f64);
+        assert_eq!(
+            rig.slo.state("availability"),
+            Some(SloState::Pass),
+            "{}",
+            rig.slo.status_json()
+        );
+        stop.drain(Duration::from_secs(1));
+    };
+    let (summary, ()) = tokio::join!(run, script);
+    assert!(summary.interrupted, "{summary:?}");
+    assert!(stop.finish(Duration::from_secs(5)).await);
+    probing.await.unwrap();
+    evaluations.await.unwrap();
     rig.deployment.stop().await;
 }
 

@@ -116,6 +116,10 @@ pub struct RulesArgs {
     pub config: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = RulesFormat::Rules)]
     pub format: RulesFormat,
+    /// Only the canary's own health alerts, with the config's `alerting` labels and runbook base
+    /// (every rule file holds them; `rules/canary-health.yaml` is this without a config).
+    #[arg(long)]
+    pub health: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -370,13 +374,17 @@ fn rules(args: &RulesArgs) -> ExitCode {
         RulesFormat::Rules => crate::slo::rules::Format::Rules,
         RulesFormat::PrometheusRule => crate::slo::rules::Format::PrometheusRule,
     };
-    let rules = crate::slo::rules::generate(
-        &setup.slos,
-        &setup.domain,
-        &setup.rules_options(),
-        &source,
-        format,
-    );
+    let rules = if args.health {
+        crate::slo::rules::generate_health(&setup.rules_options(), format)
+    } else {
+        crate::slo::rules::generate(
+            &setup.slos,
+            &setup.domain,
+            &setup.rules_options(),
+            &source,
+            format,
+        )
+    };
     match out(&rules) {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => code,

@@ -552,6 +552,13 @@ pub struct Bimodal {
 pub const MAX_SPEED_FACTOR: f64 = 100.0;
 
 impl Variability {
+    /// How much slower than modelled its slowest period runs, drift left out: what
+    /// `crate::sim::estimate` holds a drain grace against.
+    pub fn slowest(&self) -> f64 {
+        let slow = self.bimodal.map_or(1.0, |b| b.factor.max(1.0));
+        (self.scale * slow * (1.0 + self.jitter)).clamp(1.0 / MAX_SPEED_FACTOR, MAX_SPEED_FACTOR)
+    }
+
     /// Parses and validates a YAML mapping given outside a config file (`llm-canary sim
     /// --variability`), named `source` in messages.
     pub fn parse(text: &str, source: &str) -> Result<Variability, super::ConfigError> {

@@ -198,6 +198,87 @@ fn exact_binomial_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
     (lower, None)
 }
 
+/// The fewest samples whose 95 % interval for the quantile `q` is bounded on both sides
+/// ([`confidence_ranks`] gives both ranks): 368 for p99, 6 for the median. `None` past 10⁷.
+pub fn samples_to_bound(q: f64) -> Option<u64> {
+    if !(q > 0.0 && q < 1.0) {
+        return None;
+    }
+    let bounded = |n: u64| matches!(confidence_ranks(n, q), (Some(_), Some(_)));
+    // Bounded from some n on: double to a bounded count, then bisect down to the first.
+    let mut hi = 1u64;
+    while !bounded(hi) {
+        hi *= 2;
+        if hi > 10_000_000 {
+            return None;
+        }
+    }
+    let mut lo = hi / 2;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if bounded(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
+/// Student's t quantile at 99.9 % (one-sided) for `df` degrees of freedom, from the standard
+/// table, interpolated in 1/df between its rows; the normal 3.090 for infinite `df`.
+pub fn t_999(df: usize) -> f64 {
+    const ROWS: [(f64, f64); 37] = [
+        (1.0, 318.309),
+        (2.0, 22.327),
+        (3.0, 10.215),
+        (4.0, 7.173),
+        (5.0, 5.893),
+        (6.0, 5.208),
+        (7.0, 4.785),
+        (8.0, 4.501),
+        (9.0, 4.297),
+        (10.0, 4.144),
+        (11.0, 4.025),
+        (12.0, 3.930),
+        (13.0, 3.852),
+        (14.0, 3.787),
+        (15.0, 3.733),
+        (16.0, 3.686),
+        (17.0, 3.646),
+        (18.0, 3.610),
+        (19.0, 3.579),
+        (20.0, 3.552),
+        (21.0, 3.527),
+        (22.0, 3.505),
+        (23.0, 3.485),
+        (24.0, 3.467),
+        (25.0, 3.450),
+        (26.0, 3.435),
+        (27.0, 3.421),
+        (28.0, 3.408),
+        (29.0, 3.396),
+        (30.0, 3.385),
+        (40.0, 3.307),
+        (50.0, 3.261),
+        (60.0, 3.232),
+        (80.0, 3.195),
+        (100.0, 3.174),
+        (120.0, 3.160),
+        (f64::INFINITY, 3.090),
+    ];
+    let df = (df.max(1)) as f64;
+    for pair in ROWS.windows(2) {
+        let ((d0, t0), (d1, t1)) = (pair[0], pair[1]);
+        if df <= d1 {
+            // Linear in 1/df, as tables are meant to be read.
+            let f = (1.0 / d0 - 1.0 / df) / (1.0 / d0 - 1.0 / d1);
+            return t0 + f * (t1 - t0);
+        }
+    }
+    3.090
+}
+
 /// A least-squares line `y = intercept + slope·x` and its coefficient of determination.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Line {
@@ -473,6 +554,28 @@ mod tests {
         assert_eq!(confidence_ranks(10_000, 0.5), (Some(4902), Some(5098)));
         assert_eq!(confidence_ranks(0, 0.5), (None, None));
         assert_eq!(confidence_ranks(10, 1.0), (None, None));
+    }
+
+    #[test]
+    fn samples_to_bound_a_quantile_match_its_ranks() {
+        assert_eq!(samples_to_bound(0.99), Some(368));
+        assert_eq!(samples_to_bound(0.5), Some(6));
+        assert_eq!(samples_to_bound(1.0), None);
+        let n = samples_to_bound(0.999).unwrap();
+        assert!(
+            confidence_ranks(n, 0.999).1.is_some() && confidence_ranks(n - 1, 0.999).1.is_none()
+        );
+    }
+
+    #[test]
+    fn t_999_reads_the_table_and_falls_to_the_normal_quantile() {
+        assert_eq!(t_999(1), 318.309);
+        assert_eq!(t_999(10), 4.144);
+        assert!((t_999(35) - (3.385 + 3.307) / 2.0).abs() < 0.01);
+        assert!((t_999(1_000_000) - 3.090).abs() < 0.001);
+        for df in 1..200 {
+            assert!(t_999(df + 1) < t_999(df), "not decreasing at {df}");
+        }
     }
 
     #[test]

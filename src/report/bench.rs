@@ -198,7 +198,7 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
                 .collect(),
         },
         slo: slo
-            .evaluate_now()
+            .judge_run()
             .into_iter()
             .map(|(name, status)| SloVerdict {
                 expr: setup

@@ -6,6 +6,11 @@
 //! `max_rps`. Every send then takes a [`Grant`]: it waits for the `max_rps` pace and reserves
 //! its requested output tokens, and a target whose hour is spent stops sending. Nothing is
 //! silent: every change is a [`BudgetAction`] for the sinks (metrics, status, log).
+//!
+//! The probe stream has an allowance of its own ([`ProbeAllowance`]): its most per hour is taken
+//! off the top of `max_output_tokens_per_hour`, the steps get the rest, and a probe is never
+//! refused. So a spent hour pauses the steps, but the probes (and the availability SLO they
+//! feed) go on, and the two together still stay within the limit.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -54,9 +59,12 @@ struct Meter {
     limits: Limits,
     /// When the next send may leave under `max_rps`.
     next_send: Option<Instant>,
-    /// Output tokens received, by when, over the last hour; their sum.
+    /// Output tokens the steps received, by when, over the last hour; their sum.
     ledger: VecDeque<(Instant, u64)>,
     spent: u64,
+    /// The same for the probe stream, which draws on its allowance instead.
+    probe_ledger: VecDeque<(Instant, u64)>,
+    probe_spent: u64,
     /// Tokens reserved by requests in flight.
     reserved: u64,
     throttled_requests: u64,
@@ -65,29 +73,42 @@ struct Meter {
     cut: bool,
 }
 
+/// Drops the entries of `ledger` older than an hour from it and from their sum.
+fn expire(ledger: &mut VecDeque<(Instant, u64)>, sum: &mut u64, now: Instant) {
+    while let Some((at, tokens)) = ledger.front().copied() {
+        if now.saturating_duration_since(at) < HOUR {
+            break;
+        }
+        ledger.pop_front();
+        *sum -= tokens;
+    }
+}
+
 impl Meter {
     fn expire(&mut self, now: Instant) {
-        while let Some((at, tokens)) = self.ledger.front().copied() {
-            if now.saturating_duration_since(at) < HOUR {
-                break;
-            }
-            self.ledger.pop_front();
-            self.spent -= tokens;
-        }
+        expire(&mut self.ledger, &mut self.spent, now);
+        expire(&mut self.probe_ledger, &mut self.probe_spent, now);
     }
 
-    /// Whether `osl` more tokens fit in the hour.
-    fn has_room(&self, osl: u64) -> bool {
+    /// The steps' share of `max_output_tokens_per_hour`: what the probe stream's allowance
+    /// (`probes`, tokens an hour) leaves.
+    fn load_cap(&self, probes: u64) -> Option<u64> {
         self.limits
             .max_output_tokens_per_hour
+            .map(|cap| cap.saturating_sub(probes))
+    }
+
+    /// Whether `osl` more tokens of the steps fit in the hour.
+    fn has_room(&self, osl: u64, probes: u64) -> bool {
+        self.load_cap(probes)
             .is_none_or(|cap| self.spent + self.reserved + osl <= cap)
     }
 
     /// How long until `osl` tokens fit, as the ledger ages; `None` when they fit now or never
-    /// can (more than the whole budget).
-    fn room_in(&self, osl: u64, now: Instant) -> Option<Duration> {
-        let cap = self.limits.max_output_tokens_per_hour?;
-        if self.has_room(osl) || osl > cap {
+    /// can (more than the steps' whole share).
+    fn room_in(&self, osl: u64, probes: u64, now: Instant) -> Option<Duration> {
+        let cap = self.load_cap(probes)?;
+        if self.has_room(osl, probes) || osl > cap {
             return None;
         }
         let mut over = self.spent + self.reserved + osl - cap;
@@ -107,7 +128,7 @@ impl Meter {
             max_inflight: self.limits.max_inflight,
             max_rps: self.limits.max_rps,
             max_output_tokens_per_hour: self.limits.max_output_tokens_per_hour,
-            output_tokens_last_hour: self.spent,
+            output_tokens_last_hour: self.spent + self.probe_spent,
             throttled_requests: self.throttled_requests,
             throttled_seconds: self.throttled.as_secs_f64(),
         }
@@ -118,9 +139,20 @@ struct Inner {
     global: Meter,
     targets: HashMap<String, Meter>,
     per_target: HashMap<String, Limits>,
+    /// The probe stream's output tokens an hour per target, kept from the steps.
+    probes: ProbeAllowance,
+    /// How many targets the probe stream sends to (the scheduler's set; the configured ones
+    /// until it first says): the global scope keeps that many allowances.
+    probed: Option<usize>,
 }
 
 impl Inner {
+    /// The probe stream's share of the global scope's hour.
+    fn global_probes(&self) -> u64 {
+        let targets = self.probed.unwrap_or(self.per_target.len()) as u64;
+        self.probes.tokens_per_hour.saturating_mul(targets)
+    }
+
     fn meter(&mut self, target: &str) -> &mut Meter {
         let limits = self.per_target.get(target).copied().unwrap_or_default();
         self.targets
@@ -129,6 +161,28 @@ impl Inner {
                 limits,
                 ..Meter::default()
             })
+    }
+}
+
+/// What the probe stream may spend in an hour on one target: one probe per interval, each
+/// asking for its `osl`. Set only where a probe stream runs (the daemon), so the bench's steps
+/// keep the whole budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeAllowance {
+    pub tokens_per_hour: u64,
+}
+
+impl ProbeAllowance {
+    /// The allowance of `probe` (none when it is off).
+    pub fn of(probe: &crate::config::ProbeStreamConfig) -> ProbeAllowance {
+        let interval = probe.interval.0.as_secs_f64();
+        if !probe.enabled || interval <= 0.0 {
+            return ProbeAllowance::default();
+        }
+        let probes = (HOUR.as_secs_f64() / interval).ceil() as u64;
+        ProbeAllowance {
+            tokens_per_hour: probes.saturating_mul(u64::from(*probe.osl)),
+        }
     }
 }
 
@@ -194,8 +248,15 @@ impl Budget {
                 },
                 targets: HashMap::new(),
                 per_target,
+                probes: ProbeAllowance::default(),
+                probed: None,
             }),
         }
+    }
+
+    /// Keeps `allowance` of every hour for the probe stream (the daemon, which runs one).
+    pub fn keep_for_probes(&self, allowance: ProbeAllowance) {
+        self.with(|i| i.probes = allowance);
     }
 
     /// The budget of `cfg`: its global `budget` and each target's.
@@ -247,17 +308,18 @@ impl Budget {
             };
             i.global.expire(now);
             let global = i.global.limits;
-            let global_spent = !i.global.has_room(osl);
+            let (probes, global_probes) = (i.probes.tokens_per_hour, i.global_probes());
+            let global_spent = !i.global.has_room(osl, global_probes);
             let mut run = Vec::new();
             let mut waits = Vec::new();
             for (k, t) in targets.iter().enumerate() {
                 let meter = i.meter(&t.name);
                 meter.expire(now);
-                let (own_cap, own_room) = (meter.limits.max_inflight, meter.has_room(osl));
+                let (own_cap, own_room) = (meter.limits.max_inflight, meter.has_room(osl, probes));
                 let (own_spent, own_tokens, own_wait) = (
                     meter.spent,
-                    meter.limits.max_output_tokens_per_hour,
-                    meter.room_in(osl, now),
+                    meter.load_cap(probes),
+                    meter.room_in(osl, probes, now),
                 );
                 if let Some(cap) = own_cap.filter(|cap| need > *cap) {
                     act(&t.name, "skipped", format!("needs {need} streams; budget max_inflight {cap}"));
@@ -265,13 +327,14 @@ impl Budget {
                     act(&t.name, "skipped", format!("needs {need} streams; global budget max_inflight {cap}"));
                 } else if !own_room || global_spent {
                     let (spent, cap, wait) = if global_spent {
-                        (i.global.spent, global.max_output_tokens_per_hour, i.global.room_in(osl, now))
+                        (i.global.spent, i.global.load_cap(global_probes), i.global.room_in(osl, global_probes, now))
                     } else {
                         (own_spent, own_tokens, own_wait)
                     };
                     waits.push(wait.unwrap_or(HOUR));
+                    let kept = if probes > 0 { " (the rest of the hour is the probe stream's)" } else { "" };
                     act(&t.name, "skipped", format!(
-                        "{spent} of {} output tokens of the last hour spent",
+                        "{spent} of {} output tokens of the last hour spent{kept}",
                         cap.unwrap_or_default()
                     ));
                 } else {
@@ -322,10 +385,24 @@ impl Budget {
         })
     }
 
-    /// Takes the right to send one request of `osl` tokens to `target`: waits for the pace of
-    /// `max_rps` (the grant's instant is when it may leave) and reserves the tokens; `None` when
-    /// the hour's tokens are spent (the sender stops for the rest of the step).
+    /// Takes the right to send one request of a step, of `osl` tokens, to `target`: waits for
+    /// the pace of `max_rps` (the grant's instant is when it may leave) and reserves the tokens;
+    /// `None` when the steps' share of the hour is spent (the sender stops for the rest of the
+    /// step).
     pub async fn acquire(self: &Arc<Self>, target: &str, osl: u32) -> Option<Grant> {
+        self.grant(target, osl, false).await
+    }
+
+    /// Takes the right to send one probe of the probe stream: paced with every other send to
+    /// `max_rps`, its tokens booked on the probe stream's allowance, never refused (the stream
+    /// itself holds it to one probe per target and interval).
+    pub async fn acquire_probe(self: &Arc<Self>, target: &str, osl: u32) -> Grant {
+        self.grant(target, osl, true)
+            .await
+            .expect("a probe is never refused")
+    }
+
+    async fn grant(self: &Arc<Self>, target: &str, osl: u32, probe: bool) -> Option<Grant> {
         let now = Instant::now();
         if !self.limited() {
             return Some(Grant::free(now));
@@ -333,10 +410,11 @@ impl Budget {
         let osl = u64::from(osl);
         let at = self.with(|i| {
             i.global.expire(now);
-            let global_room = i.global.has_room(osl);
+            let (probes, global_probes) = (i.probes.tokens_per_hour, i.global_probes());
+            let global_room = i.global.has_room(osl, global_probes);
             let meter = i.meter(target);
             meter.expire(now);
-            if !global_room || !meter.has_room(osl) {
+            if !probe && (!global_room || !meter.has_room(osl, probes)) {
                 meter.cut = true;
                 return None;
             }
@@ -344,17 +422,20 @@ impl Budget {
                 .into_iter()
                 .flatten()
                 .fold(now, Instant::max);
+            // A probe reserves nothing: no limit waits on its tokens.
+            let reserve = if probe { 0 } else { osl };
             let meter = i.meter(target);
-            meter.reserved += osl;
+            meter.reserved += reserve;
             pace(meter, at, now);
-            i.global.reserved += osl;
+            i.global.reserved += reserve;
             pace(&mut i.global, at, now);
             Some(at)
         })?;
         let grant = Grant {
             budget: Some(Arc::clone(self)),
             target: target.to_owned(),
-            osl,
+            osl: if probe { 0 } else { osl },
+            probe,
             at,
             waited: at > now,
         };
@@ -364,26 +445,36 @@ impl Budget {
         Some(grant)
     }
 
-    /// Ends a grant: its reservation is replaced by the tokens actually received.
-    fn settle(&self, target: &str, reserved: u64, received: u64) {
+    /// Ends a grant: its reservation is replaced by the tokens actually received, on the steps'
+    /// ledger or the probe stream's.
+    fn settle(&self, target: &str, reserved: u64, received: u64, probe: bool) {
         let now = Instant::now();
         self.with(|i| {
-            for meter in [
-                &mut i.global,
-                i.targets.get_mut(target).expect("a grant's meter exists"),
-            ] {
+            // The target's meter is gone when the target left while the request was in flight
+            // (a probe may be, at any time): the global scope still books it.
+            let own = i.targets.get_mut(target);
+            for meter in std::iter::once(&mut i.global).chain(own) {
                 meter.reserved -= reserved;
                 if received > 0 {
-                    meter.ledger.push_back((now, received));
-                    meter.spent = meter.spent.saturating_add(received);
+                    let (ledger, sum) = if probe {
+                        (&mut meter.probe_ledger, &mut meter.probe_spent)
+                    } else {
+                        (&mut meter.ledger, &mut meter.spent)
+                    };
+                    ledger.push_back((now, received));
+                    *sum = sum.saturating_add(received);
                 }
             }
         });
     }
 
-    /// Forgets the meters of targets no longer measured (a target that comes back starts anew).
+    /// Forgets the meters of targets no longer measured (a target that comes back starts anew);
+    /// `names` are the targets now, each with its probe stream's allowance.
     pub fn retain(&self, names: &[String]) {
-        self.with(|i| i.targets.retain(|n, _| names.contains(n)));
+        self.with(|i| {
+            i.targets.retain(|n, _| names.contains(n));
+            i.probed = Some(names.len());
+        });
     }
 
     /// The targets whose sending a spent hour cut in the step just run (cleared by the call).
@@ -440,7 +531,10 @@ fn pace(meter: &mut Meter, at: Instant, now: Instant) {
 pub struct Grant {
     budget: Option<Arc<Budget>>,
     target: String,
+    /// Tokens reserved.
     osl: u64,
+    /// A probe's, booked on the probe stream's allowance.
+    probe: bool,
     /// When the request may leave (later than asked when `max_rps` paced it).
     pub at: Instant,
     pub waited: bool,
@@ -452,6 +546,7 @@ impl Grant {
             budget: None,
             target: String::new(),
             osl: 0,
+            probe: false,
             at: now,
             waited: false,
         }
@@ -460,7 +555,7 @@ impl Grant {
     /// The request ended having received `output_tokens`.
     pub fn settle(mut self, output_tokens: u64) {
         if let Some(b) = self.budget.take() {
-            b.settle(&self.target, self.osl, output_tokens);
+            b.settle(&self.target, self.osl, output_tokens, self.probe);
         }
     }
 }
@@ -469,7 +564,7 @@ impl Drop for Grant {
     /// A grant dropped unsettled (its send was cancelled) frees its reservation.
     fn drop(&mut self) {
         if let Some(b) = self.budget.take() {
-            b.settle(&self.target, self.osl, 0);
+            b.settle(&self.target, self.osl, 0, self.probe);
         }
     }
 }
@@ -514,6 +609,58 @@ mod tests {
         assert_eq!(usage[0].scope, GLOBAL_SCOPE);
         assert_eq!(usage[0].output_tokens_last_hour, 40);
         assert_eq!(usage[1].throttled_requests, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_streams_allowance_is_kept_from_the_steps_and_never_refused() {
+        let probe = crate::config::ProbeStreamConfig::default();
+        let allowance = ProbeAllowance::of(&probe);
+        // One probe every 20 s, one token each.
+        assert_eq!(allowance.tokens_per_hour, 180);
+        let budget = Arc::new(Budget::new(limits(None, None, Some(1000)), HashMap::new()));
+        budget.keep_for_probes(allowance);
+        budget.retain(&["a".to_owned()]);
+        // The steps get 1000 - 180 tokens of the hour.
+        budget.acquire("a", 800).await.unwrap().settle(800);
+        assert!(budget.acquire("a", 21).await.is_none());
+        budget.acquire("a", 20).await.unwrap().settle(20);
+        assert!(budget.acquire("a", 1).await.is_none());
+        // The probes go on once the steps' share is spent, and are counted.
+        for _ in 0..180 {
+            budget.acquire_probe("a", 1).await.settle(1);
+        }
+        assert!(
+            budget.acquire("a", 1).await.is_none(),
+            "the probes took no step's room"
+        );
+        let usage = budget.report(Vec::new()).usage;
+        assert_eq!(
+            usage[0].output_tokens_last_hour, 1000,
+            "within the limit, together"
+        );
+        assert_eq!(usage[1].output_tokens_last_hour, 1000);
+        // The global scope keeps an allowance per target the stream probes.
+        let global = Arc::new(Budget::new(limits(None, None, Some(1000)), HashMap::new()));
+        global.keep_for_probes(allowance);
+        global.retain(&["a".to_owned(), "b".to_owned()]);
+        assert!(global.acquire("a", 641).await.is_none());
+        assert!(global.acquire("b", 640).await.is_some());
+        // A probe whose target leaves the set while it is in flight is booked globally.
+        let in_flight = global.acquire_probe("b", 1).await;
+        global.retain(&["a".to_owned()]);
+        in_flight.settle(1);
+        assert_eq!(
+            global.report(Vec::new()).usage[0].output_tokens_last_hour,
+            1
+        );
+        // Without a probe stream the steps have the whole hour.
+        assert_eq!(
+            ProbeAllowance::of(&crate::config::ProbeStreamConfig {
+                enabled: false,
+                ..probe
+            }),
+            ProbeAllowance::default()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use super::budget::{Limits, streams};
+use super::budget::{Limits, ProbeAllowance, streams};
 use super::plan::{StepKind, StepPlan, plan_cycle};
 use crate::config::{Config, Pairing};
 
@@ -151,13 +151,21 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
             }
             let per_hour = |x: f64| x * cycles;
             let output_tokens_per_hour = per_hour(output);
-            let token_cap = [own.max_output_tokens_per_hour, global.max_output_tokens_per_hour]
-                .into_iter()
-                .flatten()
-                .min();
+            // The probe stream's allowance comes off the top of each scope; the steps share the
+            // rest (`budget::ProbeAllowance`).
+            let probes = ProbeAllowance::of(&cfg.probe_stream).tokens_per_hour;
+            let token_cap = [
+                own.max_output_tokens_per_hour.map(|c| c.saturating_sub(probes)),
+                global
+                    .max_output_tokens_per_hour
+                    .map(|c| c.saturating_sub(probes.saturating_mul(n as u64))),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             if let Some(cap) = token_cap.filter(|c| output_tokens_per_hour > *c as f64) {
                 budget.push(format!(
-                    "spends max_output_tokens_per_hour {cap} after ≈{:.0} min of each hour, then waits",
+                    "spends the steps' {cap} of max_output_tokens_per_hour ({probes} more kept for the probe stream) after ≈{:.0} min of each hour, then waits",
                     60.0 * cap as f64 / output_tokens_per_hour
                 ));
             }
@@ -364,8 +372,9 @@ mod tests {
             "{lines}"
         );
         assert!(lines.contains("to 1 requests/s"), "{lines}");
+        // 180 of the hour's tokens are the probe stream's.
         assert!(
-            lines.contains("max_output_tokens_per_hour 100000"),
+            lines.contains("the steps' 99820 of max_output_tokens_per_hour (180 more kept"),
             "{lines}"
         );
         assert_eq!(costs[0].peak_in_flight, 32);

@@ -113,6 +113,9 @@ const MAX_NOTE_BYTES: usize = 1024;
 struct Inner {
     switches: BTreeMap<Switch, String>,
     windows: Option<WindowSet>,
+    /// Whether the last look found the time inside a window (`None`: no look yet), so that
+    /// entering and leaving quiet hours is logged once each, however many look.
+    in_window: Option<bool>,
 }
 
 /// The gate, shared by the scheduler, the HTTP surface and the annotation watch.
@@ -129,6 +132,7 @@ impl Gate {
             inner: Mutex::new(Inner {
                 switches: BTreeMap::new(),
                 windows: None,
+                in_window: None,
             }),
             clock,
             changed: watch::channel(0).0,
@@ -172,14 +176,21 @@ impl Gate {
         self.bump();
     }
 
-    /// The gate as of now.
+    /// The gate as of now. The first look that finds the time outside the windows after one
+    /// inside (or at the start) logs that quiet hours began, and the first inside after one
+    /// outside that they ended: once each, whoever looks.
     pub fn state(&self) -> GateState {
-        let now = self.clock.now();
         self.with(|i| {
+            // Read under the lock, so two looks across a boundary log in the clock's order.
+            let now = self.clock.now();
             let (in_window, next_change) = match &i.windows {
                 None => (true, None),
                 Some(w) => window_state(w, now),
             };
+            let before = i.in_window.replace(in_window);
+            if before != Some(in_window) {
+                log_quiet_hours(in_window, before.is_some(), next_change, i.windows.as_ref());
+            }
             GateState {
                 operator: i.switches.iter().map(|(s, n)| (*s, n.clone())).collect(),
                 in_window,
@@ -209,6 +220,30 @@ impl Gate {
             }
             self.changed_after(&state).await;
         }
+    }
+}
+
+/// Says that quiet hours began (`in_window` false) or ended. A first look inside a window says
+/// nothing: that is how every run without quiet hours starts.
+fn log_quiet_hours(
+    in_window: bool,
+    looked_before: bool,
+    next_change: Option<Timestamp>,
+    windows: Option<&WindowSet>,
+) {
+    let until = match (next_change, windows) {
+        (Some(t), Some(w)) => t
+            .to_zoned(w.time_zone.clone())
+            .strftime("%Y-%m-%d %H:%M %Z")
+            .to_string(),
+        _ => "further notice".to_owned(),
+    };
+    if !in_window {
+        tracing::info!(
+            "quiet hours begin: outside the schedule.active windows until {until}; no step starts"
+        );
+    } else if looked_before {
+        tracing::info!("quiet hours end: traffic resumes, inside schedule.active until {until}");
     }
 }
 
@@ -414,6 +449,64 @@ mod tests {
         assert_eq!(logged.lines().count(), 1, "{logged}");
         // Setting the same note again changes nothing.
         assert!(!gate.set(Switch::Annotation, Some(note.to_owned())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entering_and_leaving_quiet_hours_is_logged_once_each() {
+        let log = Capture::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let gate = Gate::new(Arc::new(TokioClock::starting_at(ts(
+            "2026-12-02T11:58:00Z",
+        ))));
+        gate.set_windows(Some(set(
+            "Europe/Berlin",
+            vec![DailyWindow {
+                days: [true; 7],
+                from: 13 * 60,
+                to: 13 * 60 + 10,
+            }],
+        )));
+        // The scheduler and the probe stream both look, every few seconds, for 30 minutes:
+        // before the window (12:00 UTC is 13:00 in Berlin), inside it, and after it.
+        for _ in 0..180 {
+            gate.state();
+            gate.state();
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        let logged = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = logged.lines().collect();
+        assert_eq!(lines.len(), 3, "{logged}");
+        assert!(
+            lines[0].contains("INFO")
+                && lines[0].contains("quiet hours begin")
+                && lines[0].contains("until 2026-12-02 13:00 CET"),
+            "{logged}"
+        );
+        assert!(
+            lines[1].contains("INFO")
+                && lines[1].contains("quiet hours end")
+                && lines[1].contains("until 2026-12-02 13:10 CET"),
+            "{logged}"
+        );
+        assert!(
+            lines[2].contains("quiet hours begin")
+                && lines[2].contains("until 2026-12-03 13:00 CET"),
+            "{logged}"
+        );
+        // A gate without windows never logs quiet hours.
+        let open = Gate::new(Arc::new(TokioClock::starting_at(ts(
+            "2026-12-02T11:58:00Z",
+        ))));
+        open.state();
+        assert_eq!(
+            String::from_utf8(log.0.lock().unwrap().clone()).unwrap(),
+            logged
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,8 +2,9 @@
 //! every `probe_stream.interval`, outside any step's concurrency, reported under
 //! `workload="probe"`. Load and batching do not contaminate it, so it is the clean TTFT and
 //! availability signal, and what the default availability SLO watches. It runs between steps
-//! too; while an operator pauses the canary it stops, and in quiet hours it runs only with
-//! `probe_stream.in_quiet_hours`.
+//! too, and while a spent hour of the traffic budget pauses them (its own allowance is kept
+//! apart from the steps' share, `budget::ProbeAllowance`); while an operator pauses the canary
+//! it stops, and in quiet hours it runs only with `probe_stream.in_quiet_hours`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,7 +29,8 @@ use crate::workload::tokenizer::TokenModel;
 /// The probe stream of a run: what it sends and where its records go.
 pub struct ProbeStream {
     pub client: StreamClient,
-    /// The traffic budget: probes are paced and counted with the steps' requests.
+    /// The traffic budget: probes are paced with the steps' requests and counted on an
+    /// allowance of their own, which the stream keeps from the steps when it starts.
     pub budget: Arc<super::budget::Budget>,
     pub recorder: Arc<Recorder>,
     pub tokens: Arc<TokenModel>,
@@ -47,6 +49,8 @@ impl ProbeStream {
         mut targets: watch::Receiver<Vec<Arc<Target>>>,
         stop: CancellationToken,
     ) {
+        self.budget
+            .keep_for_probes(super::budget::ProbeAllowance::of(&self.config));
         let builder = match PromptBuilder::new(
             Arc::clone(&self.tokens),
             PromptConfig::with_salt(self.run_salt),
@@ -119,12 +123,12 @@ impl ProbeStream {
             osl: *self.config.osl,
         };
         let labels = RequestLabels::new(&target.name, target.mode, PROBE_WORKLOAD);
-        // Within the operator's traffic budget like every other request; a spent hour skips it.
+        // Paced to `max_rps` with every other send, and booked on the probe stream's own
+        // allowance: a spent hour pauses the steps, never the probes.
         let grant = tokio::select! {
-            grant = self.budget.acquire(&target.name, request.osl) => grant,
-            _ = stop.cancelled() => None,
+            grant = self.budget.acquire_probe(&target.name, request.osl) => grant,
+            _ = stop.cancelled() => return,
         };
-        let Some(grant) = grant else { return };
         tokio::select! {
             _ = tokio::time::sleep_until(grant.at) => {}
             _ = stop.cancelled() => return,

@@ -4,12 +4,14 @@
 //!
 //! Layers, bottom up: [`kv`] (block pool and prefix cache), [`profile`] (pass timing, GPUs, model
 //! KV footprint), [`engine`] (one worker's pass loop), [`cluster`] (pools, router, handoff), and
-//! the HTTP server (`server`, `metrics`, `faults`); [`variability`] scales every pass by the
+//! the HTTP server (`server`, `metrics`, `faults`); [`estimate`] reads the same timing model to
+//! say how long a request will take before any is sent; [`variability`] scales every pass by the
 //! deployment's run-to-run speed. The engine only uses tokio time, so a
 //! `#[tokio::test(start_paused = true)]` test drives a [`Cluster`] in virtual time.
 
 pub mod cluster;
 pub mod engine;
+pub mod estimate;
 mod faults;
 pub mod kv;
 mod metrics;

@@ -8,7 +8,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measure::stats::Interval;
+use crate::measure::stats::{Interval, t_999};
+
+/// Past runs a baseline term needs before its run-to-run range can be told: with fewer, a
+/// comparison with it cannot fail (docs/SLO.md, "Run-to-run variation"). Eight runs of a
+/// deployment with a slow mode one run in five show it with 83 % probability, and a false page
+/// then needs that mode's first two runs in a row.
+pub const MIN_SPREAD_RUNS: usize = 8;
 
 /// Entries older than this are dropped: the longest baseline span anyone should need.
 const MAX_AGE_SECONDS: f64 = 8.0 * 86_400.0;
@@ -34,6 +40,26 @@ impl Entry {
             lower: self.lower,
             upper: self.upper,
         }
+    }
+}
+
+/// How one baseline term's value moved from run to run: every cycle in the span, failing ones
+/// included (a run the SLO failed in still shows how far runs move).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSpread {
+    pub runs: usize,
+    pub mean: f64,
+    /// The sample standard deviation of the runs' values.
+    pub sd: f64,
+}
+
+impl RunSpread {
+    /// The two-sided 99.8 % prediction interval of the next run's value under the runs so far
+    /// (mean ± t₉₉.₉ · sd · √(1 + 1/n)): a run outside it moved more than runs move.
+    pub fn prediction(&self) -> (f64, f64) {
+        let n = self.runs as f64;
+        let half = t_999(self.runs.saturating_sub(1)) * self.sd * (1.0 + 1.0 / n).sqrt();
+        (self.mean - half, self.mean + half)
     }
 }
 
@@ -109,6 +135,42 @@ impl BaselineStore {
             estimate: mean(|e| e.estimate),
             lower: mean(|e| e.lower),
             upper: mean(|e| e.upper),
+        })
+    }
+
+    /// How `key` moved over the cycles that ended in the last `span_seconds` before the newest
+    /// one, failing ones included, less the ⌊n/20⌋ highest and lowest; `None` without any.
+    ///
+    /// The newest cycle is left out: it is either the run being judged (held until its step
+    /// runs again) or the run before it, the first of the two a fail needs, and a regression's
+    /// first run must not widen the range its second is judged against.
+    pub fn spread(&self, key: &str, now_unix: f64, span_seconds: f64) -> Option<RunSpread> {
+        let entries = self.terms.get(key)?;
+        let before_newest = &entries[..entries.len().saturating_sub(1)];
+        let mut values: Vec<f64> = before_newest
+            .iter()
+            .filter(|e| now_unix - e.cycle_end_unix <= span_seconds && e.estimate.is_finite())
+            .map(|e| e.estimate)
+            .collect();
+        if values.is_empty() {
+            return None;
+        }
+        // A 5 % trimmed spread: one stray run (an outage's, a restart's) does not widen the
+        // range for a day; a mode that runs keep returning to is many runs, and stays.
+        values.sort_by(f64::total_cmp);
+        let trim = values.len() / 20;
+        let values = &values[trim..values.len() - trim];
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let sd = if values.len() < 2 {
+            0.0
+        } else {
+            (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+        };
+        Some(RunSpread {
+            runs: values.len(),
+            mean,
+            sd,
         })
     }
 
@@ -204,6 +266,45 @@ mod tests {
         assert_eq!(store.len("k"), 3);
         let b = store.lookup("k", 3000.0, 86_400.0).unwrap();
         assert!((b.estimate - 1.5).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn the_run_spread_counts_failing_runs_and_predicts_the_next() {
+        let mut store = BaselineStore::in_memory();
+        assert_eq!(store.spread("k", 0.0, 86_400.0), None);
+        // A bimodal deployment: 51 or 71 ms from run to run; one run failed.
+        for (i, v) in [0.051, 0.071, 0.051, 0.071].into_iter().enumerate() {
+            store.record(
+                "k",
+                Entry {
+                    failing: i == 3,
+                    ..entry(1000.0 * (i + 1) as f64, v)
+                },
+            );
+        }
+        // The newest run is the one judged (or the first of two): left out of its own range.
+        store.record("k", entry(5000.0, 0.5));
+        let s = store.spread("k", 5000.0, 86_400.0).unwrap();
+        assert_eq!(s.runs, 4);
+        assert!((s.mean - 0.061).abs() < 1e-12, "{s:?}");
+        let (lo, hi) = s.prediction();
+        // Both modes are runs like the others; four runs leave the range wide (t at 3 degrees
+        // of freedom), and it narrows as runs accrue.
+        assert!(lo < 0.051 && hi > 0.071 && hi < 0.2, "{lo} {hi}");
+        for i in 5..33 {
+            store.record("k", entry(1000.0 * (i + 1) as f64, [0.051, 0.071][i % 2]));
+        }
+        let (_, hi) = store.spread("k", 33_000.0, 86_400.0).unwrap().prediction();
+        assert!(hi > 0.071 && hi < 0.071 * 1.5, "{hi}");
+        // Identical runs: any other value is outside.
+        let mut flat = BaselineStore::in_memory();
+        for i in 0..5 {
+            flat.record("k", entry(i as f64, 0.05));
+        }
+        let (lo, hi) = flat.spread("k", 5.0, 86_400.0).unwrap().prediction();
+        assert_eq!((lo, hi), (0.05, 0.05));
+        // Runs older than the span leave it.
+        assert_eq!(store.spread("k", 1e9, 86_400.0), None);
     }
 
     #[test]

@@ -2,16 +2,17 @@
 //! that carries every value's 95 % confidence interval through functions, arithmetic and fits
 //! conservatively.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::config::SaturatedSteps;
 pub use crate::measure::stats::{Interval, wilson};
-use crate::measure::stats::{Z_95, poisson_rate, r2_interval, slope_interval};
+use crate::measure::stats::{Z_95, poisson_rate, r2_interval, samples_to_bound, slope_interval};
 
 use super::ast::*;
-use super::baseline::BaselineStore;
+use super::baseline::{BaselineStore, MIN_SPREAD_RUNS};
 pub use super::store::{
     Folding, RequestSample, StepRecord, StepSamples, Store, Totals, Want, label_value,
     labels_match, objectives_key,
@@ -42,6 +43,9 @@ pub struct Ctx<'a> {
     pub min_samples: u64,
     pub now: Instant,
     pub now_unix: f64,
+    /// Why a value or comparison decided less than its numbers suggest (an unbounded quantile,
+    /// a run inside its baseline's run-to-run range), for the status's reason.
+    pub notes: RefCell<Vec<String>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -64,6 +68,14 @@ impl<'a> Ctx<'a> {
             min_samples: def.min_samples,
             now,
             now_unix,
+            notes: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn note(&self, note: String) {
+        let mut notes = self.notes.borrow_mut();
+        if !notes.contains(&note) {
+            notes.push(note);
         }
     }
 }
@@ -126,7 +138,13 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
         Cond::Cmp(op, a, b) => {
             let lhs = value(ctx, a)?;
             let rhs = value(ctx, b)?;
-            let verdict = compare(*op, lhs, rhs);
+            let mut verdict = compare(*op, lhs, rhs);
+            if verdict == Truth::False && !moved_past_its_runs(ctx, a)? {
+                verdict = Truth::Unknown;
+            }
+            if verdict == Truth::False && !moved_past_its_runs(ctx, b)? {
+                verdict = Truth::Unknown;
+            }
             sides.push(Side {
                 op: *op,
                 lhs,
@@ -151,6 +169,49 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
                 _ => Truth::Unknown,
             })
         }
+    }
+}
+
+/// Whether every rolling baseline term inside `v` now reads a value outside the range its own
+/// past runs predict (`baselines::RunSpread::prediction`): a comparison with a baseline fails
+/// only then, so that a run that moves no more than runs move never pages, however narrow its
+/// own interval (docs/SLO.md, "Run-to-run variation"). A term with fewer than
+/// [`MIN_SPREAD_RUNS`] past runs has no known range yet, and cannot fail. Pinned baselines keep
+/// no runs: their comparisons decide on the intervals alone.
+fn moved_past_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
+    match v {
+        Value::Baseline(inner, BaselineRef::Span(span)) => {
+            let key = baseline_key(ctx.slo, inner);
+            let runs = ctx.cycle_baselines.spread(&key, ctx.now_unix, *span);
+            let runs = match runs {
+                Some(r) if r.runs >= MIN_SPREAD_RUNS => r,
+                other => {
+                    ctx.note(format!(
+                        "{v}: {} past runs, {MIN_SPREAD_RUNS} needed before a run can fail against it (how far runs move is not known yet)",
+                        other.map_or(0, |r| r.runs)
+                    ));
+                    return Ok(false);
+                }
+            };
+            let now = value(ctx, inner)?.estimate;
+            let (lo, hi) = runs.prediction();
+            if (lo..=hi).contains(&now) {
+                ctx.note(format!(
+                    "{inner} is {now:.6}, inside the range its last {} runs predict [{lo:.6}, {hi:.6}]: runs move that much on this deployment",
+                    runs.runs
+                ));
+                return Ok(false);
+            }
+            Ok(true)
+        }
+        Value::Baseline(_, BaselineRef::Pinned(_))
+        | Value::Number(_)
+        | Value::Duration(_)
+        | Value::Agg(..)
+        | Value::Scalar(_)
+        | Value::Goodput(..) => Ok(true),
+        Value::Fit(_, inner, _) | Value::Neg(inner) => moved_past_its_runs(ctx, inner),
+        Value::Binary(_, a, b) => Ok(moved_past_its_runs(ctx, a)? && moved_past_its_runs(ctx, b)?),
     }
 }
 
@@ -233,10 +294,29 @@ pub fn baseline_key(slo: &str, inner: &Value) -> String {
     format!("{slo}|{inner}")
 }
 
+/// Quantiles from here up are tails: a run of a step rarely holds the samples that bound them,
+/// so their series keep earlier runs to pool (`Store::distribution`).
+const TAIL_QUANTILE: f64 = 0.9;
+
+/// The samples `agg` pools runs up to: a tail quantile's bounded size, else 0 (no pooling).
+pub fn pool_need(agg: Agg) -> u64 {
+    match agg {
+        Agg::Quantile(pct) if pct / 100.0 >= TAIL_QUANTILE => {
+            samples_to_bound(pct / 100.0).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
 fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insufficient> {
-    let snap = ctx
-        .store
-        .distribution(sel.measure, &sel.matchers, ctx.window, ctx.steps, ctx.now);
+    let snap = ctx.store.distribution(
+        sel.measure,
+        &sel.matchers,
+        ctx.window,
+        ctx.steps,
+        ctx.now,
+        pool_need(agg),
+    );
     let n = snap.count();
     let window_secs = ctx.window.as_secs_f64();
     match agg {
@@ -258,6 +338,14 @@ fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insuff
                 .ok_or_else(|| Insufficient {
                     reason: format!("{sel}: no samples"),
                 })?;
+            if q.lower.is_none() || q.upper.is_none() {
+                let need =
+                    samples_to_bound(pct / 100.0).map_or("more".to_owned(), |n| format!("≥ {n}"));
+                ctx.note(format!(
+                    "{}: {need} samples bound its interval on both sides, {n} read (its window and the held runs it pools)",
+                    Value::Agg(agg, sel.clone()),
+                ));
+            }
             Ok(Interval {
                 estimate: q.estimate,
                 lower: q.lower.unwrap_or(0.0),

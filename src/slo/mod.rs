@@ -1,12 +1,14 @@
 //! The SLO engine (docs/DESIGN.md §7): the expression language ([`ast`], [`parse`]), statistical
 //! evaluation over sliding HDR windows ([`eval`]), verdicts with `for` hysteresis ([`verdict`]),
 //! baselines from the target's own past ([`baseline`]), the running engine that publishes
-//! `llm_canary_slo_*` ([`engine`]) and the Prometheus rules generator ([`rules`]).
+//! `llm_canary_slo_*` ([`engine`]) and the Prometheus rules generator ([`rules`]), which leads
+//! every file with the canary's own health alerts ([`health`]).
 
 pub mod ast;
 pub mod baseline;
 pub mod engine;
 pub mod eval;
+pub mod health;
 mod lex;
 pub mod parse;
 mod promql;
@@ -22,7 +24,7 @@ use std::time::Duration;
 use crate::config::{At, Config, Diagnostic, SaturatedSteps, Severity, SloConfig};
 use crate::workload::sampler::log2_bucket;
 
-pub use ast::{Cond, Measure, Selector, Value};
+pub use ast::{Agg, Cond, Measure, Selector, Value};
 pub use engine::{SloEngine, SloPublisher, StateChangeHook};
 pub use parse::{ParseError, parse_condition, parse_sli};
 pub use verdict::{SloReading, SloState};
@@ -111,6 +113,31 @@ impl SloDef {
                 ast::format_duration(period.as_secs_f64())
             ),
         }
+    }
+
+    /// The quantiles its expression reads, in percent (`p99` → 99), each once.
+    pub fn quantiles(&self) -> Vec<f64> {
+        fn walk(v: &Value, out: &mut Vec<f64>) {
+            match v {
+                Value::Agg(Agg::Quantile(pct), _) if !out.contains(pct) => out.push(*pct),
+                Value::Fit(_, v, _) | Value::Baseline(v, _) | Value::Neg(v) => walk(v, out),
+                Value::Binary(_, a, b) => {
+                    walk(a, out);
+                    walk(b, out);
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        if let SloKind::Expr(c) = &self.kind {
+            let mut cmps = Vec::new();
+            c.comparisons(&mut cmps);
+            for (_, a, b) in cmps {
+                walk(a, &mut out);
+                walk(b, &mut out);
+            }
+        }
+        out
     }
 
     /// Every selector the SLO reads (a burn-rate SLO's one, or each side's of every comparison).

@@ -5,14 +5,65 @@
 use serde_json::{Value as Json, json};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::config::SaturatedSteps;
 
 use super::ast::{BaselineRef, Cond, Objective, Value};
-use super::eval::{self, Ctx, Interval, Side, Truth, Want};
-use super::verdict::{Raw, SloReading, SloState};
+use super::eval::{self, Ctx, Interval, Side, Store, Truth, Want};
+use super::verdict::{Raw, RunGate, SloReading, SloState};
 use super::{SloDef, SloKind};
 
-pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Objective>>) {
+/// The reason of an SLO whose evaluations have all been borderline so far.
+const BORDERLINE: &str = "borderline: the sides' confidence intervals overlap (see `comparisons`), \
+     so neither pass nor fail is clear yet; the state changes at the first clear verdict that \
+     holds for `for`";
+
+/// Why an SLO whose data suffices has no verdict yet: what held the evaluation back (an
+/// unbounded quantile, a run inside its baseline's run-to-run range, a first failing run
+/// waiting for the next), else overlapping intervals.
+pub(super) fn undecided_reason(ctx: &Ctx<'_>, gate: &RunGate) -> String {
+    let mut why: Vec<String> = ctx.notes.borrow().clone();
+    if gate.waiting() {
+        why.push(
+            "this run fails clearly; a fail needs the next run to fail too (one slow run does not page)"
+                .to_owned(),
+        );
+    }
+    if why.is_empty() {
+        BORDERLINE.to_owned()
+    } else {
+        format!("no clear verdict yet: {}", why.join("; "))
+    }
+}
+
+/// When the data `d` reads was measured: the newest step of its stalest selector (how old its
+/// data is) and the newest step of any (which run it judges).
+pub(super) fn data_times(store: &Store, d: &SloDef) -> (Option<Instant>, Option<Instant>) {
+    let newest: Option<Vec<Instant>> = d
+        .selectors()
+        .iter()
+        .map(|sel| store.newest(&sel.matchers, d.saturated_steps))
+        .collect();
+    let newest = newest.unwrap_or_default();
+    (newest.iter().min().copied(), newest.iter().max().copied())
+}
+
+/// What the stores of the SLO engine keep for a set of definitions.
+pub(super) struct Reads {
+    /// The distributions of the sliding store.
+    pub(super) wants: Vec<Want>,
+    /// The distributions of the cycle's store (inside `baseline(…)`).
+    pub(super) cycle_wants: Vec<Want>,
+    /// The goodput objective sets and burn-rate SLIs whose good requests are counted.
+    pub(super) objective_sets: Vec<Vec<Objective>>,
+    /// How long the sliding store keeps step totals: the longest window of any SLO. A burn-rate
+    /// SLO reads step totals only, so no distribution names its window, and it must count here
+    /// or its window is cut to the longest comparison window.
+    pub(super) keep: Duration,
+}
+
+pub(super) fn wants_of(defs: &[SloDef]) -> Reads {
     let mut w = Wanted::default();
     for d in defs {
         match &d.kind {
@@ -35,8 +86,16 @@ pub(super) fn wants_of(defs: &[SloDef]) -> (Vec<Want>, Vec<Want>, Vec<Vec<Object
             }]),
         }
     }
-    (w.wants, w.cycle_wants, w.objective_sets)
+    Reads {
+        wants: w.wants,
+        cycle_wants: w.cycle_wants,
+        objective_sets: w.objective_sets,
+        keep: defs.iter().map(|d| d.window).max().unwrap_or(DEFAULT_KEEP),
+    }
 }
+
+/// How long step totals are kept when no SLO says (there is none to read them).
+const DEFAULT_KEEP: Duration = Duration::from_secs(3600);
 
 /// What the SLOs' expressions read: the distributions of the sliding store, those of the
 /// cycle's store (inside `baseline(…)`), and the goodput objective sets.
@@ -51,12 +110,13 @@ impl Wanted {
     /// Gathers what `v` reads over `window` from the steps `steps` selects.
     fn visit(&mut self, v: &Value, window: Duration, steps: SaturatedSteps, in_baseline: bool) {
         match v {
-            Value::Agg(_, sel) => {
+            Value::Agg(agg, sel) => {
                 let want = Want {
                     measure: sel.measure,
                     matchers: sel.matchers.clone(),
                     window,
                     steps,
+                    pool: eval::pool_need(*agg),
                 };
                 let list = if in_baseline {
                     &mut self.cycle_wants

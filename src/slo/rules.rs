@@ -8,12 +8,15 @@
 //! the verdict a `llm_canary:slo_compliant` record, and `LlmCanarySloFailingPromQL` (severity
 //! `info`) fires only where that disagrees with the daemon, or the daemon's verdict is gone.
 //! `LlmCanarySloNoData` fires on an SLO stuck without data for two cycles. Burn-rate SLOs become
-//! per-window error-ratio records and the multi-window multi-burn-rate alert pair.
+//! per-window error-ratio records and the multi-window multi-burn-rate alert pair. Every file
+//! starts with the canary's own health alerts (`slo::health`) and ends with those that need the
+//! cycle's length (a workload silent, an SLO's data stale), all with the routing labels.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::ast::*;
+use super::health::{HEALTH_ALERTS, HealthAlert};
 use super::promql::{
     DaemonOnly, Pq, RECORD_SIDE, compliance, le_label, prom_duration, prom_string, side_names,
     unexported,
@@ -29,6 +32,8 @@ pub const ALERT_FAILING_PROMQL: &str = "LlmCanarySloFailingPromQL";
 pub const ALERT_NO_DATA: &str = "LlmCanarySloNoData";
 /// A workload of the cycle sent no request for two cycles.
 pub const ALERT_WORKLOAD_SILENT: &str = "LlmCanaryWorkloadSilent";
+/// The newest data an SLO reads is older than two cycles.
+pub const ALERT_DATA_STALE: &str = "LlmCanarySloDataStale";
 /// The burn-rate alerts (severity `page` and `ticket`).
 pub const ALERT_BURN: &str = "LlmCanarySloErrorBudgetBurn";
 /// Recording rule of a comparison SLO's verdict: 1 holds, 0 does not (label `slo`).
@@ -36,8 +41,13 @@ pub const RECORD_COMPLIANT: &str = "llm_canary:slo_compliant";
 /// Prefix of the burn-rate error-ratio records; the window follows (`...:rate5m`).
 pub const RECORD_ERROR_RATIO: &str = "llm_canary:slo_error_ratio:rate";
 
-/// Where runbooks live when `alerting.runbook_base_url` says nothing: the project's docs.
-const DEFAULT_RUNBOOK_BASE: &str = "docs/";
+/// Where runbooks live when `alerting.runbook_base_url` says nothing: the project's docs in its
+/// repository (`repository` in Cargo.toml), absolute, as Alertmanager's receivers need a link
+/// they can open.
+pub const DEFAULT_RUNBOOK_BASE: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/");
+
+/// The name of the group of health alerts.
+const HEALTH_GROUP: &str = "llm-canary-health";
 
 /// What the generated alerts carry besides each SLO's own settings, and how long a cycle takes.
 #[derive(Debug, Clone, Default)]
@@ -149,12 +159,43 @@ fn plain(text: &str) -> String {
     text.replace("{{", "{ {").replace("}}", "} }")
 }
 
+/// The severity label, then the routing labels (`alerting.labels`), of an alert that belongs to
+/// no SLO.
+fn canary_labels(opts: &RulesOptions, severity: Severity) -> Vec<(String, String)> {
+    let mut labels = vec![("severity".to_owned(), severity.as_str().to_owned())];
+    // `check` refuses `severity` there.
+    labels.extend(opts.labels.clone());
+    labels
+}
+
+/// The canary's own health alerts (`slo::health`), with the routing labels and the runbook.
+fn health_group(opts: &RulesOptions) -> Group {
+    let alert = |a: &HealthAlert| Rule::Alert {
+        name: a.name.to_owned(),
+        expr: a.expr.to_owned(),
+        for_: a.for_,
+        labels: canary_labels(opts, a.severity),
+        annotations: vec![
+            ("summary".into(), a.summary.to_owned()),
+            ("description".into(), a.description.to_owned()),
+            (
+                "runbook_url".into(),
+                opts.runbook(None, "canary-health-alerts"),
+            ),
+        ],
+    };
+    Group {
+        name: HEALTH_GROUP.into(),
+        rules: HEALTH_ALERTS.iter().map(alert).collect(),
+    }
+}
+
 /// Alerts that need the cycle's length: a workload of the cycle that has sent nothing for two
-/// cycles (the schedule is stuck, or the workload was dropped from the cycle).
+/// cycles (the schedule is stuck, or the workload was dropped from the cycle), and an SLO whose
+/// newest data is older than two cycles (the steps it reads stopped running).
 fn cycle_group(opts: &RulesOptions) -> Group {
     let two = Duration::from_secs((opts.cycle * 2).as_secs().div_ceil(60).max(1) * 60);
-    let mut labels = vec![("severity".to_owned(), Severity::Warning.as_str().to_owned())];
-    labels.extend(opts.labels.clone());
+    let labels = canary_labels(opts, Severity::Warning);
     Group {
         name: "llm-canary-cycle".into(),
         rules: vec![Rule::Alert {
@@ -180,7 +221,39 @@ fn cycle_group(opts: &RulesOptions) -> Group {
                 ),
                 ("runbook_url".into(), opts.runbook(None, "canary-health-alerts")),
             ],
-        }],
+        }, stale_alert(opts, two)],
+    }
+}
+
+/// An SLO whose newest data is older than `two` cycles: the steps it selects no longer run, so
+/// its verdict (held, docs/SLO.md "verdicts across the cycle") describes the past. Data age
+/// stands still while the traffic is held, and the alert is silent then.
+fn stale_alert(opts: &RulesOptions, two: Duration) -> Rule {
+    Rule::Alert {
+        name: ALERT_DATA_STALE.into(),
+        expr: format!(
+            "max by (slo) (llm_canary_slo_data_age_seconds) > {} unless on() (max(llm_canary_paused) == 1)",
+            two.as_secs()
+        ),
+        for_: Duration::from_secs(300),
+        labels: canary_labels(opts, Severity::Warning),
+        annotations: vec![
+            (
+                "summary".into(),
+                "SLO {{ $labels.slo }} reads data older than two cycles".into(),
+            ),
+            (
+                "description".into(),
+                format!(
+                    "The newest step SLO {{{{ $labels.slo }}}} reads ended {{{{ $value | humanizeDuration }}}} ago, more than two cycles (up to {} each): the steps it selects no longer run (skipped by the budget, cut by pauses or window ends, or gone from the cycle), so its verdict describes the past. /api/v1/status shows the SLO's data age and the budget's actions.",
+                    prom_duration(opts.cycle)
+                ),
+            ),
+            (
+                "runbook_url".into(),
+                opts.runbook(None, "an-slo-without-data"),
+            ),
+        ],
     }
 }
 
@@ -220,9 +293,9 @@ fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
                     "description".into(),
                     plain(&format!(
                         "The daemon's verdict on `{text}` is fail: its 95 % confidence interval \
-                         is on the failing side, and has been for {} (`for`). Value, interval \
-                         and threshold: llm_canary_slo_value{{slo=\"{}\"}} and /api/v1/status.",
-                        prom_duration(def.for_),
+                         is on the failing side{}. Value, interval and threshold: \
+                         llm_canary_slo_value{{slo=\"{}\"}} and /api/v1/status.",
+                        held_for(def.for_),
                         def.name
                     )),
                 ),
@@ -266,6 +339,15 @@ fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
             ]),
         },
     ]
+}
+
+/// How long a failing verdict held before it was one, as the description says it.
+fn held_for(for_: Duration) -> String {
+    if for_.is_zero() {
+        " (`for` is 0: the first evaluation that showed it decided)".to_owned()
+    } else {
+        format!(", and has been for {} (`for`)", prom_duration(for_))
+    }
 }
 
 fn expr_group(
@@ -508,7 +590,8 @@ fn render_groups(groups: &[Group], indent: usize, out: &mut String) {
     }
 }
 
-/// The rule file for `defs`. `source` names the config in the header (its file name, so the
+/// The rule file for `defs`: the canary's health alerts, each SLO's group, and the alerts that
+/// need the cycle's length. `source` names the config in the header (its file name, so the
 /// output does not depend on the working directory).
 pub fn generate(
     defs: &[SloDef],
@@ -517,7 +600,7 @@ pub fn generate(
     source: &str,
     format: Format,
 ) -> String {
-    let mut groups = Vec::new();
+    let mut groups = vec![health_group(opts)];
     let mut daemon_only = Vec::new();
     for d in defs {
         let mut rules = Vec::new();
@@ -545,48 +628,61 @@ pub fn generate(
     if !opts.cycle.is_zero() {
         groups.push(cycle_group(opts));
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# Generated by `llm-canary rules` from the SLOs of {source} — do not edit."
-    );
-    let _ = writeln!(
-        out,
-        "# Regenerate with `llm-canary rules --config {source}`. {ALERT_FAILING} pages on the daemon's"
-    );
-    let _ = writeln!(
-        out,
-        "# verdict (confidence intervals, `for`); the PromQL recomputation of each SLO reads at least"
-    );
-    let _ = writeln!(
-        out,
-        "# a whole cycle (up to {}) and only informs. docs/SLO.md explains both.",
-        prom_duration(opts.cycle)
-    );
+    let mut header = vec![
+        format!("Generated by `llm-canary rules` from the SLOs of {source} — do not edit."),
+        format!(
+            "Regenerate with `llm-canary rules --config {source}`. {ALERT_FAILING} pages on the daemon's"
+        ),
+        "verdict (confidence intervals, `for`); the PromQL recomputation of each SLO reads at least".to_owned(),
+        format!(
+            "a whole cycle (up to {}) and only informs. docs/SLO.md explains both. The canary's own",
+            prom_duration(opts.cycle)
+        ),
+        format!("health alerts come first ({HEALTH_GROUP}, as rules/canary-health.yaml has them)."),
+    ];
     for (name, why) in &daemon_only {
-        let _ = writeln!(
-            out,
-            "# SLO `{name}` {}: only the daemon's verdict alerts.",
+        header.push(format!(
+            "SLO `{name}` {}: only the daemon's verdict alerts.",
             why.reason()
-        );
+        ));
+    }
+    render(&header, &groups, "llm-canary-slos", format)
+}
+
+/// The canary's health alerts alone, with `opts`' routing labels and runbook base:
+/// `rules/canary-health.yaml` for a config without labels, for a Prometheus that loads no
+/// generated rule file (every generated file holds the same group).
+pub fn generate_health(opts: &RulesOptions, format: Format) -> String {
+    let header = [
+        "The canary's own health alerts, generated by `llm-canary rules --health` — do not edit.".to_owned(),
+        "A canary that is down, idle or overloaded measures nothing trustworthy, so these come first.".to_owned(),
+        "Every file `llm-canary rules` writes holds this group too, with the config's `alerting`".to_owned(),
+        "labels: load this one only where no generated file is loaded. The alerts that need the".to_owned(),
+        "config (each SLO's verdict, an SLO without data or with stale data, a workload silent for".to_owned(),
+        "two cycles) are in the generated files (rules/slo-seed-plan.yaml); tests in rules/tests/.".to_owned(),
+    ];
+    render(&header, &[health_group(opts)], "llm-canary-health", format)
+}
+
+/// The file: `header` as comments, then the groups, plain or in a PrometheusRule named `name`.
+fn render(header: &[String], groups: &[Group], name: &str, format: Format) -> String {
+    let mut out = String::new();
+    for line in header {
+        let _ = writeln!(out, "# {line}");
     }
     match format {
-        Format::Rules => render_groups(&groups, 0, &mut out),
+        Format::Rules => render_groups(groups, 0, &mut out),
         Format::PrometheusRule => {
             let _ = writeln!(out, "apiVersion: monitoring.coreos.com/v1");
             let _ = writeln!(out, "kind: PrometheusRule");
             let _ = writeln!(out, "metadata:");
-            let _ = writeln!(out, "  name: llm-canary-slos");
+            let _ = writeln!(out, "  name: {name}");
             let _ = writeln!(out, "  labels:");
             let _ = writeln!(out, "    app.kubernetes.io/name: llm-canary");
             let _ = writeln!(out, "    app.kubernetes.io/component: slo-rules");
             let _ = writeln!(out, "spec:");
-            render_groups(&groups, 2, &mut out);
+            render_groups(groups, 2, &mut out);
         }
-    }
-    if groups.is_empty() {
-        // `groups: []` keeps the file valid when every SLO is daemon-only (or there are none).
-        out = out.replace("groups:\n", "groups: []\n");
     }
     out
 }

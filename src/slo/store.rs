@@ -229,6 +229,9 @@ pub struct Want {
     pub matchers: Vec<Matcher>,
     pub window: Duration,
     pub steps: SaturatedSteps,
+    /// The samples a tail quantile read from it needs to be bounded (p99: 368); a series that
+    /// holds fewer pools its earlier runs up to that. 0: no tail quantile is read.
+    pub pool: u64,
 }
 
 /// A window holds the steps one choice of [`SaturatedSteps`] reads, so that each choice holds
@@ -239,12 +242,54 @@ type WindowKey = (RequestLabels, Measure, Duration, SaturatedSteps);
 /// smoothly samples leave the window.
 const SLOTS: usize = 6;
 
+/// Runs a series keeps for a tail quantile to pool, the latest included: the most a p99 over
+/// runs of about 50 samples needs to be bounded.
+const POOL_RUNS: usize = 8;
+
 /// One series' distribution of one measure: its sliding window, and the samples of its latest
-/// step, held for as long as the series exists.
+/// step, held for as long as the series exists; for a tail quantile also the runs before it.
 #[derive(Debug)]
 struct Series {
     window: SlidingWindow,
     latest: WindowSnapshot,
+    /// When the latest step ended.
+    latest_at: Option<Instant>,
+    /// The samples a tail quantile read from it needs (`Want::pool`); 0 keeps no earlier runs.
+    pool: u64,
+    /// The runs before the latest, newest first, with when they ended.
+    earlier: VecDeque<(Instant, WindowSnapshot)>,
+}
+
+impl Series {
+    fn new(window: SlidingWindow, latest: WindowSnapshot, pool: u64) -> Series {
+        Series {
+            window,
+            latest,
+            latest_at: None,
+            pool,
+            earlier: VecDeque::new(),
+        }
+    }
+
+    /// What a lookup reads at `now`: the steps inside `window`, or the latest, held; then, while
+    /// fewer than `need` samples, the runs before them, newest first (a tail quantile pools
+    /// runs until it can be bounded).
+    fn read(&self, now: Instant, window: Duration, need: u64) -> WindowSnapshot {
+        let inside = self.window.snapshot(now);
+        let held = inside.is_empty();
+        let mut read = if held { self.latest.clone() } else { inside };
+        for (at, run) in &self.earlier {
+            if read.count() >= need {
+                break;
+            }
+            // Runs still inside the window are read already.
+            if held || now.saturating_duration_since(*at) > window {
+                // Same scale by construction.
+                let _ = read.merge(run);
+            }
+        }
+        read
+    }
 }
 
 /// The measurements the SLOs read: per-series sliding windows of the distributions some SLO
@@ -274,13 +319,11 @@ pub struct Store {
 const CYCLE_SPAN: Duration = Duration::from_secs(400 * 86_400);
 
 impl Store {
-    /// A store of sliding windows for `wants`, counting good requests for `objective_sets`.
-    pub fn sliding(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>) -> Store {
-        let keep = wants
-            .iter()
-            .map(|w| w.window)
-            .max()
-            .unwrap_or(Duration::from_secs(3600));
+    /// A store of sliding windows for `wants`, counting good requests for `objective_sets`, that
+    /// keeps step totals for `keep`: the longest window any lookup may ask for (a burn-rate
+    /// SLO's reads totals only, so it is not among the wants' windows).
+    pub fn sliding(wants: Vec<Want>, objective_sets: Vec<Vec<Objective>>, keep: Duration) -> Store {
+        let keep = wants.iter().map(|w| w.window).fold(keep, Duration::max);
         Store::empty(wants, objective_sets, keep, None)
     }
 
@@ -362,13 +405,14 @@ impl Store {
         now: Instant,
         distributions: bool,
     ) {
-        let mut targets: HashSet<(Measure, Duration, SaturatedSteps)> = HashSet::new();
+        let mut targets: HashMap<(Measure, Duration, SaturatedSteps), u64> = HashMap::new();
         for w in self.wants.iter().filter(|_| distributions) {
             if w.steps.accepts(record.saturated) && labels_match(&record.labels, &w.matchers) {
-                targets.insert((w.measure, w.window, w.steps));
+                let pool = targets.entry((w.measure, w.window, w.steps)).or_default();
+                *pool = (*pool).max(w.pool);
             }
         }
-        for (measure, window, steps) in targets {
+        for ((measure, window, steps), pool) in targets {
             let key = (record.labels.clone(), measure, window, steps);
             let slots = if self.fixed.is_some() { 1 } else { SLOTS };
             let series = match self.windows.entry(key) {
@@ -380,15 +424,28 @@ impl Store {
                         scale: ValueScale::SECONDS,
                     };
                     match SlidingWindow::new(config, now) {
-                        Ok(w) => e.insert(Series {
-                            window: w,
-                            latest: WindowSnapshot::empty(ValueScale::SECONDS),
-                        }),
+                        Ok(w) => e.insert(Series::new(
+                            w,
+                            WindowSnapshot::empty(ValueScale::SECONDS),
+                            pool,
+                        )),
                         // Only a zero window fails, which validation rejects.
                         Err(_) => continue,
                     }
                 }
             };
+            let previous = std::mem::replace(
+                &mut series.latest,
+                WindowSnapshot::empty(ValueScale::SECONDS),
+            );
+            if let Some(at) = series
+                .latest_at
+                .filter(|_| series.pool > 0 && !previous.is_empty())
+            {
+                series.earlier.push_front((at, previous));
+                series.earlier.truncate(POOL_RUNS - 1);
+            }
+            series.latest_at = Some(now);
             series.latest = match samples.values(measure) {
                 Some(values) => {
                     series
@@ -418,7 +475,8 @@ impl Store {
     }
 
     /// The merged samples of `measure` over every series matching `matchers`, in `window`, of
-    /// the steps `steps` reads.
+    /// the steps `steps` reads; a series with fewer than `need` samples there adds its earlier
+    /// runs while it has them (tail quantiles, [`Want::pool`]).
     pub fn distribution(
         &self,
         measure: Measure,
@@ -426,6 +484,7 @@ impl Store {
         window: Duration,
         steps: SaturatedSteps,
         now: Instant,
+        need: u64,
     ) -> WindowSnapshot {
         let window = self.key_window(window);
         let mut merged = WindowSnapshot::empty(ValueScale::SECONDS);
@@ -433,14 +492,8 @@ impl Store {
             if *m == measure && *w == window && *s == steps && labels_match(labels, matchers) {
                 // A step's samples are recorded at its end, so they leave the window together:
                 // an empty window means the latest step has left it, and it is held.
-                let inside = series.window.snapshot(now);
-                let read = if inside.is_empty() {
-                    &series.latest
-                } else {
-                    &inside
-                };
                 // Same scale by construction.
-                let _ = merged.merge(read);
+                let _ = merged.merge(&series.read(now, window, need));
             }
         }
         merged
@@ -592,15 +645,20 @@ impl Store {
             let window = self.key_window(Duration::from_secs_f64(h.window_seconds));
             let l = labels(&h.labels);
             let steps = h.saturated_steps;
-            let wanted = self.wants.iter().any(|w| {
-                w.measure == measure
-                    && w.window == window
-                    && w.steps == steps
-                    && labels_match(&l, &w.matchers)
-            });
-            if !wanted {
+            let Some(pool) = self
+                .wants
+                .iter()
+                .filter(|w| {
+                    w.measure == measure
+                        && w.window == window
+                        && w.steps == steps
+                        && labels_match(&l, &w.matchers)
+                })
+                .map(|w| w.pool)
+                .max()
+            else {
                 continue;
-            }
+            };
             let slots = if self.fixed.is_some() { 1 } else { SLOTS };
             let config = WindowConfig {
                 window,
@@ -610,13 +668,13 @@ impl Store {
             let Ok(sliding) = SlidingWindow::new(config, now) else {
                 continue;
             };
-            self.windows.insert(
-                (l, measure, window, steps),
-                Series {
-                    window: sliding,
-                    latest: WindowSnapshot::from_units(ValueScale::SECONDS, &h.values),
-                },
+            let mut series = Series::new(
+                sliding,
+                WindowSnapshot::from_units(ValueScale::SECONDS, &h.values),
+                pool,
             );
+            series.latest_at = Some(instant(h.at_unix));
+            self.windows.insert((l, measure, window, steps), series);
         }
     }
 }

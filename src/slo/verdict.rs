@@ -60,6 +60,8 @@ pub struct Verdict {
     pub since_unix: f64,
     /// A clear verdict different from the state, and since when it has held.
     pending: Option<(SloState, Instant)>,
+    /// Comparison SLOs: a fail needs two runs in a row.
+    pub gate: RunGate,
 }
 
 impl Verdict {
@@ -70,6 +72,7 @@ impl Verdict {
             since: now,
             since_unix: now_unix,
             pending: None,
+            gate: RunGate::default(),
         }
     }
 
@@ -82,6 +85,7 @@ impl Verdict {
             since: now.checked_sub(age).unwrap_or(now),
             since_unix,
             pending: None,
+            gate: RunGate::default(),
         }
     }
 
@@ -142,10 +146,70 @@ impl Verdict {
     }
 }
 
+/// Two runs before a fail: a comparison SLO changes to `fail` only when two consecutive runs
+/// of its data fail clearly, so one run that a batch phase, a cache state or a noisy neighbour
+/// made slow never pages, while a regression pages at its second run. A run is the data as of
+/// the newest step the SLO reads: a new step ending starts the next. A clear pass needs one run
+/// (a reset is not held back). Kept in memory: after a restart the next fail needs two runs
+/// again (a restored `fail` holds meanwhile).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunGate {
+    /// The newest step of the run being judged.
+    run: Option<Instant>,
+    /// That run's latest evaluation was a clear fail.
+    failing: bool,
+    /// The run before it ended on a clear fail.
+    previous_failing: bool,
+}
+
+impl RunGate {
+    /// `raw` of the run whose newest step ended at `run`, held back to borderline when it is the
+    /// first of the runs failing in a row.
+    pub fn apply(&mut self, raw: Raw, run: Option<Instant>) -> Raw {
+        if run != self.run {
+            if self.run.is_some() {
+                self.previous_failing = self.failing;
+            }
+            self.run = run;
+        }
+        self.failing = raw == Raw::Fail;
+        if raw == Raw::Fail && !self.previous_failing {
+            Raw::Borderline
+        } else {
+            raw
+        }
+    }
+
+    /// The current run fails and waits for the next one to confirm it.
+    pub fn waiting(&self) -> bool {
+        self.failing && !self.previous_failing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::time::advance;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fail_needs_two_runs_in_a_row_and_a_pass_one() {
+        let mut gate = RunGate::default();
+        let run = |s: u64| Some(Instant::now() + Duration::from_secs(s));
+        // One slow run: held back, however many times it is evaluated.
+        assert_eq!(gate.apply(Raw::Fail, run(1)), Raw::Borderline);
+        assert!(gate.waiting());
+        assert_eq!(gate.apply(Raw::Fail, run(1)), Raw::Borderline);
+        // A good run between two slow ones starts over.
+        assert_eq!(gate.apply(Raw::Pass, run(2)), Raw::Pass);
+        assert_eq!(gate.apply(Raw::Fail, run(3)), Raw::Borderline);
+        // The second slow run in a row fails, and so does every evaluation of it.
+        assert_eq!(gate.apply(Raw::Fail, run(4)), Raw::Fail);
+        assert_eq!(gate.apply(Raw::Fail, run(4)), Raw::Fail);
+        assert!(!gate.waiting());
+        // Missing data and a pass pass through at once.
+        assert_eq!(gate.apply(Raw::Insufficient, run(5)), Raw::Insufficient);
+        assert_eq!(gate.apply(Raw::Pass, run(6)), Raw::Pass);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn for_delays_a_change_and_borderline_holds() {
