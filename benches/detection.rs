@@ -137,6 +137,14 @@ struct Run {
 }
 
 impl Run {
+    /// When the learning cycles ended: the start of cycle `before`.
+    fn learned(&self, before: u64) -> f64 {
+        self.cycle_starts
+            .get(before as usize)
+            .copied()
+            .unwrap_or(self.run_end)
+    }
+
     /// The mean length of a cycle, simulated seconds.
     fn cycle(&self, nominal: f64) -> f64 {
         match self.cycle_starts.as_slice() {
@@ -254,7 +262,7 @@ fn probe_stream(runner: &Runner, setup: &Setup, gate: Arc<Gate>) -> ProbeStream 
 
 /// Stops sending when the cycle after the scenario's last one starts (cutting its first step,
 /// which no verdict then reads): after as many cycles as the first one's length calls for, and
-/// no sooner than the seed-plan time the scenario must cover. Returns the cycles completed.
+/// no sooner than the seed-plan time the scenario must cover after its learning cycles. Returns the cycles completed.
 async fn stop_after_the_last_cycle(
     sc: &scenarios::Scenario,
     shape: &plan::Shape,
@@ -262,17 +270,22 @@ async fn stop_after_the_last_cycle(
     stop: &Shutdown,
 ) -> u64 {
     let mut starts = log.cycles.subscribe();
-    let (first, cycle) = {
+    let cycle = {
         let v = starts
             .wait_for(|v| v.len() >= 2)
             .await
             .expect("the log lives");
-        (v[0], (v[1] - v[0]).as_secs_f64() * shape.scale)
+        (v[1] - v[0]).as_secs_f64() * shape.scale
     };
     let total = sc.cycles(cycle);
     let covers = Duration::from_secs_f64(sc.min_seed_seconds / shape.scale);
+    let learned = sc.before as usize;
     let v = starts
-        .wait_for(|v| v.len() as u64 > total && v.last().is_some_and(|t| *t - first >= covers))
+        .wait_for(|v| {
+            v.len() as u64 > total
+                && v.len() > learned
+                && v.last().is_some_and(|t| *t - v[learned] >= covers)
+        })
         .await
         .expect("the log lives");
     let done = v.len() as u64 - 1;
@@ -392,6 +405,7 @@ fn scores(sc: &scenarios::Scenario, shape: &plan::Shape, run: &Run) -> Vec<(Stri
         due: run.injected.map(|t| t + sc.due_after / shape.scale),
         end: run.ended,
         run_end: run.run_end,
+        learned: run.learned(sc.before),
     };
     shape
         .slos

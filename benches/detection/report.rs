@@ -14,8 +14,9 @@ fn met(ok: bool) -> &'static str {
 }
 
 /// Seed-plan days a run covered.
-fn days(shape: &Shape, run: &Run) -> f64 {
-    shape.seed_seconds(run.run_end) / 86_400.0
+/// The seed-plan days a run scored: from the end of its learning cycles to its end.
+fn days(shape: &Shape, run: &Run, sc: &Scenario) -> f64 {
+    shape.seed_seconds(run.run_end - run.learned(sc.before)) / 86_400.0
 }
 
 fn cycles(seconds: Option<f64>, cycle: f64) -> Option<f64> {
@@ -95,13 +96,15 @@ pub fn scenario(
     json: &Option<String>,
 ) {
     let cycle = run.cycle(shape.cycle);
-    let d = days(shape, run);
+    let d = days(shape, run, sc);
     println!("\n== {}: {}", sc.name, sc.what);
     println!(
-        "  {} cycles of {cycle:.1} s simulated ({:.1} min of the seed plan): {:.2} days of the \
-         seed plan; wall {:.0} s, {:.0} CPU-s, {} requests ({} of the probe stream)",
+        "  {} cycles of {cycle:.1} s simulated ({:.1} min of the seed plan), the first {} learning: \
+         {:.2} days of the seed plan scored; wall {:.0} s, {:.0} CPU-s, {} requests ({} of the \
+         probe stream)",
         run.cycles,
         shape.seed_seconds(cycle) / 60.0,
+        sc.before,
         d,
         run.wall,
         run.cpu,
@@ -124,15 +127,19 @@ pub fn scenario(
         met(alerts == goal)
     );
     println!(
-        "  | SLO | role | first verdict (cycle) | changes | false (per day) | goal 0 | caught \
-         | detection (cycles, goal <= {GOAL_CYCLES}) | reset (cycles, goal <= {GOAL_CYCLES}) |"
+        "  | SLO | role | first verdict (cycle) | changes learning | changes | false (per day) \
+         | goal 0 | caught | detection (cycles, goal <= {GOAL_CYCLES}) | reset (cycles, goal <= \
+         {GOAL_CYCLES}) |"
     );
-    println!("  | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: |");
+    println!("  | --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |");
     let mut quiet = 0;
     for (name, s) in scored {
         emit_json(json, score_json(sc, shape, run, name, s));
         let expected = s.role == Role::Expected;
-        if s.role == Role::Unaffected && s.changes == 0 && s.first_verdict.is_some() {
+        if s.role == Role::Unaffected
+            && s.changes + s.learning_changes == 0
+            && s.first_verdict.is_some()
+        {
             quiet += 1;
             continue;
         }
@@ -141,10 +148,11 @@ pub fn scenario(
             Some(c) => format!("{}/1 ({})", u8::from(c), met(c)),
         };
         println!(
-            "  | {name} | {} | {} | {} | {} ({:.2}) | {} | {caught} | {} | {} |",
+            "  | {name} | {} | {} | {} | {} | {} ({:.2}) | {} | {caught} | {} | {} |",
             role(s.role),
             s.first_verdict
                 .map_or("never".into(), |t| format!("{:.2}", t / cycle)),
+            s.learning_changes,
             s.changes,
             s.false_changes,
             s.false_changes as f64 / d,
@@ -159,7 +167,7 @@ pub fn scenario(
             ),
         );
     }
-    println!("  the other {quiet} SLOs: no change after their first verdict");
+    println!("  the other {quiet} SLOs: no change after their first verdict, learning included");
 }
 
 fn score_json(sc: &Scenario, shape: &Shape, run: &Run, slo: &str, s: &Score) -> serde_json::Value {
@@ -172,11 +180,13 @@ fn score_json(sc: &Scenario, shape: &Shape, run: &Run, slo: &str, s: &Score) -> 
         "scale": shape.scale,
         "cycles": run.cycles,
         "cycle_seconds_simulated": cycle,
-        "days": days(shape, run),
+        "days": days(shape, run, sc),
+        "learning_cycles": sc.before,
+        "learning_changes": s.learning_changes,
         "first_verdict_cycle": cycles(s.first_verdict, cycle),
         "changes": s.changes,
         "false_changes": s.false_changes,
-        "false_changes_per_day": s.false_changes as f64 / days(shape, run),
+        "false_changes_per_day": s.false_changes as f64 / days(shape, run, sc),
         "alerts": s.alerts,
         "caught": s.caught,
         "detection_cycles": cycles(s.detection, cycle),
@@ -191,6 +201,7 @@ fn score_json(sc: &Scenario, shape: &Shape, run: &Run, slo: &str, s: &Score) -> 
 #[derive(Default, Clone)]
 struct SloTotal {
     false_changes: usize,
+    learning_changes: usize,
     expected: usize,
     caught: usize,
     /// The slowest detection and reset, cycles; `f64::INFINITY`: one never came.
@@ -215,12 +226,13 @@ impl Totals {
         }
     }
 
-    pub fn add(&mut self, _sc: &Scenario, shape: &Shape, run: &Run, scored: &[(String, Score)]) {
+    pub fn add(&mut self, sc: &Scenario, shape: &Shape, run: &Run, scored: &[(String, Score)]) {
         let cycle = run.cycle(shape.cycle);
-        self.days += days(shape, run);
+        self.days += days(shape, run, sc);
         let worst = |a: Option<f64>, b: f64| Some(a.map_or(b, |a| a.max(b)));
         for ((_, total), (_, s)) in self.slos.iter_mut().zip(scored) {
             total.false_changes += s.false_changes;
+            total.learning_changes += s.learning_changes;
             if s.role != Role::Expected || run.injected.is_none() {
                 continue;
             }
@@ -237,14 +249,16 @@ impl Totals {
 
     pub fn print(&self, json: &Option<String>) {
         println!(
-            "\n== per SLO, over every scenario ({:.2} days of the seed plan)",
+            "\n== per SLO, over every scenario ({:.2} days of the seed plan scored, after each \
+             scenario's learning cycles)",
             self.days
         );
         println!(
-            "| SLO | false changes | per day (goal 0) | regressions caught | slowest detection \
-             (cycles, goal <= {GOAL_CYCLES}) | slowest reset (cycles, goal <= {GOAL_CYCLES}) |"
+            "| SLO | changes while learning | false changes | per day (goal 0) | regressions caught \
+             | slowest detection (cycles, goal <= {GOAL_CYCLES}) | slowest reset (cycles, goal <= \
+             {GOAL_CYCLES}) |"
         );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
         let show = |c: Option<f64>| match c {
             None => "-".to_owned(),
             Some(c) if c.is_infinite() => "never (MISSED)".to_owned(),
@@ -263,7 +277,8 @@ impl Totals {
                 )
             };
             println!(
-                "| {name} | {} | {per_day:.2} ({}) | {caught} | {} | {} |",
+                "| {name} | {} | {} | {per_day:.2} ({}) | {caught} | {} | {} |",
+                t.learning_changes,
                 t.false_changes,
                 met(t.false_changes == 0),
                 show(t.detection),
@@ -278,6 +293,7 @@ impl Totals {
                     "days": self.days,
                     "false_changes": t.false_changes,
                     "false_changes_per_day": per_day,
+                    "learning_changes": t.learning_changes,
                     "expected": t.expected,
                     "caught": t.caught,
                     "slowest_detection_cycles": t.detection.filter(|c| c.is_finite()),

@@ -11,6 +11,12 @@ use tokio::time::Instant;
 use super::alerting::Role;
 use super::plan::Shape;
 
+/// Cycles every scenario runs steady first: the engine learns how far this deployment's runs
+/// move (a rolling baseline needs `MIN_SPREAD_RUNS` earlier runs, the newest left out, before a
+/// run can fail against it). State changes in these cycles are shown apart, not scored: a mode
+/// the canary has not yet seen cannot be told from a regression.
+pub const LEARNING_CYCLES: u64 = llm_canary::slo::baseline::MIN_SPREAD_RUNS as u64 + 2;
+
 /// The deployments, in the seed plan's order of targets.
 pub const AGG: usize = 0;
 pub const DISAGG: usize = 1;
@@ -81,14 +87,14 @@ pub struct Scenario {
     pub name: &'static str,
     pub what: String,
     pub injection: Injection,
-    /// Steady cycles before the injection: verdicts and baselines settle.
+    /// Steady cycles before the injection: verdicts and baselines settle ([`LEARNING_CYCLES`]).
     pub before: u64,
     /// Seed-plan seconds into the first injected cycle at which the injection starts.
     pub offset: f64,
     pub lasts: Lasts,
     /// Cycles after the injection ended, for the verdicts to come back.
     pub after: u64,
-    /// Seed-plan seconds the run covers at least (in whole cycles).
+    /// Seed-plan seconds the run covers at least after its `before` cycles (in whole cycles).
     pub min_seed_seconds: f64,
     /// Seed-plan seconds from the injection's start to when the ground truth calls it a
     /// regression to catch (0 but for a drift, which needs time to reach 20 %).
@@ -111,7 +117,7 @@ impl Scenario {
             Lasts::ToTheEnd => 0,
         };
         let planned = self.before + lasting + self.after;
-        let by_time = (self.min_seed_seconds / cycle).ceil() as u64;
+        let by_time = self.before + (self.min_seed_seconds / cycle).ceil() as u64;
         let by_due = match self.lasts {
             Lasts::ToTheEnd => self.before + (self.due_after / cycle).ceil() as u64 + GOAL_AFTER,
             _ => 0,
@@ -150,11 +156,11 @@ fn slower(by: f64) -> Scenario {
         },
         what: format!(
             "every pass of the aggregated deployment {:.0} % longer for 3 cycles (its TTFT and \
-             ITL alike), after 3 steady cycles, then 3 cycles to reset",
+             ITL alike), after the steady learning cycles, then 3 cycles to reset",
             (by - 1.0) * 100.0
         ),
         injection: Injection::Slower { target: AGG, by },
-        before: 3,
+        before: LEARNING_CYCLES,
         offset: 0.0,
         lasts: Lasts::Cycles(3),
         after: 3,
@@ -175,9 +181,9 @@ pub fn all() -> Vec<Scenario> {
     vec![
         Scenario {
             name: "steady",
-            what: "both deployments steady (bimodal runs) for a day of the seed plan".into(),
+            what: "both deployments steady (bimodal runs) for a day of the seed plan after learning".into(),
             injection: Injection::Nothing,
-            before: 0,
+            before: LEARNING_CYCLES,
             offset: 0.0,
             lasts: Lasts::Cycles(0),
             after: 0,
@@ -189,15 +195,15 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "drift+1%/h-aggregated",
             what: format!(
-                "the aggregated deployment's passes 1 % longer every hour (compounding) from \
-                 cycle 3 on; it reaches +20 % after {:.1} h, and runs {GOAL_AFTER} cycles more",
+                "the aggregated deployment's passes 1 % longer every hour (compounding) once \
+                 the learning cycles are over; it reaches +20 % after {:.1} h, and runs {GOAL_AFTER} cycles more",
                 drift_due / hour
             ),
             injection: Injection::Drift {
                 target: AGG,
                 per_seed_hour: 0.01,
             },
-            before: 3,
+            before: LEARNING_CYCLES,
             offset: 0.0,
             lasts: Lasts::ToTheEnd,
             after: 0,
@@ -211,13 +217,13 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "error-burst-5%",
             what: "5 % of all requests to both deployments answered 503 for 10 minutes, from the \
-                   start of the concurrency-32 step of cycle 3"
+                   start of the concurrency-32 step of the first cycle after learning"
                 .into(),
             injection: Injection::Faults {
                 targets: vec![AGG, DISAGG],
                 faults: errors(0.05),
             },
-            before: 3,
+            before: LEARNING_CYCLES,
             offset: c32,
             lasts: Lasts::SeedSeconds(600.0),
             after: 3,
@@ -234,7 +240,7 @@ pub fn all() -> Vec<Scenario> {
                 targets: vec![DISAGG],
                 faults: errors(0.3),
             },
-            before: 3,
+            before: LEARNING_CYCLES,
             offset: 0.0,
             lasts: Lasts::Cycles(1),
             after: 3,
@@ -246,10 +252,10 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "restart-disaggregated",
             what: "the disaggregated simulator stops and starts again 2 minutes later (a pod \
-                   restart), 30 s into the concurrency-32 step of cycle 3: no regression"
+                   restart), 30 s into the concurrency-32 step of the first cycle after learning: no regression"
                 .into(),
             injection: Injection::Restart { target: DISAGG },
-            before: 3,
+            before: LEARNING_CYCLES,
             offset: c32 + 30.0,
             lasts: Lasts::SeedSeconds(120.0),
             after: 3,

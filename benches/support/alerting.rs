@@ -39,6 +39,9 @@ pub struct Truth {
     pub end: Option<f64>,
     /// The end of the run.
     pub run_end: f64,
+    /// The end of the learning cycles: changes until then are the engine learning how far
+    /// the deployment's runs move, counted apart.
+    pub learned: f64,
 }
 
 /// One SLO's score in one scenario; times in seconds.
@@ -47,8 +50,10 @@ pub struct Score {
     pub role: Role,
     /// When the SLO first left `insufficient_data`; `None`: never.
     pub first_verdict: Option<f64>,
-    /// State changes after its first verdict.
+    /// State changes after its first verdict and after the learning cycles.
     pub changes: usize,
+    /// State changes after its first verdict, within the learning cycles.
+    pub learning_changes: usize,
     /// Of those, the ones the ground truth does not call for (`Allowed` SLOs: none).
     pub false_changes: usize,
     /// Changes to `fail` after the first verdict: alerts.
@@ -76,7 +81,9 @@ pub fn score(changes: &[&Change], role: Role, truth: &Truth) -> Score {
     let first = changes
         .iter()
         .position(|c| c.new != SloState::InsufficientData);
-    let later: Vec<&Change> = first.map_or(Vec::new(), |i| changes[i + 1..].to_vec());
+    let after_first: &[&Change] = first.map_or(&[], |i| &changes[i + 1..]);
+    let (learning, later): (Vec<&Change>, Vec<&Change>) =
+        after_first.iter().partition(|c| c.at <= truth.learned);
     // A change to fail after the first verdict is an alert; so is a first verdict of fail that
     // came with the regression (the SLO had not settled before it).
     let late_first_fail = first.is_some_and(|i| {
@@ -88,6 +95,7 @@ pub fn score(changes: &[&Change], role: Role, truth: &Truth) -> Score {
         role,
         first_verdict: first.map(|i| changes[i].at),
         changes: later.len(),
+        learning_changes: learning.len(),
         false_changes: if role == Role::Unaffected {
             later.len()
         } else {

@@ -21,7 +21,7 @@ use super::reading::{
     baseline_terms, data_times, empty_reading, evaluate_one, side_json, undecided_reason, wants_of,
 };
 use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
-use super::verdict::{Raw, Verdict};
+use super::verdict::{Raw, Verdict, Weighed};
 use super::{LabelDomain, SloDef, SloKind};
 
 /// How often the daemon evaluates every SLO.
@@ -605,7 +605,17 @@ impl SloEngine {
                     .entry(d.name.clone())
                     .or_insert_with(|| Verdict::new(now, now_unix));
                 let raw = match d.kind {
-                    SloKind::Expr(_) if gated => verdict.gate.apply(raw, newest),
+                    SloKind::Expr(_) if gated => {
+                        let weighed: Vec<Weighed> = sides
+                            .iter()
+                            .map(|s| Weighed {
+                                margin: s.margin(),
+                                violated: s.verdict == eval::Truth::False,
+                                rolling: s.rolling,
+                            })
+                            .collect();
+                        verdict.gate.apply(raw, newest, &weighed)
+                    }
                     SloKind::Expr(_) | SloKind::BurnRate { .. } => raw,
                 };
                 let old = verdict.update(raw, d.for_, now, now_unix);
@@ -1284,6 +1294,36 @@ mod tests {
                 assert_eq!(st, SloState::Pass, "run {run}: {status}");
             }
         }
+    }
+
+    /// Runs of 380 samples bound a p99 (368) but not `min_samples: 400`: the pool goes on to
+    /// `min_samples`, so the SLO decides at the second run and keeps its verdict.
+    #[tokio::test(start_paused = true)]
+    async fn a_pooled_quantile_reads_up_to_min_samples() {
+        let expr = r#"p99(ttft{serving_mode="aggregated"}) <= 2s"#;
+        let engine = in_memory_engine(vec![SloDef {
+            window: Duration::from_secs(30),
+            min_samples: 400,
+            ..def(expr, 0)
+        }]);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            advance(Duration::from_secs(130)).await;
+            step(&engine, &mut rng, 380, 0.5, 0.5, false);
+            seen.push(state(&engine));
+        }
+        assert_eq!(
+            seen,
+            [
+                SloState::InsufficientData,
+                SloState::Pass,
+                SloState::Pass,
+                SloState::Pass
+            ],
+            "{}",
+            engine.status_json()
+        );
     }
 
     #[tokio::test(start_paused = true)]

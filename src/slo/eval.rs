@@ -87,6 +87,23 @@ pub struct Side {
     pub lhs: Interval,
     pub rhs: Interval,
     pub verdict: Truth,
+    /// A side reads a rolling baseline, whose comparison already weighs how far runs move
+    /// ([`moved_past_its_runs`]).
+    pub rolling: bool,
+}
+
+impl Side {
+    /// How far this run's estimates are on the passing side of the comparison, in the units
+    /// of its values (negative: failing); `None` for `==`/`!=` and non-finite estimates.
+    pub fn margin(&self) -> Option<f64> {
+        let (l, r) = (self.lhs.estimate, self.rhs.estimate);
+        let m = match self.op {
+            CmpOp::Lt | CmpOp::Le => r - l,
+            CmpOp::Gt | CmpOp::Ge => l - r,
+            CmpOp::Eq | CmpOp::Ne => return None,
+        };
+        m.is_finite().then_some(m)
+    }
 }
 
 /// A three-valued verdict: clearly true, clearly false, or the intervals overlap.
@@ -150,6 +167,7 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
                 lhs,
                 rhs,
                 verdict,
+                rolling: reads_rolling_baseline(a) || reads_rolling_baseline(b),
             });
             Ok(verdict)
         }
@@ -212,6 +230,21 @@ fn moved_past_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
         | Value::Goodput(..) => Ok(true),
         Value::Fit(_, inner, _) | Value::Neg(inner) => moved_past_its_runs(ctx, inner),
         Value::Binary(_, a, b) => Ok(moved_past_its_runs(ctx, a)? && moved_past_its_runs(ctx, b)?),
+    }
+}
+
+/// Whether `v` reads a rolling `baseline(…, SPAN)` anywhere.
+fn reads_rolling_baseline(v: &Value) -> bool {
+    match v {
+        Value::Baseline(_, BaselineRef::Span(_)) => true,
+        Value::Baseline(_, BaselineRef::Pinned(_))
+        | Value::Number(_)
+        | Value::Duration(_)
+        | Value::Agg(..)
+        | Value::Scalar(_)
+        | Value::Goodput(..) => false,
+        Value::Fit(_, inner, _) | Value::Neg(inner) => reads_rolling_baseline(inner),
+        Value::Binary(_, a, b) => reads_rolling_baseline(a) || reads_rolling_baseline(b),
     }
 }
 
@@ -315,7 +348,13 @@ fn aggregate(ctx: &Ctx<'_>, agg: Agg, sel: &Selector) -> Result<Interval, Insuff
         ctx.window,
         ctx.steps,
         ctx.now,
-        pool_need(agg),
+        // A pooled read stops at what the SLO needs: the quantile's bound, and `min_samples`
+        // where that is more (else a read of 370 samples pools no further and sits under a
+        // `min_samples: 400` for good).
+        match pool_need(agg) {
+            0 => 0,
+            need => need.max(ctx.min_samples),
+        },
     );
     let n = snap.count();
     let window_secs = ctx.window.as_secs_f64();

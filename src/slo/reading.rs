@@ -30,6 +30,13 @@ pub(super) fn undecided_reason(ctx: &Ctx<'_>, gate: &RunGate) -> String {
                 .to_owned(),
         );
     }
+    if let Some((i, mean, upper, runs)) = gate.held_by_spread() {
+        why.push(format!(
+            "the last two runs fail comparison {} by {:.6} on average, less than runs move here (its bound from the {runs} earlier runs, {upper:.6}, is not below 0)",
+            i + 1,
+            -mean
+        ));
+    }
     if why.is_empty() {
         BORDERLINE.to_owned()
     } else {
@@ -259,6 +266,7 @@ pub(super) fn evaluate_one(
                 lhs: bad_ratio,
                 rhs: Interval::point(budget),
                 verdict: eval::compare(super::ast::CmpOp::Le, bad_ratio, Interval::point(budget)),
+                rolling: false,
             };
             let raw = match side.verdict {
                 Truth::True => Raw::Pass,

@@ -2,9 +2,12 @@
 //! state changes, a borderline evaluation keeps the state, and too few samples give
 //! `insufficient_data` at once; and the reading an evaluation publishes.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::measure::stats::t_999;
 
 /// The verdict of an SLO: the `state` label of `llm_canary_slo_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,12 +149,20 @@ impl Verdict {
     }
 }
 
-/// Two runs before a fail: a comparison SLO changes to `fail` only when two consecutive runs
-/// of its data fail clearly, so one run that a batch phase, a cache state or a noisy neighbour
-/// made slow never pages, while a regression pages at its second run. A run is the data as of
-/// the newest step the SLO reads: a new step ending starts the next. A clear pass needs one run
-/// (a reset is not held back). Kept in memory: after a restart the next fail needs two runs
-/// again (a restored `fail` holds meanwhile).
+/// Runs before a fail: a comparison SLO changes to `fail` only when two consecutive runs of
+/// its data fail clearly, so one run that a batch phase, a cache state or a noisy neighbour made
+/// slow never pages, while a regression pages at its second run. A run is the data as of the
+/// newest step the SLO reads: a new step ending starts the next. A clear pass needs one run (a
+/// reset is not held back). Kept in memory: after a restart the next fail needs two runs again
+/// (a restored `fail` holds meanwhile).
+///
+/// Once [`MIN_MARGIN_RUNS`] earlier runs are known, a fail also needs the two runs' mean margin
+/// (how far each comparison lies on its passing side) to stay negative by more than runs move
+/// on this deployment: its upper 99.9 % bound, `m̄₂ + t₀.₉₉₉(n−1) · s · √(1/2 + 1/n)` with `s`
+/// the standard deviation of the `n` earlier runs' margins, must be below 0. A deployment whose
+/// runs straddle a threshold (a slow mode that fails, a fast one that passes) then holds its
+/// verdict, while one whose runs all fail, or that moved by more than its runs move, pages.
+/// Comparisons with a rolling baseline weigh their runs themselves and are left to it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunGate {
     /// The newest step of the run being judged.
@@ -160,29 +171,114 @@ pub struct RunGate {
     failing: bool,
     /// The run before it ended on a clear fail.
     previous_failing: bool,
+    /// Each comparison's margin in the run being judged (its latest evaluation).
+    current: Vec<Option<f64>>,
+    /// The run before it.
+    previous: Vec<Option<f64>>,
+    /// The runs before that, oldest first, at most [`MARGIN_RUNS_KEPT`].
+    earlier: VecDeque<Vec<Option<f64>>>,
+    /// The current run fails clearly, also the run before, but the margins stay inside what
+    /// the earlier runs move: (comparison, mean margin, its upper bound, earlier runs).
+    held_by_spread: Option<(usize, f64, f64, usize)>,
 }
 
+/// One comparison of a run, as the gate weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weighed {
+    /// How far the run lies on the comparison's passing side (negative: failing); `None`
+    /// where it has no such measure.
+    pub margin: Option<f64>,
+    /// The comparison is clearly false in this run.
+    pub violated: bool,
+    /// It weighs its runs itself (a rolling baseline).
+    pub rolling: bool,
+}
+
+/// Earlier runs a fail weighs its margins against, at least; with fewer, two failing runs in
+/// a row suffice.
+pub const MIN_MARGIN_RUNS: usize = 3;
+/// Earlier runs kept: about a day of a seed-plan-sized cycle is more than the spread needs.
+pub const MARGIN_RUNS_KEPT: usize = 24;
+
 impl RunGate {
-    /// `raw` of the run whose newest step ended at `run`, held back to borderline when it is the
-    /// first of the runs failing in a row.
-    pub fn apply(&mut self, raw: Raw, run: Option<Instant>) -> Raw {
+    /// `raw` of the run whose newest step ended at `run`, its comparisons weighed as `sides`,
+    /// held back to borderline when it is the first of the runs failing in a row, or when the
+    /// last two runs fail by less than runs move.
+    pub fn apply(&mut self, raw: Raw, run: Option<Instant>, sides: &[Weighed]) -> Raw {
         if run != self.run {
             if self.run.is_some() {
                 self.previous_failing = self.failing;
+                let previous =
+                    std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
+                if !previous.is_empty() {
+                    self.earlier.push_back(previous);
+                }
+                if self.earlier.len() > MARGIN_RUNS_KEPT {
+                    self.earlier.pop_front();
+                }
             }
             self.run = run;
         }
+        let margins: Vec<Option<f64>> = sides.iter().map(|s| s.margin).collect();
+        if !margins.is_empty() {
+            let known = self.earlier.back().unwrap_or(&self.previous);
+            if !known.is_empty() && known.len() != margins.len() {
+                // A reload changed the expression: its earlier margins measure something else.
+                self.previous.clear();
+                self.earlier.clear();
+            }
+            self.current = margins;
+        }
         self.failing = raw == Raw::Fail;
-        if raw == Raw::Fail && !self.previous_failing {
+        self.held_by_spread = None;
+        if raw != Raw::Fail {
+            return raw;
+        }
+        if !self.previous_failing {
+            return Raw::Borderline;
+        }
+        self.held_by_spread = self.inside_the_spread(sides);
+        if self.held_by_spread.is_some() {
             Raw::Borderline
         } else {
-            raw
+            Raw::Fail
         }
+    }
+
+    /// The first violated comparison whose last two runs' mean margin is not clearly negative
+    /// against the earlier runs' spread, if any.
+    fn inside_the_spread(&self, sides: &[Weighed]) -> Option<(usize, f64, f64, usize)> {
+        sides.iter().enumerate().find_map(|(i, side)| {
+            if !side.violated || side.rolling {
+                return None;
+            }
+            let (now, before) = (
+                self.current.get(i)?.as_ref()?,
+                self.previous.get(i)?.as_ref()?,
+            );
+            let runs: Vec<f64> = self.earlier.iter().filter_map(|r| *r.get(i)?).collect();
+            if runs.len() < MIN_MARGIN_RUNS {
+                return None;
+            }
+            let n = runs.len() as f64;
+            let mean = runs.iter().sum::<f64>() / n;
+            let sd = (runs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            let two = (now + before) / 2.0;
+            let upper = two + t_999(runs.len() - 1) * sd * (0.5 + 1.0 / n).sqrt();
+            (upper >= 0.0).then_some((i, two, upper, runs.len()))
+        })
     }
 
     /// The current run fails and waits for the next one to confirm it.
     pub fn waiting(&self) -> bool {
         self.failing && !self.previous_failing
+    }
+
+    /// Two runs in a row fail, by less than runs move on this deployment: which comparison
+    /// (0-based), its mean margin over the two, the upper bound that stays above 0, and how
+    /// many earlier runs gave the spread.
+    pub fn held_by_spread(&self) -> Option<(usize, f64, f64, usize)> {
+        self.held_by_spread
     }
 }
 
@@ -196,19 +292,85 @@ mod tests {
         let mut gate = RunGate::default();
         let run = |s: u64| Some(Instant::now() + Duration::from_secs(s));
         // One slow run: held back, however many times it is evaluated.
-        assert_eq!(gate.apply(Raw::Fail, run(1)), Raw::Borderline);
+        assert_eq!(gate.apply(Raw::Fail, run(1), &[]), Raw::Borderline);
         assert!(gate.waiting());
-        assert_eq!(gate.apply(Raw::Fail, run(1)), Raw::Borderline);
+        assert_eq!(gate.apply(Raw::Fail, run(1), &[]), Raw::Borderline);
         // A good run between two slow ones starts over.
-        assert_eq!(gate.apply(Raw::Pass, run(2)), Raw::Pass);
-        assert_eq!(gate.apply(Raw::Fail, run(3)), Raw::Borderline);
+        assert_eq!(gate.apply(Raw::Pass, run(2), &[]), Raw::Pass);
+        assert_eq!(gate.apply(Raw::Fail, run(3), &[]), Raw::Borderline);
         // The second slow run in a row fails, and so does every evaluation of it.
-        assert_eq!(gate.apply(Raw::Fail, run(4)), Raw::Fail);
-        assert_eq!(gate.apply(Raw::Fail, run(4)), Raw::Fail);
+        assert_eq!(gate.apply(Raw::Fail, run(4), &[]), Raw::Fail);
+        assert_eq!(gate.apply(Raw::Fail, run(4), &[]), Raw::Fail);
         assert!(!gate.waiting());
         // Missing data and a pass pass through at once.
-        assert_eq!(gate.apply(Raw::Insufficient, run(5)), Raw::Insufficient);
-        assert_eq!(gate.apply(Raw::Pass, run(6)), Raw::Pass);
+        assert_eq!(
+            gate.apply(Raw::Insufficient, run(5), &[]),
+            Raw::Insufficient
+        );
+        assert_eq!(gate.apply(Raw::Pass, run(6), &[]), Raw::Pass);
+    }
+
+    /// Runs whose margins straddle 0 (a fast mode at +40, a slow one at −15): two slow runs in
+    /// a row hold the verdict; a move well past what runs move, or a deployment whose every
+    /// run fails, still fails at its second run.
+    #[tokio::test(start_paused = true)]
+    async fn a_fail_needs_its_runs_beyond_what_runs_move() {
+        let weighed = |m: f64| {
+            [Weighed {
+                margin: Some(m),
+                violated: m < 0.0,
+                rolling: false,
+            }]
+        };
+        let raw = |m: f64| if m < 0.0 { Raw::Fail } else { Raw::Pass };
+        let mut gate = RunGate::default();
+        let mut s = 0;
+        let mut run = |gate: &mut RunGate, m: f64| {
+            s += 1;
+            gate.apply(
+                raw(m),
+                Some(Instant::now() + Duration::from_secs(s)),
+                &weighed(m),
+            )
+        };
+        for m in [40.0, -15.0, 42.0, 38.0, -14.0, 41.0] {
+            run(&mut gate, m);
+        }
+        assert_eq!(run(&mut gate, -16.0), Raw::Borderline);
+        assert_eq!(
+            run(&mut gate, -15.0),
+            Raw::Borderline,
+            "two slow runs in a row"
+        );
+        let (i, mean, upper, runs) = gate.held_by_spread().unwrap();
+        assert!(
+            i == 0 && mean == -15.5 && upper > 0.0 && runs == 6,
+            "{:?}",
+            gate.held_by_spread()
+        );
+        // Far past the spread: pages at the second run.
+        assert_eq!(run(&mut gate, 40.0), Raw::Pass);
+        assert_eq!(run(&mut gate, -200.0), Raw::Borderline);
+        assert_eq!(run(&mut gate, -210.0), Raw::Fail);
+        // Runs that all fail by a little, moving little: their second run fails.
+        let mut steady = RunGate::default();
+        for m in [-2.0, -2.1, -1.9, -2.0, -2.1, -1.9, -2.0] {
+            s += 1;
+            steady.apply(
+                raw(m),
+                Some(Instant::now() + Duration::from_secs(s)),
+                &weighed(m),
+            );
+        }
+        s += 1;
+        let at = Some(Instant::now() + Duration::from_secs(s));
+        assert_eq!(steady.apply(Raw::Fail, at, &weighed(-2.05)), Raw::Fail);
+        // A rolling baseline's comparison weighs its own runs: the gate alone holds it.
+        let rolling = [Weighed {
+            rolling: true,
+            ..weighed(-15.0)[0]
+        }];
+        assert_eq!(gate.apply(Raw::Fail, at, &rolling), Raw::Fail);
     }
 
     #[tokio::test(start_paused = true)]
