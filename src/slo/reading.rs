@@ -45,15 +45,26 @@ pub(super) fn undecided_reason(ctx: &Ctx<'_>, gate: &RunGate) -> String {
 }
 
 /// When the data `d` reads was measured: the newest step of its stalest selector (how old its
-/// data is) and the newest step of any (which run it judges).
-pub(super) fn data_times(store: &Store, d: &SloDef) -> (Option<Instant>, Option<Instant>) {
-    let newest: Option<Vec<Instant>> = d
-        .selectors()
-        .iter()
-        .map(|sel| store.newest(&sel.matchers, d.saturated_steps))
-        .collect();
-    let newest = newest.unwrap_or_default();
-    (newest.iter().min().copied(), newest.iter().max().copied())
+/// data is), and the newest step of any, with its series (which run it judges, [`RunGate`]).
+pub(super) fn data_times(store: &Store, d: &SloDef) -> (Option<Instant>, Option<(Instant, u64)>) {
+    let mut stalest: Option<Option<Instant>> = None;
+    let mut newest: Option<(Instant, u64)> = None;
+    for sel in d.selectors() {
+        let step = store.newest_step(&sel.matchers, d.saturated_steps);
+        let at = step.map(|r| r.at);
+        stalest = Some(match stalest {
+            None => at,
+            Some(s) => s.zip(at).map(|(a, b)| a.min(b)),
+        });
+        if let Some(r) = step
+            && newest.is_none_or(|(n, _)| r.at > n)
+        {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            std::hash::Hash::hash(&r.labels, &mut h);
+            newest = Some((r.at, std::hash::Hasher::finish(&h)));
+        }
+    }
+    (stalest.flatten(), newest)
 }
 
 /// What the stores of the SLO engine keep for a set of definitions.

@@ -373,11 +373,15 @@ impl Store {
 
     /// When the newest step `steps` reads of a series matching `matchers` ended, if any.
     pub fn newest(&self, matchers: &[Matcher], steps: SaturatedSteps) -> Option<Instant> {
+        self.newest_step(matchers, steps).map(|r| r.at)
+    }
+
+    /// The newest step `steps` reads of a series matching `matchers`, if any.
+    pub fn newest_step(&self, matchers: &[Matcher], steps: SaturatedSteps) -> Option<&StepRecord> {
         self.latest
             .values()
             .filter(|r| steps.accepts(r.saturated) && labels_match(&r.labels, matchers))
-            .map(|r| r.at)
-            .max()
+            .max_by_key(|r| r.at)
     }
 
     /// The latest step of the series `labels` that `steps` reads.

@@ -151,9 +151,12 @@ impl Verdict {
 
 /// Runs before a fail: a comparison SLO changes to `fail` only when two consecutive runs of
 /// its data fail clearly, so one run that a batch phase, a cache state or a noisy neighbour made
-/// slow never pages, while a regression pages at its second run. A run is the data as of the
-/// newest step the SLO reads: a new step ending starts the next. A clear pass needs one run (a
-/// reset is not held back). Kept in memory: after a restart the next fail needs two runs again
+/// slow never pages, while a regression pages at its second run. A run is one pass over the
+/// series the SLO reads: it goes on while new steps end of series it has not read yet (the
+/// prefix-ratio steps a fit reads, the levels of a sweep) and the next begins with a step of a
+/// series it has read already, so an SLO over one step's series judges each of its steps and an
+/// SLO over a workload judges the workload's pass, not each of its steps. A clear pass needs one
+/// run (a reset is not held back). Kept in memory: after a restart the next fail needs two runs again
 /// (a restored `fail` holds meanwhile).
 ///
 /// Once [`MIN_MARGIN_RUNS`] earlier runs are known, a fail also needs the two runs' mean margin
@@ -165,8 +168,10 @@ impl Verdict {
 /// Comparisons with a rolling baseline weigh their runs themselves and are left to it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunGate {
-    /// The newest step of the run being judged.
-    run: Option<Instant>,
+    /// The newest step of the run being judged, when it ended.
+    newest: Option<Instant>,
+    /// The series (hashed labels) whose steps the run being judged holds.
+    series: Vec<u64>,
     /// That run's latest evaluation was a clear fail.
     failing: bool,
     /// The run before it ended on a clear fail.
@@ -204,20 +209,18 @@ impl RunGate {
     /// `raw` of the run whose newest step ended at `run`, its comparisons weighed as `sides`,
     /// held back to borderline when it is the first of the runs failing in a row, or when the
     /// last two runs fail by less than runs move.
-    pub fn apply(&mut self, raw: Raw, run: Option<Instant>, sides: &[Weighed]) -> Raw {
-        if run != self.run {
-            if self.run.is_some() {
-                self.previous_failing = self.failing;
-                let previous =
-                    std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
-                if !previous.is_empty() {
-                    self.earlier.push_back(previous);
-                }
-                if self.earlier.len() > MARGIN_RUNS_KEPT {
-                    self.earlier.pop_front();
-                }
+    pub fn apply(&mut self, raw: Raw, newest: Option<(Instant, u64)>, sides: &[Weighed]) -> Raw {
+        if let Some((at, series)) = newest
+            && self.newest != Some(at)
+        {
+            let first = self.newest.is_none();
+            self.newest = Some(at);
+            if !first && !self.series.contains(&series) {
+                // A step of a series this run has not read yet: the same run goes on.
+                self.series.push(series);
+            } else {
+                self.start_run(first, series);
             }
-            self.run = run;
         }
         let margins: Vec<Option<f64>> = sides.iter().map(|s| s.margin).collect();
         if !margins.is_empty() {
@@ -242,6 +245,24 @@ impl RunGate {
             Raw::Borderline
         } else {
             Raw::Fail
+        }
+    }
+
+    /// Begins the run of the step of `series` that just ended: the run judged until now becomes
+    /// the previous one, and its previous one an earlier run.
+    fn start_run(&mut self, first: bool, series: u64) {
+        self.series.clear();
+        self.series.push(series);
+        if first {
+            return;
+        }
+        self.previous_failing = self.failing;
+        let previous = std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
+        if !previous.is_empty() {
+            self.earlier.push_back(previous);
+        }
+        if self.earlier.len() > MARGIN_RUNS_KEPT {
+            self.earlier.pop_front();
         }
     }
 
@@ -290,7 +311,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_fail_needs_two_runs_in_a_row_and_a_pass_one() {
         let mut gate = RunGate::default();
-        let run = |s: u64| Some(Instant::now() + Duration::from_secs(s));
+        let run = |s: u64| Some((Instant::now() + Duration::from_secs(s), 0));
         // One slow run: held back, however many times it is evaluated.
         assert_eq!(gate.apply(Raw::Fail, run(1), &[]), Raw::Borderline);
         assert!(gate.waiting());
@@ -308,6 +329,19 @@ mod tests {
             Raw::Insufficient
         );
         assert_eq!(gate.apply(Raw::Pass, run(6), &[]), Raw::Pass);
+    }
+
+    /// An SLO over several series (a fit over the prefix-ratio steps): their steps in one
+    /// pass are one run, and the pass after it the second.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_is_one_pass_over_the_series() {
+        let mut gate = RunGate::default();
+        let at = |s: u64, series: u64| Some((Instant::now() + Duration::from_secs(s), series));
+        for (s, series) in [(1, 10), (2, 11), (3, 12)] {
+            assert_eq!(gate.apply(Raw::Fail, at(s, series), &[]), Raw::Borderline);
+        }
+        // The first series again: the second pass, whose first step already confirms the fail.
+        assert_eq!(gate.apply(Raw::Fail, at(4, 10), &[]), Raw::Fail);
     }
 
     /// Runs whose margins straddle 0 (a fast mode at +40, a slow one at −15): two slow runs in
@@ -329,7 +363,7 @@ mod tests {
             s += 1;
             gate.apply(
                 raw(m),
-                Some(Instant::now() + Duration::from_secs(s)),
+                Some((Instant::now() + Duration::from_secs(s), 0)),
                 &weighed(m),
             )
         };
@@ -358,12 +392,12 @@ mod tests {
             s += 1;
             steady.apply(
                 raw(m),
-                Some(Instant::now() + Duration::from_secs(s)),
+                Some((Instant::now() + Duration::from_secs(s), 0)),
                 &weighed(m),
             );
         }
         s += 1;
-        let at = Some(Instant::now() + Duration::from_secs(s));
+        let at = Some((Instant::now() + Duration::from_secs(s), 0));
         assert_eq!(steady.apply(Raw::Fail, at, &weighed(-2.05)), Raw::Fail);
         // A rolling baseline's comparison weighs its own runs: the gate alone holds it.
         let rolling = [Weighed {
