@@ -225,6 +225,22 @@ pub fn samples_to_bound(q: f64) -> Option<u64> {
     Some(hi)
 }
 
+/// The mean of `values` and their sample standard deviation (0 with fewer than two); `None`
+/// without values. What the SLO engine's run spreads read (`slo::baseline`, `slo::verdict`).
+pub fn mean_sd(values: &[f64]) -> Option<(f64, f64)> {
+    if values.is_empty() {
+        return None;
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = if values.len() < 2 {
+        0.0
+    } else {
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    };
+    Some((mean, sd))
+}
+
 /// Student's t quantile at 99.9 % (one-sided) for `df` degrees of freedom, from the standard
 /// table, interpolated in 1/df between its rows; the normal 3.090 for infinite `df`.
 pub fn t_999(df: usize) -> f64 {
@@ -565,6 +581,15 @@ mod tests {
         assert!(
             confidence_ranks(n, 0.999).1.is_some() && confidence_ranks(n - 1, 0.999).1.is_none()
         );
+    }
+
+    #[test]
+    fn mean_sd_is_the_sample_mean_and_deviation() {
+        assert_eq!(mean_sd(&[]), None);
+        assert_eq!(mean_sd(&[4.0]), Some((4.0, 0.0)));
+        let (m, sd) = mean_sd(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+        assert_eq!(m, 5.0);
+        assert!((sd - (32.0f64 / 7.0).sqrt()).abs() < 1e-12, "{sd}");
     }
 
     #[test]

@@ -160,13 +160,7 @@ impl BaselineStore {
         values.sort_by(f64::total_cmp);
         let trim = values.len() / 20;
         let values = &values[trim..values.len() - trim];
-        let n = values.len() as f64;
-        let mean = values.iter().sum::<f64>() / n;
-        let sd = if values.len() < 2 {
-            0.0
-        } else {
-            (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-        };
+        let (mean, sd) = crate::measure::stats::mean_sd(values)?;
         Some(RunSpread {
             runs: values.len(),
             mean,

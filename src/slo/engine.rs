@@ -1399,18 +1399,23 @@ mod tests {
         Sink::request_outside_steps(engine, &crate::model::Finished::new(&ctx, &rec));
     }
 
+    /// `probe-availability`: 90 % of the probes' TTFTs under 1 s.
+    fn probe_availability() -> SloKind {
+        SloKind::BurnRate {
+            selector: crate::slo::parse_sli(r#"ttft{workload="probe"} < 1s"#)
+                .unwrap()
+                .0,
+            threshold: 1.0,
+            objective: 90.0,
+            period: crate::slo::DEFAULT_PERIOD,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn probe_requests_reach_their_slos_at_once_without_a_step() {
         let availability = SloDef {
             name: "probe-availability".into(),
-            kind: SloKind::BurnRate {
-                selector: crate::slo::parse_sli(r#"ttft{workload="probe"} < 1s"#)
-                    .unwrap()
-                    .0,
-                threshold: 1.0,
-                objective: 90.0,
-                period: crate::slo::DEFAULT_PERIOD,
-            },
+            kind: probe_availability(),
             min_samples: 5,
             ..def(GAIN, 0)
         };
@@ -1448,14 +1453,7 @@ mod tests {
     async fn a_burn_rate_window_longer_than_every_comparison_window_is_read_whole() {
         let burn = SloDef {
             name: "probe-availability".into(),
-            kind: SloKind::BurnRate {
-                selector: crate::slo::parse_sli(r#"ttft{workload="probe"} < 1s"#)
-                    .unwrap()
-                    .0,
-                threshold: 1.0,
-                objective: 90.0,
-                period: crate::slo::DEFAULT_PERIOD,
-            },
+            kind: probe_availability(),
             window: Duration::from_secs(600),
             min_samples: 50,
             ..def(GAIN, 0)

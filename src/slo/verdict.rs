@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::measure::stats::t_999;
+use crate::measure::stats::{mean_sd, t_999};
 
 /// The verdict of an SLO: the `state` label of `llm_canary_slo_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -224,8 +224,12 @@ impl RunGate {
         }
         let margins: Vec<Option<f64>> = sides.iter().map(|s| s.margin).collect();
         if !margins.is_empty() {
-            let known = self.earlier.back().unwrap_or(&self.previous);
-            if !known.is_empty() && known.len() != margins.len() {
+            // The newest margins known: the previous run's, else the last earlier one's.
+            let known = Some(&self.previous)
+                .filter(|p| !p.is_empty())
+                .or(self.earlier.back())
+                .map_or(0, Vec::len);
+            if known != 0 && known != margins.len() {
                 // A reload changed the expression: its earlier margins measure something else.
                 self.previous.clear();
                 self.earlier.clear();
@@ -282,8 +286,7 @@ impl RunGate {
                 return None;
             }
             let n = runs.len() as f64;
-            let mean = runs.iter().sum::<f64>() / n;
-            let sd = (runs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            let (_, sd) = mean_sd(&runs)?;
             let two = (now + before) / 2.0;
             let upper = two + t_999(runs.len() - 1) * sd * (0.5 + 1.0 / n).sqrt();
             (upper >= 0.0).then_some((i, two, upper, runs.len()))
