@@ -54,7 +54,7 @@ fn rules_dir_holds_the_generated_rules_of_the_seed_plan() {
     assert!(generated.contains("do not edit"));
     // Every SLO has the paging alert on the daemon's verdict and the no-data alert; every
     // comparison SLO that Prometheus can evaluate also has the informational PromQL alert (the
-    // server-side one is left to the daemon and said so); the burn-rate one has its pair.
+    // server-side one is left to the daemon and said so); each burn-rate one has its pair.
     let cfg = Config::load(&root().join("examples/seed-plan.yaml")).unwrap();
     let count = |alert: &str| generated.matches(&format!("- alert: {alert}\n")).count();
     assert_eq!(count("LlmCanarySloFailing"), cfg.slos.len(), "one per SLO");
@@ -66,15 +66,16 @@ fn rules_dir_holds_the_generated_rules_of_the_seed_plan() {
         daemon_only, 2,
         "the server-side SLO and the one by isl_bucket"
     );
+    let burn_rate = 2;
     assert_eq!(
-        count("LlmCanarySloFailingPromQL") + daemon_only + 1,
+        count("LlmCanarySloFailingPromQL") + daemon_only + burn_rate,
         cfg.slos.len(),
-        "one per expression SLO but the daemon-only ones (and the burn-rate one)"
+        "one per expression SLO but the daemon-only ones (and the burn-rate ones)"
     );
     assert_eq!(
         count("LlmCanarySloErrorBudgetBurn"),
-        2,
-        "critical and warning"
+        2 * burn_rate,
+        "critical and warning of each"
     );
     assert_eq!(count("LlmCanaryWorkloadSilent"), 1);
     for severity in ["page", "ticket"] {
@@ -302,5 +303,75 @@ slos:
             "{file}:12:18: `sli` column 9: unknown duration unit `x`"
         )),
         "{stderr}"
+    );
+}
+
+/// A baseline that ends an offset ago has nothing to compare with for that long after a start:
+/// its no-data alert waits for the offset and two cycles, a plain baseline's for two cycles.
+#[test]
+fn the_no_data_alert_of_an_offset_baseline_waits_for_the_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("offset.yaml");
+    std::fs::write(
+        &path,
+        r#"targets:
+  - { name: a, serving_mode: aggregated, url: "http://127.0.0.1:8000" }
+workloads:
+  concurrency_sweep: { levels: [4], isl: 128, osl: 16, step: 60s }
+slos:
+  - name: rolling
+    expr: p50(ttft) <= 1.1 * baseline(p50(ttft), 24h)
+  - name: drift
+    expr: p50(ttft) <= 1.1 * baseline(p50(ttft), 24h offset 1d)
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .args(["rules", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = String::from_utf8(out.stdout).unwrap();
+    let no_data_for = |slo: &str| {
+        let at = rules
+            .find(&format!("slo=\"{slo}\", state=\"insufficient_data\"}}"))
+            .unwrap_or_else(|| panic!("{slo}:\n{rules}"));
+        let rest = &rules[at..];
+        let line = rest
+            .lines()
+            .find(|l| l.trim().starts_with("for: "))
+            .unwrap();
+        line.trim().trim_start_matches("for: ").to_owned()
+    };
+    // Prometheus durations: `1443m`, `1d3m`, `2h`.
+    let seconds = |text: &str| {
+        let (mut total, mut n) = (0u64, 0u64);
+        for c in text.chars() {
+            match c.to_digit(10) {
+                Some(d) => n = n * 10 + u64::from(d),
+                None => {
+                    total += n * match c {
+                        's' => 1,
+                        'm' => 60,
+                        'h' => 3600,
+                        'd' => 86_400,
+                        _ => panic!("{text}"),
+                    };
+                    n = 0;
+                }
+            }
+        }
+        total
+    };
+    let (rolling, drift) = (no_data_for("rolling"), no_data_for("drift"));
+    assert!(seconds(&rolling) < 3600, "{rolling}");
+    assert_eq!(seconds(&drift), 86_400 + seconds(&rolling), "{drift}");
+    assert!(
+        rules.contains("SLO drift has had no verdict for two cycles after its baseline's offset")
     );
 }

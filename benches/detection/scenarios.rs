@@ -11,19 +11,24 @@ use tokio::time::Instant;
 use super::alerting::Role;
 use super::plan::Shape;
 
-/// Cycles every scenario runs steady first: the engine learns how far this deployment's runs
-/// move (a rolling baseline needs `MIN_SPREAD_RUNS` earlier runs, the newest left out, before a
-/// run can fail against it). State changes in these cycles are shown apart, not scored: a mode
-/// the canary has not yet seen cannot be told from a regression.
-pub const LEARNING_CYCLES: u64 = llm_canary::slo::baseline::MIN_SPREAD_RUNS as u64 + 2;
+/// Cycles every scenario runs steady first: the engine learns the deployments' runs (a
+/// rolling baseline needs `MIN_BASELINE_RUNS` earlier runs, the newest left out, before a run
+/// can fail against it, and judges a run against the past run closest to it, so each mode must
+/// have run once). State changes in these cycles are shown apart, not scored: a mode the
+/// canary has not yet seen cannot be told from a regression. Twenty runs show a mode that a
+/// run lands in one time in four with 99.7 % probability.
+pub const LEARNING_CYCLES: u64 = 20;
 
 /// The deployments, in the seed plan's order of targets.
 pub const AGG: usize = 0;
 pub const DISAGG: usize = 1;
 
-/// The regression SLOs (`p50 <= 1.2 * baseline(p50, 24h)` at concurrency 32), per mode.
+/// The regression SLOs (`p50 <= 1.1 * baseline(p50, 24h)` at concurrency 32), per mode.
 const REGRESSION_AGG: &str = "ttft-regression-aggregated";
+/// The probe stream's 6 h objective: a slow burn's, whose verdict holds a fault for its window.
 const AVAILABILITY: &str = "ttft-availability";
+/// The steps' own traffic over 30 min: the one that pages a burst of errors.
+const STEP_AVAILABILITY: &str = "step-availability";
 
 /// The comparisons across the modes: when one mode regresses, what they compare really moves,
 /// so their changes are neither required nor false.
@@ -229,8 +234,8 @@ pub fn all() -> Vec<Scenario> {
             after: 3,
             min_seed_seconds: 0.0,
             due_after: 0.0,
-            expect: vec![AVAILABILITY],
-            allowed: vec![],
+            expect: vec![STEP_AVAILABILITY],
+            allowed: vec![AVAILABILITY],
         },
         Scenario {
             name: "partial-outage-disaggregated",
@@ -246,13 +251,13 @@ pub fn all() -> Vec<Scenario> {
             after: 3,
             min_seed_seconds: 0.0,
             due_after: 0.0,
-            expect: vec![AVAILABILITY],
-            allowed: READS_DISAGG.to_vec(),
+            expect: vec![STEP_AVAILABILITY],
+            allowed: [&READS_DISAGG[..], &[AVAILABILITY]].concat(),
         },
         Scenario {
             name: "restart-disaggregated",
             what: "the disaggregated simulator stops and starts again 2 minutes later (a pod \
-                   restart), 30 s into the concurrency-32 step of the first cycle after learning: no regression"
+                   restart), 30 s into the concurrency-32 step of the first cycle after learning: an outage, no latency regression"
                 .into(),
             injection: Injection::Restart { target: DISAGG },
             before: LEARNING_CYCLES,
@@ -262,7 +267,10 @@ pub fn all() -> Vec<Scenario> {
             min_seed_seconds: 0.0,
             due_after: 0.0,
             expect: vec![],
-            allowed: vec![],
+            // Two minutes of refused connections are a real outage, not a latency regression:
+            // the availability objectives and what reads the deployment's thinned steps may see
+            // it.
+            allowed: [&READS_DISAGG[..], &[STEP_AVAILABILITY, AVAILABILITY]].concat(),
         },
     ]
 }

@@ -275,8 +275,9 @@ pub enum Value {
     Goodput(Selector, Vec<Objective>),
     /// `r2(expr) by (label)`, `slope(expr) by (label)`.
     Fit(Fit, Box<Value>, String),
-    /// `baseline(expr, 24h)`: the same expression over the completed cycles of the last 24 h;
-    /// `baseline(expr, "name")`: its value in the baseline pinned as `name`.
+    /// `baseline(expr, 24h)`: the same expression over the completed cycles of the last 24 h
+    /// (`24h offset 12h`: of the 24 h that ended 12 h ago); `baseline(expr, "name")`: its value
+    /// in the baseline pinned as `name`.
     Baseline(Box<Value>, BaselineRef),
     Neg(Box<Value>),
     Binary(BinOp, Box<Value>, Box<Value>),
@@ -285,8 +286,9 @@ pub enum Value {
 /// Which past a `baseline(...)` compares with.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BaselineRef {
-    /// The rolling baseline over the cycles of the last `seconds`.
-    Span(f64),
+    /// The rolling baseline over the cycles of a span of seconds that ended an offset of
+    /// seconds ago (0: now).
+    Span(f64, f64),
     /// The baseline pinned under this name.
     Pinned(String),
 }
@@ -294,7 +296,15 @@ pub enum BaselineRef {
 impl fmt::Display for BaselineRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BaselineRef::Span(s) => f.write_str(&format_duration(*s)),
+            BaselineRef::Span(s, 0.0) => f.write_str(&format_duration(*s)),
+            BaselineRef::Span(s, off) => {
+                write!(
+                    f,
+                    "{} offset {}",
+                    format_duration(*s),
+                    format_duration(*off)
+                )
+            }
             BaselineRef::Pinned(name) => f.write_str(&quote(name)),
         }
     }

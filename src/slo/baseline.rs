@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measure::stats::{Interval, t_999};
+use crate::measure::stats::Interval;
 
-/// Past runs a baseline term needs before its run-to-run range can be told: with fewer, a
-/// comparison with it cannot fail (docs/SLO.md, "Run-to-run variation"). Eight runs of a
-/// deployment with a slow mode one run in five show it with 83 % probability, and a false page
-/// then needs that mode's first two runs in a row.
-pub const MIN_SPREAD_RUNS: usize = 8;
+/// Past runs a rolling baseline term needs before a run can fail against it (docs/SLO.md,
+/// "Run-to-run variation"): with fewer, the deployment's modes may not have shown yet. Eight runs
+/// of a deployment with a slow mode one run in five show it with 83 % probability, and a false
+/// page then needs that mode's first two runs in a row.
+pub const MIN_BASELINE_RUNS: usize = 8;
 
 /// Entries older than this are dropped: the longest baseline span anyone should need.
 const MAX_AGE_SECONDS: f64 = 8.0 * 86_400.0;
@@ -34,32 +34,12 @@ pub struct Entry {
 }
 
 impl Entry {
-    fn interval(&self) -> Interval {
+    pub fn interval(&self) -> Interval {
         Interval {
             estimate: self.estimate,
             lower: self.lower,
             upper: self.upper,
         }
-    }
-}
-
-/// How one baseline term's value moved from run to run: every cycle in the span, failing ones
-/// included (a run the SLO failed in still shows how far runs move).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RunSpread {
-    pub runs: usize,
-    pub mean: f64,
-    /// The sample standard deviation of the runs' values.
-    pub sd: f64,
-}
-
-impl RunSpread {
-    /// The two-sided 99.8 % prediction interval of the next run's value under the runs so far
-    /// (mean ± t₉₉.₉ · sd · √(1 + 1/n)): a run outside it moved more than runs move.
-    pub fn prediction(&self) -> (f64, f64) {
-        let n = self.runs as f64;
-        let half = t_999(self.runs.saturating_sub(1)) * self.sd * (1.0 + 1.0 / n).sqrt();
-        (self.mean - half, self.mean + half)
     }
 }
 
@@ -138,34 +118,68 @@ impl BaselineStore {
         })
     }
 
-    /// How `key` moved over the cycles that ended in the last `span_seconds` before the newest
-    /// one, failing ones included, less the ⌊n/20⌋ highest and lowest; `None` without any.
+    /// The rolling baseline a run that ended at `run_end_unix`, whose value of `key` is
+    /// `now_value`, is judged against, with how many cycles the span holds before the run
+    /// (failing ones included); `None` when no earlier episode is in the span.
     ///
-    /// The newest cycle is left out: it is either the run being judged (held until its step
-    /// runs again) or the run before it, the first of the two a fail needs, and a regression's
-    /// first run must not widen the range its second is judged against.
-    pub fn spread(&self, key: &str, now_unix: f64, span_seconds: f64) -> Option<RunSpread> {
+    /// The cycles are those that ended before the run, in the `span_seconds` up to
+    /// `span_end_unix` (now, or an offset ago). Each passing cycle is an episode of its own, and
+    /// each streak of cycles the SLO failed in (or held a first failing run in) one episode; the
+    /// streak that goes on up to the run is left out. The baseline is the cycle closest to
+    /// `now_value` from the second episode closest to it (the closest when there is only one):
+    ///
+    /// - close to runs, not to their mean: a deployment with modes (a batch phase, a cache
+    ///   state) has runs in each, and a run is a regression only when it is far from the runs
+    ///   the deployment has had, not from their average (docs/SLO.md, "Run-to-run variation");
+    /// - two episodes vouch: one stray run (a restart's, one taken while too few runs were known
+    ///   to judge it) never hides a regression, and a regression, however long, never vouches
+    ///   for itself while it lasts. A slowness that went away and came back in two episodes is
+    ///   a mode of the deployment, and its third return does not page.
+    pub fn nearest(
+        &self,
+        key: &str,
+        span_end_unix: f64,
+        span_seconds: f64,
+        run_end_unix: f64,
+        now_value: f64,
+    ) -> Option<(Entry, usize)> {
         let entries = self.terms.get(key)?;
-        let before_newest = &entries[..entries.len().saturating_sub(1)];
-        let mut values: Vec<f64> = before_newest
+        // Entries are kept in time order: those before the run are a prefix.
+        let before = entries.partition_point(|e| e.cycle_end_unix < run_end_unix);
+        let entries = &entries[..before];
+        let in_span =
+            |e: &Entry| (0.0..=span_seconds).contains(&(span_end_unix - e.cycle_end_unix));
+        let known = entries.iter().filter(|e| in_span(e)).count();
+        let streak = entries
             .iter()
-            .filter(|e| now_unix - e.cycle_end_unix <= span_seconds && e.estimate.is_finite())
-            .map(|e| e.estimate)
-            .collect();
-        if values.is_empty() {
-            return None;
+            .rposition(|e| !e.failing)
+            .map_or(0, |i| i + 1);
+        let mut episode = 0;
+        let mut candidates: Vec<(usize, &Entry)> = Vec::new();
+        for (i, e) in entries[..streak].iter().enumerate() {
+            if !e.failing || i == 0 || !entries[i - 1].failing {
+                episode = i;
+            }
+            if in_span(e) && e.estimate.is_finite() {
+                candidates.push((episode, e));
+            }
         }
-        // A 5 % trimmed spread: one stray run (an outage's, a restart's) does not widen the
-        // range for a day; a mode that runs keep returning to is many runs, and stays.
-        values.sort_by(f64::total_cmp);
-        let trim = values.len() / 20;
-        let values = &values[trim..values.len() - trim];
-        let (mean, sd) = crate::measure::stats::mean_sd(values)?;
-        Some(RunSpread {
-            runs: values.len(),
-            mean,
-            sd,
-        })
+        candidates.sort_by(|(_, a), (_, b)| {
+            (a.estimate - now_value)
+                .abs()
+                .total_cmp(&(b.estimate - now_value).abs())
+        });
+        let (first, closest) = *candidates.first()?;
+        let second = candidates
+            .iter()
+            .find(|(ep, _)| *ep != first)
+            .map(|(_, e)| *e);
+        let vouching = match second {
+            Some(e) => e,
+            None if !closest.failing => closest,
+            None => return None,
+        };
+        Some((*vouching, known))
     }
 
     /// The value of `key` in the baseline pinned as `name`.
@@ -263,42 +277,96 @@ mod tests {
     }
 
     #[test]
-    fn the_run_spread_counts_failing_runs_and_predicts_the_next() {
+    fn a_run_is_judged_against_the_second_closest_episode() {
         let mut store = BaselineStore::in_memory();
-        assert_eq!(store.spread("k", 0.0, 86_400.0), None);
-        // A bimodal deployment: 51 or 71 ms from run to run; one run failed.
-        for (i, v) in [0.051, 0.071, 0.051, 0.071].into_iter().enumerate() {
+        assert_eq!(store.nearest("k", 0.0, 86_400.0, 0.0, 1.0), None);
+        // A bimodal deployment: 160 or 230 ms from run to run; one 300 ms run failed, one
+        // stray 400 ms run passed.
+        let runs = [0.162, 0.234, 0.165, 0.300, 0.231, 0.400, 0.160, 0.228];
+        for (i, v) in runs.into_iter().enumerate() {
             store.record(
                 "k",
                 Entry {
-                    failing: i == 3,
+                    failing: v == 0.300,
                     ..entry(1000.0 * (i + 1) as f64, v)
                 },
             );
         }
-        // The newest run is the one judged (or the first of two): left out of its own range.
-        store.record("k", entry(5000.0, 0.5));
-        let s = store.spread("k", 5000.0, 86_400.0).unwrap();
-        assert_eq!(s.runs, 4);
-        assert!((s.mean - 0.061).abs() < 1e-12, "{s:?}");
-        let (lo, hi) = s.prediction();
-        // Both modes are runs like the others; four runs leave the range wide (t at 3 degrees
-        // of freedom), and it narrows as runs accrue.
-        assert!(lo < 0.051 && hi > 0.071 && hi < 0.2, "{lo} {hi}");
-        for i in 5..33 {
-            store.record("k", entry(1000.0 * (i + 1) as f64, [0.051, 0.071][i % 2]));
+        // A run that ended at 8500 s, after every cycle.
+        let near = |v: f64| store.nearest("k", 9000.0, 86_400.0, 8500.0, v).unwrap();
+        // Each mode is judged against its own runs, a run between them against the closer.
+        assert_eq!(near(0.1615).0.estimate, 0.160);
+        assert_eq!(near(0.233).0.estimate, 0.231);
+        assert_eq!(near(0.190).0.estimate, 0.162);
+        // A lone run, failed or not, does not vouch for another.
+        assert_eq!(near(0.300).0.estimate, 0.234);
+        assert_eq!(near(0.410).0.estimate, 0.300);
+        assert_eq!(near(0.1605).0, entry(1000.0, 0.162));
+        assert_eq!(near(0.1605).1, 8);
+        // The cycle that holds the run (it ended at 7500 s, inside the cycle that ended at
+        // 8000 s) is left out.
+        let inside = store.nearest("k", 9000.0, 86_400.0, 7500.0, 0.228).unwrap();
+        assert_eq!((inside.0.estimate, inside.1), (0.234, 7));
+        // A span that ended an offset ago: the 3 000 s up to 5 000 s.
+        let offset = store.nearest("k", 5000.0, 3000.0, 8500.0, 0.228).unwrap();
+        assert_eq!((offset.0.estimate, offset.1), (0.234, 4));
+        // Runs older than the span leave it; one passing run is its own best.
+        assert_eq!(store.nearest("k", 1e9, 86_400.0, 1e9, 0.2), None);
+        let last = store
+            .nearest("k", 7500.0 + 86_400.0, 86_400.0, 1e9, 0.2)
+            .unwrap();
+        assert_eq!((last.0.estimate, last.1), (0.228, 1));
+    }
+
+    #[test]
+    fn a_regression_never_vouches_for_itself_and_a_mode_back_twice_is_known() {
+        let mut store = BaselineStore::in_memory();
+        let mut at = 0.0;
+        let mut add = |store: &mut BaselineStore, v: f64, failing: bool| {
+            at += 1000.0;
+            store.record(
+                "k",
+                Entry {
+                    failing,
+                    ..entry(at, v)
+                },
+            );
+        };
+        let near = |store: &BaselineStore| store.nearest("k", 1e6, 1e6, 1e6, 0.2).unwrap().0;
+        for _ in 0..5 {
+            add(&mut store, 0.16, false);
         }
-        let (_, hi) = store.spread("k", 33_000.0, 86_400.0).unwrap().prediction();
-        assert!(hi > 0.071 && hi < 0.071 * 1.5, "{hi}");
-        // Identical runs: any other value is outside.
-        let mut flat = BaselineStore::in_memory();
-        for i in 0..5 {
-            flat.record("k", entry(i as f64, 0.05));
+        // A slowness the SLO fails on, however long, is judged against the runs before it.
+        for _ in 0..3 {
+            add(&mut store, 0.2, true);
+            assert_eq!(near(&store).estimate, 0.16);
         }
-        let (lo, hi) = flat.spread("k", 5.0, 86_400.0).unwrap().prediction();
-        assert_eq!((lo, hi), (0.05, 0.05));
-        // Runs older than the span leave it.
-        assert_eq!(store.spread("k", 1e9, 86_400.0), None);
+        // Once it went away, its streak is one episode: alone, it vouches for nothing.
+        add(&mut store, 0.16, false);
+        assert_eq!(near(&store).estimate, 0.16);
+        // Back a second time: two episodes, and its third return is a known mode.
+        add(&mut store, 0.2, true);
+        add(&mut store, 0.2, true);
+        assert_eq!(near(&store).estimate, 0.16);
+        add(&mut store, 0.16, false);
+        assert_eq!(near(&store).estimate, 0.2);
+        // Only a failing streak in the span: no baseline.
+        let mut lone = BaselineStore::in_memory();
+        lone.record(
+            "k",
+            Entry {
+                failing: true,
+                ..entry(1.0, 0.2)
+            },
+        );
+        lone.record(
+            "k",
+            Entry {
+                failing: true,
+                ..entry(2.0, 0.2)
+            },
+        );
+        assert_eq!(lone.nearest("k", 3.0, 10.0, 3.0, 0.2), None);
     }
 
     #[test]

@@ -433,6 +433,7 @@ impl SloEngine {
             labels: req.labels.clone(),
             instance: format!("probe|{}", req.labels.target),
             at: now,
+            at_unix: unix_now(),
             counts: Counts::of(&req.sample),
             steady_seconds: 0.0,
             cost_usd: None,
@@ -465,7 +466,7 @@ impl SloEngine {
     /// quantiles of a fault's few survivors are not a fair sample, so a fault shows as errors
     /// and thin data (`insufficient_data`, or the previous verdict), never as a latency verdict.
     pub fn step_finished(&self, results: &[StepResult]) {
-        let now = self.now();
+        let (now, now_unix) = (self.now(), unix_now());
         let (mut pending, straddled) = {
             let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             (
@@ -506,6 +507,7 @@ impl SloEngine {
                     labels: r.labels.clone(),
                     instance: format!("{}|{}|{}", r.cycle, r.step, r.labels.target),
                     at: now,
+                    at_unix: now_unix,
                     counts: m.counts(),
                     steady_seconds: r.steady_seconds,
                     cost_usd: m
@@ -534,11 +536,12 @@ impl SloEngine {
             for d in &inner.defs {
                 let SloKind::Expr(c) = &d.kind else { continue };
                 // A cycle the SLO failed in does not teach its baseline (a regression must not
-                // become the new normal).
+                // become the new normal), nor one whose run fails and waits for the next to
+                // confirm it: a regression's first run must not vouch for its third.
                 let failing = inner
                     .verdicts
                     .get(&d.name)
-                    .is_some_and(|v| v.state == SloState::Fail);
+                    .is_some_and(|v| v.state == SloState::Fail || v.gate.waiting());
                 for (term, _) in baseline_terms(c) {
                     let ctx = Ctx::of(d, &inner.cycle_store, &inner.baselines, &inner.domain, now, now_unix);
                     match eval::value(&ctx, &term) {
@@ -943,7 +946,7 @@ mod tests {
     }
 
     fn state(engine: &SloEngine) -> SloState {
-        let statuses = engine.evaluate(Instant::now(), 0.0);
+        let statuses = engine.evaluate(Instant::now(), unix_now());
         statuses[0].1.reading.state
     }
 
@@ -1184,15 +1187,32 @@ mod tests {
         let engine = in_memory_engine(vec![def(expr, 0)]);
         let mut rng = StdRng::seed_from_u64(10);
         step(&engine, &mut rng, 200, 1.0, 1.0, false);
-        // No completed cycle yet: no baseline.
+        // No completed cycle yet: no baseline; nor once the cycle that holds this run ended
+        // (a run is never its own baseline).
         assert_eq!(state(&engine), SloState::InsufficientData);
         engine.cycle_finished();
-        assert_eq!(state(&engine), SloState::Pass);
-        // A 50 % regression against one past cycle: how far runs move is not known yet, so no
-        // run can fail against it, and the reason says so.
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        let reason = engine.status_json()[0]["reason"].clone();
+        assert!(
+            reason
+                .as_str()
+                .unwrap_or_default()
+                .contains("no passing cycle before this run"),
+            "{reason}"
+        );
+        // A 50 % regression against one past cycle: the deployment's modes may not have shown
+        // yet, so no run can fail against it, and the reason says so.
         advance(Duration::from_secs(130)).await;
         step(&engine, &mut rng, 200, 1.5, 1.0, false);
-        assert_eq!(state(&engine), SloState::Pass);
+        assert_eq!(state(&engine), SloState::InsufficientData);
+        let reason = engine.status_json()[0]["reason"].clone();
+        assert!(
+            reason
+                .as_str()
+                .unwrap_or_default()
+                .contains("1 past runs, 8 needed"),
+            "{reason}"
+        );
         engine.cycle_finished();
         // Steady runs teach the baseline its spread (the regressed cycle counts towards it, and
         // widens it while the runs are few)...

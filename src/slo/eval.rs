@@ -12,7 +12,7 @@ pub use crate::measure::stats::{Interval, wilson};
 use crate::measure::stats::{Z_95, poisson_rate, r2_interval, samples_to_bound, slope_interval};
 
 use super::ast::*;
-use super::baseline::{BaselineStore, MIN_SPREAD_RUNS};
+use super::baseline::{BaselineStore, MIN_BASELINE_RUNS};
 pub use super::store::{
     Folding, RequestSample, StepRecord, StepSamples, Store, Totals, Want, label_value,
     labels_match, objectives_key,
@@ -43,6 +43,9 @@ pub struct Ctx<'a> {
     pub min_samples: u64,
     pub now: Instant,
     pub now_unix: f64,
+    /// When the newest step the SLO reads ended (unix seconds; `now_unix` without one): the run
+    /// being judged, which a rolling baseline compares with the cycles that ended before it.
+    pub run_end_unix: f64,
     /// Why a value or comparison decided less than its numbers suggest (an unbounded quantile,
     /// a run inside its baseline's run-to-run range), for the status's reason.
     pub notes: RefCell<Vec<String>>,
@@ -58,7 +61,15 @@ impl<'a> Ctx<'a> {
         now: Instant,
         now_unix: f64,
     ) -> Ctx<'a> {
+        let run_end_unix = def
+            .selectors()
+            .iter()
+            .filter_map(|sel| store.newest_step(&sel.matchers, def.saturated_steps))
+            .map(|r| r.at_unix)
+            .max_by(f64::total_cmp)
+            .unwrap_or(now_unix);
         Ctx {
+            run_end_unix,
             store,
             cycle_baselines,
             domain,
@@ -87,8 +98,8 @@ pub struct Side {
     pub lhs: Interval,
     pub rhs: Interval,
     pub verdict: Truth,
-    /// A side reads a rolling baseline, whose comparison already weighs how far runs move
-    /// ([`moved_past_its_runs`]).
+    /// A side reads a rolling baseline: it is judged against the past run closest to it
+    /// (`BaselineStore::nearest`), which already weighs how far runs move.
     pub rolling: bool,
 }
 
@@ -156,10 +167,10 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
             let lhs = value(ctx, a)?;
             let rhs = value(ctx, b)?;
             let mut verdict = compare(*op, lhs, rhs);
-            if verdict == Truth::False && !moved_past_its_runs(ctx, a)? {
+            if verdict == Truth::False && !knows_its_runs(ctx, a)? {
                 verdict = Truth::Unknown;
             }
-            if verdict == Truth::False && !moved_past_its_runs(ctx, b)? {
+            if verdict == Truth::False && !knows_its_runs(ctx, b)? {
                 verdict = Truth::Unknown;
             }
             sides.push(Side {
@@ -190,33 +201,22 @@ fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, I
     }
 }
 
-/// Whether every rolling baseline term inside `v` now reads a value outside the range its own
-/// past runs predict (`baselines::RunSpread::prediction`): a comparison with a baseline fails
-/// only then, so that a run that moves no more than runs move never pages, however narrow its
-/// own interval (docs/SLO.md, "Run-to-run variation"). A term with fewer than
-/// [`MIN_SPREAD_RUNS`] past runs has no known range yet, and cannot fail. Pinned baselines keep
-/// no runs: their comparisons decide on the intervals alone.
-fn moved_past_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
+/// Whether every rolling baseline term inside `v` knows enough past runs for a run to fail
+/// against it: with fewer than [`MIN_BASELINE_RUNS`] the deployment's modes may not have shown
+/// yet, and a comparison with the term cannot fail (docs/SLO.md, "Run-to-run variation").
+/// Pinned baselines and plain values always can.
+fn knows_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
     match v {
-        Value::Baseline(inner, BaselineRef::Span(span)) => {
+        Value::Baseline(inner, BaselineRef::Span(span, off)) => {
             let key = baseline_key(ctx.slo, inner);
-            let runs = ctx.cycle_baselines.spread(&key, ctx.now_unix, *span);
-            let runs = match runs {
-                Some(r) if r.runs >= MIN_SPREAD_RUNS => r,
-                other => {
-                    ctx.note(format!(
-                        "{v}: {} past runs, {MIN_SPREAD_RUNS} needed before a run can fail against it (how far runs move is not known yet)",
-                        other.map_or(0, |r| r.runs)
-                    ));
-                    return Ok(false);
-                }
-            };
             let now = value(ctx, inner)?.estimate;
-            let (lo, hi) = runs.prediction();
-            if (lo..=hi).contains(&now) {
+            let runs = ctx
+                .cycle_baselines
+                .nearest(&key, ctx.now_unix - off, *span, ctx.run_end_unix, now)
+                .map_or(0, |(_, runs)| runs);
+            if runs < MIN_BASELINE_RUNS {
                 ctx.note(format!(
-                    "{inner} is {now:.6}, inside the range its last {} runs predict [{lo:.6}, {hi:.6}]: runs move that much on this deployment",
-                    runs.runs
+                    "{v}: {runs} past runs, {MIN_BASELINE_RUNS} needed before a run can fail against it (the deployment's modes may not have shown yet)"
                 ));
                 return Ok(false);
             }
@@ -228,15 +228,15 @@ fn moved_past_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
         | Value::Agg(..)
         | Value::Scalar(_)
         | Value::Goodput(..) => Ok(true),
-        Value::Fit(_, inner, _) | Value::Neg(inner) => moved_past_its_runs(ctx, inner),
-        Value::Binary(_, a, b) => Ok(moved_past_its_runs(ctx, a)? && moved_past_its_runs(ctx, b)?),
+        Value::Fit(_, inner, _) | Value::Neg(inner) => knows_its_runs(ctx, inner),
+        Value::Binary(_, a, b) => Ok(knows_its_runs(ctx, a)? && knows_its_runs(ctx, b)?),
     }
 }
 
 /// Whether `v` reads a rolling `baseline(…, SPAN)` anywhere.
 fn reads_rolling_baseline(v: &Value) -> bool {
     match v {
-        Value::Baseline(_, BaselineRef::Span(_)) => true,
+        Value::Baseline(_, BaselineRef::Span(..)) => true,
         Value::Baseline(_, BaselineRef::Pinned(_))
         | Value::Number(_)
         | Value::Duration(_)
@@ -300,15 +300,17 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
         Value::Baseline(inner, past) => {
             let key = baseline_key(ctx.slo, inner);
             match past {
-                BaselineRef::Span(span) => ctx
-                    .cycle_baselines
-                    .lookup(&key, ctx.now_unix, *span)
-                    .ok_or_else(|| Insufficient {
+                BaselineRef::Span(span, off) => {
+                    let now = value(ctx, inner)?.estimate;
+                    ctx.cycle_baselines
+                        .nearest(&key, ctx.now_unix - off, *span, ctx.run_end_unix, now)
+                        .map(|(run, _)| run.interval())
+                        .ok_or_else(|| Insufficient {
                         reason: format!(
-                            "{v}: no completed passing cycle in the last {}",
-                            format_duration(*span)
+                            "{v}: no passing cycle before this run in the baseline's span ({past})"
                         ),
-                    }),
+                    })
+                }
                 BaselineRef::Pinned(name) => ctx
                     .cycle_baselines
                     .pinned(name, &key)

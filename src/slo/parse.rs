@@ -471,7 +471,9 @@ impl Parser {
         )?;
         let d_at = self.offset();
         let past = match self.next() {
-            Tok::Duration(d) if d > 0.0 && d.is_finite() => BaselineRef::Span(d),
+            Tok::Duration(d) if d > 0.0 && d.is_finite() => {
+                BaselineRef::Span(d, self.baseline_offset()?)
+            }
             Tok::Str(name) if valid_pin_name(&name) => BaselineRef::Pinned(name),
             Tok::Str(_) => {
                 return err(
@@ -489,6 +491,23 @@ impl Parser {
         };
         self.expect(Tok::RParen, "to close `baseline(`")?;
         Ok(Value::Baseline(Box::new(inner), past))
+    }
+
+    /// An optional `offset DURATION` after a baseline's span: the span ends that long ago.
+    fn baseline_offset(&mut self) -> Result<f64, ParseError> {
+        if !matches!(self.peek(), Tok::Ident(w) if w == "offset") {
+            return Ok(0.0);
+        }
+        self.i += 1;
+        let at = self.offset();
+        match self.next() {
+            Tok::Duration(d) if d >= 0.0 && d.is_finite() => Ok(d),
+            other => expected(
+                at,
+                "a duration such as `12h` after `offset` (the baseline's span ends that long ago)",
+                &other,
+            ),
+        }
     }
 
     /// `goodput(...)` after its opening parenthesis: `requests{...}`, then one objective or more.
@@ -784,6 +803,7 @@ mod tests {
             "r2(p50(ttft{workload=\"prefix_cache\"}) by (prefix_ratio)) >= 0.9",
             "slope(mean(ttft{workload='prefix_cache'})) by (prefix_ratio) < 0",
             "p50(ttft{target=\"a\"}) <= 1.2 * baseline(p50(ttft{target=\"a\"}), 24h)",
+            "p50(ttft) <= 1.1 * baseline(p50(ttft), 24h offset 12h)",
             "error_ratio{workload=~\"concurrency_.*\"} < 0.01 and output_tps > 100 or count(ttft) >= 1",
             "goodput(requests{concurrency=\"32\"}, ttft <= 2s, itl <= 40ms) > 1",
             "-(p50(ttft) - p50(ttft)) < 1e-3",
@@ -791,6 +811,24 @@ mod tests {
         ] {
             parse_condition(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
+    }
+
+    #[test]
+    fn a_baseline_span_may_end_an_offset_ago() {
+        let c = parse_condition("p50(ttft) <= 1.1 * baseline(p50(ttft), 24h offset 12h)").unwrap();
+        assert_eq!(
+            c.to_string(),
+            "p50(ttft) <= 1.1 * baseline(p50(ttft), 1d offset 12h)"
+        );
+        let Cond::Cmp(_, _, Value::Binary(_, _, b)) = &c else {
+            panic!("{c:?}")
+        };
+        assert!(
+            matches!(**b, Value::Baseline(_, BaselineRef::Span(s, o)) if s == 86_400.0 && o == 43_200.0),
+            "{b:?}"
+        );
+        let e = parse_condition("p50(ttft) <= baseline(p50(ttft), 24h offset x)").unwrap_err();
+        assert!(e.message.contains("after `offset`"), "{e:?}");
     }
 
     #[test]
@@ -1025,7 +1063,7 @@ mod tests {
                 )
                     .prop_map(|(f, v, l)| Value::Fit(f, Box::new(v), l.to_owned())),
                 1 => (with_data.clone(), duration())
-                    .prop_map(|(v, d)| Value::Baseline(Box::new(v), BaselineRef::Span(d))),
+                    .prop_map(|(v, d)| Value::Baseline(Box::new(v), BaselineRef::Span(d, 0.0))),
                 1 => (with_data, prop::sample::select(vec!["release-1.2", "good_v3"]))
                     .prop_map(|(v, n)| Value::Baseline(Box::new(v), BaselineRef::Pinned(n.to_owned()))),
             ]

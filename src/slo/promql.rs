@@ -111,10 +111,10 @@ impl DaemonOnly {
     }
 }
 
-/// The span of a rolling baseline; a pinned one has no PromQL form.
-pub(super) fn span(past: &BaselineRef) -> Result<f64, DaemonOnly> {
+/// The span and offset of a rolling baseline; a pinned one has no PromQL form.
+pub(super) fn span(past: &BaselineRef) -> Result<(f64, f64), DaemonOnly> {
     match past {
-        BaselineRef::Span(s) => Ok(*s),
+        BaselineRef::Span(s, off) => Ok((*s, *off)),
         BaselineRef::Pinned(name) => Err(DaemonOnly::Pinned(name.clone())),
     }
 }
@@ -220,10 +220,11 @@ impl Pq<'_> {
             Value::Goodput(sel, objectives) => self.goodput(sel, objectives)?,
             Value::Fit(fit, inner, label) => self.fit(fit, inner, label)?,
             Value::Baseline(inner, past) => {
+                let (span, off) = span(past)?;
                 let past = Pq {
                     domain: self.domain,
-                    range: Duration::from_secs_f64(span(past)?),
-                    offset: Some(self.range),
+                    range: Duration::from_secs_f64(span),
+                    offset: Some(self.range + Duration::from_secs_f64(off)),
                 };
                 past.value(inner)?
             }
@@ -379,10 +380,11 @@ impl Pq<'_> {
                 }
             }
             Value::Baseline(inner, past) => {
+                let (span, off) = span(past)?;
                 let past = Pq {
                     domain: self.domain,
-                    range: Duration::from_secs_f64(span(past)?),
-                    offset: Some(self.range),
+                    range: Duration::from_secs_f64(span),
+                    offset: Some(self.range + Duration::from_secs_f64(off)),
                 };
                 past.guards(inner, min_samples, out)?;
             }

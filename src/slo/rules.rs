@@ -265,12 +265,30 @@ fn promql_range(def: &SloDef, opts: &RulesOptions) -> Duration {
     def.window.max(cycle)
 }
 
+/// The longest offset of the SLO's rolling baselines (`baseline(e, 24h offset 1d)`).
+fn baseline_offset(def: &SloDef) -> Duration {
+    let SloKind::Expr(c) = &def.kind else {
+        return Duration::ZERO;
+    };
+    super::reading::baseline_terms(c)
+        .iter()
+        .filter_map(|(_, past)| match past {
+            BaselineRef::Span(_, off) => Some(Duration::from_secs_f64(*off)),
+            BaselineRef::Pinned(_) => None,
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
 /// The alerts every SLO has: the paging one on the daemon's verdict, and the one on an SLO stuck
 /// without data for two cycles.
 fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
     let slo = prom_string(&def.name);
     let what = def.description.as_deref().unwrap_or(text);
-    let stuck = Duration::from_secs((opts.cycle * 2).as_secs().div_ceil(60).max(1) * 60);
+    // A baseline that ends an offset ago has nothing to compare with for that long after a
+    // start: the alert waits for it too.
+    let offset = baseline_offset(def);
+    let stuck = Duration::from_secs((opts.cycle * 2 + offset).as_secs().div_ceil(60).max(1) * 60);
     let with_own = |mut annotations: Vec<(String, String)>| {
         for (k, v) in &def.annotations {
             annotations.retain(|(name, _)| name != k);
@@ -317,8 +335,13 @@ fn verdict_alerts(def: &SloDef, opts: &RulesOptions, text: &str) -> Vec<Rule> {
                 (
                     "summary".into(),
                     plain(&format!(
-                        "SLO {} has had no verdict for two cycles ({})",
+                        "SLO {} has had no verdict for two cycles{} ({})",
                         def.name,
+                        if offset.is_zero() {
+                            ""
+                        } else {
+                            " after its baseline's offset"
+                        },
                         prom_duration(stuck)
                     )),
                 ),

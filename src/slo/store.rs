@@ -199,6 +199,8 @@ pub struct StepRecord {
     /// `cycle|step|target`: label sets of one step instance share its steady time.
     pub instance: String,
     pub at: Instant,
+    /// When it was committed, on the wall clock cycles are stamped with (`clock::unix_now`).
+    pub at_unix: f64,
     pub counts: Counts,
     pub steady_seconds: f64,
     /// Cost of the step's output in USD, where the target has a price.
@@ -595,7 +597,9 @@ impl Store {
             .map(|r| HeldStep {
                 labels: map(&r.labels),
                 instance: r.instance.clone(),
-                at_unix: unix(r.at),
+                // The wall clock's reading at the commit, which baseline cycles are compared
+                // with (the same as the monotonic age from now, but for clock steps).
+                at_unix: r.at_unix,
                 requests: r.counts.requests,
                 ok: r.counts.ok,
                 errors: r.counts.errors,
@@ -626,6 +630,7 @@ impl Store {
                 labels: labels(&h.labels),
                 instance: h.instance.clone(),
                 at: instant(h.at_unix),
+                at_unix: h.at_unix,
                 counts: Counts {
                     requests: h.requests,
                     ok: h.ok,
