@@ -88,11 +88,11 @@ async fn probe_target(
     let report = crate::probe::probe(&t, &url, &base_dir, &client).await;
     let ok = report.verdict == crate::probe::Verdict::Ok;
     metrics.set_probe(&report.target, ok);
-    let text = crate::probe::render(std::slice::from_ref(&report));
+    let line = crate::probe::render_line(&report);
     if ok {
-        tracing::info!("{}", text.trim_end());
+        tracing::info!("{line}");
     } else {
-        tracing::warn!("{}", text.trim_end());
+        tracing::warn!("{line}");
     }
     probes
         .write()

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 // The helpers most tests use, at `support::` (each binary uses some).
 #[allow(unused_imports)]
-pub use daemon::{Proc, start_daemon, start_daemon_with, start_sim_process};
+pub use daemon::{Proc, start_daemon, start_daemon_flagged, start_daemon_with, start_sim_process};
 #[allow(unused_imports)]
 pub use prometheus::Prometheus;
 #[allow(unused_imports)]
