@@ -1,6 +1,7 @@
 //! The status page on `GET /` of a running daemon: in headless Chromium it shows the targets,
 //! the SLO states and a failed request from a fault injected into one simulated target; over
-//! plain HTTP it is HTML whose every text from servers is escaped, with the target's key masked.
+//! plain HTTP it is HTML whose every text from servers is escaped, with the target's key masked,
+//! and the start-up log names its URL.
 
 mod support;
 
@@ -240,6 +241,7 @@ slos:
     let page = response.text().await.unwrap();
     daemon.signal("TERM");
     daemon.wait_exit("exit", Duration::from_secs(15)).await;
+    let log = daemon.log_text();
 
     assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
     for shown in [
@@ -260,4 +262,11 @@ slos:
         "{page}"
     );
     assert!(!page.contains("5ecret"), "the key shows on the page");
+    // The start-up log says where to look.
+    assert!(
+        log.contains(&format!(
+            "open http://{addr}/ for the status page; http://{addr}/metrics, http://{addr}/api/v1/status"
+        )),
+        "{log}"
+    );
 }
