@@ -276,6 +276,32 @@ pub fn render(reports: &[ProbeReport]) -> String {
     out
 }
 
+/// One report on one line, as the daemon logs it at start: the verdict, then each check with its
+/// mark and detail (`probe a (http://…): ok; ok reachable: answers HTTP, ok model: m, …`).
+pub fn render_line(r: &ProbeReport) -> String {
+    let checks: Vec<String> = r
+        .checks
+        .iter()
+        .map(|c| {
+            let mark = match c.outcome {
+                Outcome::Pass => "ok",
+                Outcome::Warn => "warn",
+                Outcome::Fail => "FAIL",
+            };
+            // A detail that is an error of several lines (a config's problems) stays on this one.
+            let detail: Vec<&str> = c.detail.lines().map(str::trim).collect();
+            format!("{mark} {}: {}", c.name, detail.join(" "))
+        })
+        .collect();
+    format!(
+        "probe {} ({}): {}; {}",
+        r.target,
+        r.url,
+        r.verdict.as_str(),
+        checks.join(", ")
+    )
+}
+
 /// The exit code of a set of reports: the worst verdict's.
 pub fn exit_code(reports: &[ProbeReport]) -> u8 {
     reports
@@ -284,4 +310,32 @@ pub fn exit_code(reports: &[ProbeReport]) -> u8 {
         .max()
         .unwrap_or(Verdict::Ok)
         .exit_code()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_logs_on_one_line_with_every_check() {
+        let mut report = ProbeReport::new("sim-agg", "http://127.0.0.1:8000");
+        report.check("reachable", Outcome::Pass, "answers HTTP");
+        report.check("usage", Outcome::Warn, "no usage in the stream");
+        report.fail(
+            "streaming",
+            Verdict::Rejected,
+            "outcome bad_response:\nline two",
+        );
+        assert_eq!(
+            render_line(&report),
+            "probe sim-agg (http://127.0.0.1:8000): rejected; ok reachable: answers HTTP, \
+             warn usage: no usage in the stream, FAIL streaming: outcome bad_response: line two"
+        );
+        // `check --probe` keeps its table, a line per check.
+        let table = render(std::slice::from_ref(&report));
+        assert!(
+            table.starts_with("probe sim-agg (http://127.0.0.1:8000): rejected\n  ok   reachable"),
+            "{table}"
+        );
+    }
 }

@@ -16,6 +16,8 @@ use serde_json::Value;
 
 mod support;
 
+use support::chromium::{chromium, console_lines, count_colour, file_url, headless, png_pixels};
+
 const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
 
 /// Short requests (OSL ≤ 32) so that even 2.4 s steps measure dozens of requests per mode.
@@ -606,68 +608,11 @@ fn the_html_report_is_self_contained_and_holds_every_chart() {
     assert!(!html.contains("<script") && !html.contains("NaN"));
 }
 
-/// Debian's `chromium`, which `scripts/test` installs. Outside CI a missing browser skips the
-/// browser tests loudly; in CI (`CI=true`) it fails them.
-fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join(name))
-                .find(|p| p.is_file())
-        })
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "chromium is not installed; ./scripts/test installs it"
-        );
-        eprintln!(
-            "\n!!! SKIPPING the headless-Chromium report test: chromium is not installed \
-             (./scripts/test installs it) !!!\n"
-        );
-    }
-    found
-}
-
-/// Runs headless Chromium on `page` with `extra` flags; returns (stdout, stderr).
-fn headless(chromium: &Path, page: &Path, profile: &Path, extra: &[&str]) -> (String, String) {
-    let out = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(extra)
-        .arg(format!("file://{}", page.display()))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chromium: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Console messages in Chromium's log (`...:INFO:CONSOLE(...)] "message", source: ...`).
-fn console_lines(stderr: &str) -> Vec<&str> {
-    stderr.lines().filter(|l| l.contains(":CONSOLE")).collect()
-}
-
 #[test]
 fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors() {
-    let Some(chromium) = chromium() else { return };
+    let Some(chromium) = chromium("the headless-Chromium report test") else {
+        return;
+    };
     let run = full_run();
     let page = run.out.join("report.html");
     let tmp = tempfile::tempdir().unwrap();
@@ -678,13 +623,23 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
         "bad.html",
         "<html><body><script>console.error('boom')</script></body></html>",
     );
-    let (_, log) = headless(&chromium, &bad, &tmp.path().join("p0"), &["--dump-dom"]);
+    let (_, log) = headless(
+        &chromium,
+        &file_url(&bad),
+        &tmp.path().join("p0"),
+        &["--dump-dom"],
+    );
     assert!(
         console_lines(&log).iter().any(|l| l.contains("boom")),
         "the console detector saw nothing:\n{log}"
     );
 
-    let (dom, log) = headless(&chromium, &page, &tmp.path().join("p1"), &["--dump-dom"]);
+    let (dom, log) = headless(
+        &chromium,
+        &file_url(&page),
+        &tmp.path().join("p1"),
+        &["--dump-dom"],
+    );
     assert!(
         console_lines(&log).is_empty(),
         "console messages: {:?}",
@@ -702,7 +657,7 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
     let shot = tmp.path().join("shot.png");
     let (_, log) = headless(
         &chromium,
-        &page,
+        &file_url(&page),
         &tmp.path().join("p2"),
         &[
             &format!("--screenshot={}", shot.display()),
@@ -712,18 +667,8 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
     );
     assert!(console_lines(&log).is_empty(), "{log}");
     // Not blank: the two targets' chart colours are drawn in quantity.
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    let channels = info.color_type.samples();
-    let pixels = &buf[..info.buffer_size()];
-    let count = |rgb: [u8; 3]| {
-        pixels
-            .chunks(channels)
-            .filter(|p| p.iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 12))
-            .count()
-    };
+    let (pixels, channels) = png_pixels(&shot);
+    let count = |rgb: [u8; 3]| count_colour(&pixels, channels, rgb, 12);
     let (blue, vermilion) = (count([0x00, 0x72, 0xB2]), count([0xD5, 0x5E, 0x00]));
     assert!(
         blue > 500 && vermilion > 500,

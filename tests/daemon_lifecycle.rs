@@ -1,5 +1,6 @@
 //! The daemon as a user runs it: a bad config exits 2 before binding anything, a reload with a
-//! bad file keeps the old config running, and SIGTERM drains and exits 0.
+//! bad file keeps the old config running, SIGTERM drains and exits 0, and `--log-format json`
+//! logs one JSON object per line.
 
 mod support;
 
@@ -125,6 +126,95 @@ async fn reload_keeps_the_old_config_on_a_bad_file_and_sigterm_drains() {
     assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
     let log = daemon.log_text();
     assert!(log.contains("shutdown complete"), "{log}");
+}
+
+/// `--log-format json`: every line the daemon writes to stderr, from the start to the end of
+/// its shutdown, is one JSON object with its timestamp, level, fields and message; what used to take
+/// several lines (the start-up probe's checks, a rejected reload's problems) is one line, or a
+/// record per problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_from_start_to_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("canary.yaml");
+    std::fs::write(&path, GOOD).unwrap();
+    let (mut daemon, addr) = support::start_daemon_flagged(
+        &["--log-format", "json"],
+        Some(&path),
+        dir.path(),
+        true,
+        &[],
+    );
+    let client = http();
+    // The start-up probe's findings are published once they are logged.
+    let status = format!("http://{addr}/api/v1/status");
+    eventually("the start-up probe", Duration::from_secs(30), || async {
+        let s = support::http::get_json(&client, &status).await.ok()?;
+        (!s["probes"].as_array()?.is_empty()).then_some(())
+    })
+    .await;
+    // Two problems in the file: the reload is rejected, each problem logged on its own.
+    let bad = GOOD
+        .replace("levels: [2]", "levels: [0]")
+        .replace("isl: 64", "isl: 0");
+    std::fs::write(&path, bad).unwrap();
+    let r = client
+        .post(format!("http://{addr}/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    daemon.signal("TERM");
+    let exit = daemon.wait_exit("exit", Duration::from_secs(15)).await;
+    let log = daemon.log_text();
+    assert_eq!(exit.code(), Some(0), "{log}");
+
+    let records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}"))
+        })
+        .collect();
+    let mut messages = Vec::new();
+    for r in &records {
+        assert!(
+            r["timestamp"].is_string() && r["level"].is_string() && r["target"].is_string(),
+            "{r}"
+        );
+        let message = r["fields"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no message: {r}"));
+        assert!(!message.contains('\n'), "a record of several lines: {r}");
+        messages.push(message);
+    }
+    // A field named `target` (the canary's target) stays apart from the record's own `target`.
+    assert!(
+        records.iter().any(|r| r["fields"]["target"] == "sim-agg"
+            && r["target"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("llm_canary"))),
+        "{log}"
+    );
+    let listening = format!("listening on {addr}");
+    assert!(messages.contains(&listening.as_str()), "{log}");
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("probe sim-agg (http://127.0.0.1:")
+                && m.contains(": ok; ok reachable: answers HTTP, ok model: ")),
+        "{log}"
+    );
+    let rejected: Vec<&&str> = messages
+        .iter()
+        .filter(|m| m.starts_with("reload rejected, the old config keeps running: "))
+        .collect();
+    assert_eq!(rejected.len(), 2, "{log}");
+    assert!(
+        rejected
+            .iter()
+            .any(|m| m.contains("concurrency level 0 must be between 1 and 4096")),
+        "{log}"
+    );
+    assert_eq!(messages.last(), Some(&"shutdown complete"), "{log}");
 }
 
 const AGG: &[(&str, &str)] = &[("target", "sim-agg")];

@@ -353,7 +353,12 @@ async fn a_full_pool_still_answers_the_health_probes() {
         "{:?}",
         String::from_utf8_lossy(&answer.body)
     );
-    assert!(server.refused("connection_limit") >= 1.0);
+    // The status page is a data endpoint like the others: not on the health reserve.
+    let answer = get(server.addr, "/", Duration::from_secs(1))
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 503);
+    assert!(server.refused("connection_limit") >= 2.0);
     assert!(server.refused("peer_connection_limit") >= 400.0);
     stop.cancel();
     while flood.join_next().await.is_some() {}

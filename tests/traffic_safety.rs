@@ -3,7 +3,7 @@
 //! were; a budget below the plan's demand holds in-flight streams, requests per second and output
 //! tokens per hour, and says what it cut; a spent hour pauses the steps while the probe stream
 //! goes on within its own allowance; every request carries the traffic marker (as the
-//! simulator's request log shows it).
+//! simulator's request log shows it) and names the canary in its `User-Agent`.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -579,6 +579,11 @@ async fn every_request_carries_the_traffic_marker() {
     for line in &lines {
         assert_eq!(line["headers"]["x-canary"], "llm-canary", "{line}");
         assert_eq!(line["user"], "llm-canary", "{line}");
+        assert_eq!(
+            line["headers"]["user-agent"],
+            llm_canary::client::USER_AGENT,
+            "{line}"
+        );
     }
     // Configured otherwise: another header, and no `user` at all.
     let (lines, _) =
@@ -659,4 +664,76 @@ fn check_probe_tells_a_working_a_rejecting_and_a_stopped_target_apart() {
         "{out}"
     );
     assert!(out.contains("FAIL reachable"), "{out}");
+}
+
+/// Every request the canary sends to a target names it, `User-Agent: llm-canary/<version>`: the
+/// measured completion (the canary's own transport), the model lookup and the scrape of the
+/// server's metrics (reqwest), as a server that records every request head sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_to_a_target_names_the_canary_as_its_user_agent() {
+    let (addr, heads) = support::raw_server(|head| {
+        let reply = |content_type: &str, body: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        };
+        support::RawReply::Bytes(if head.starts_with("GET /v1/models") {
+            reply("application/json", r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#)
+        } else if head.starts_with("GET /metrics") {
+            reply("text/plain", "vllm:num_requests_running 0\n")
+        } else {
+            support::sse_ok("m", 4)
+        })
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"targets:
+  - {{ name: recorded, serving_mode: aggregated, url: "http://{addr}", model: auto, dialect: openai, server_metrics: ["http://{addr}/metrics"] }}
+workloads:
+  concurrency_sweep: {{ levels: [1], isl: 64, osl: 8, step: 20s, warmup: 2s }}
+"#
+        ),
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+            .args(["check", "--probe", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let heads = heads.lock().unwrap().clone();
+    for request in [
+        "GET /v1/models",
+        "POST /v1/chat/completions",
+        "GET /metrics",
+    ] {
+        assert!(
+            heads.iter().any(|h| h.starts_with(request)),
+            "no {request} among {heads:#?}"
+        );
+    }
+    let agent = format!("user-agent: llm-canary/{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        agent.split_once(": ").unwrap().1,
+        llm_canary::client::USER_AGENT
+    );
+    for head in &heads {
+        let named = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("user-agent:"))
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>();
+        assert_eq!(named, std::slice::from_ref(&agent), "{head}");
+    }
 }

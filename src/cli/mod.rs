@@ -18,8 +18,23 @@ use crate::shutdown::{OnSignal, Shutdown};
 #[derive(Debug, Parser)]
 #[command(name = "llm-canary", version, about, long_about = None)]
 pub struct Cli {
+    /// How log records are written to stderr: text (one line each, for people) or json (one
+    /// JSON object per line, for a log pipeline).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// The form of the log on stderr (`--log-format`). Either way a record is one line: what the
+/// canary logs is written on one line where it is logged (a probe's checks, a config's
+/// problems one record each), and the JSON encoder escapes any line break a value still holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `TIMESTAMP LEVEL target: message key=value…`, coloured on a terminal.
+    Text,
+    /// `{"timestamp": …, "level": …, "fields": {"message": …, <fields>}, "target": …}`.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,7 +198,7 @@ pub struct SimArgs {
 /// Parses the command line and runs it; the process exit code follows docs/DESIGN.md §2.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(cli.log_format);
     let command = cli.command.unwrap_or(Command::Run(RunArgs {
         config: None,
         listen: None,
@@ -194,14 +209,27 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        // The record's fields (its message among them) under `fields`, not beside the
+        // record's own keys: a field named `target` (a canary target's name, on many records)
+        // would repeat the key `target` (where the record was logged), which a JSON reader
+        // keeps one of. The canary logs no spans.
+        LogFormat::Json => log
+            .json()
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_ansi(false)
+            .try_init(),
+    };
 }
 
 /// Writes `text` to stdout, the one way the commands print there. A reader that went away
@@ -407,7 +435,10 @@ async fn run(args: RunArgs) -> ExitCode {
     match crate::daemon::run(setup, args.listen).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
+            // A config's problems are one line each: one record each.
+            for line in e.to_string().lines() {
+                tracing::error!("{line}");
+            }
             ExitCode::from(1)
         }
     }

@@ -1,24 +1,36 @@
 //! The HTTP side of the client: how every HTTP client of the crate is built (TLS provider, no
-//! proxies, redirects only within one origin), how a failed exchange is classified and told
-//! (the outcome of a request without a response head, error texts without credentials, the
-//! setting that stops a server rejecting a field), and reading what follows a decided outcome.
+//! proxies, redirects only within one origin, the `User-Agent` that names the canary), how a
+//! failed exchange is classified and told (the outcome of a request without a response head,
+//! error texts without credentials, the setting that stops a server rejecting a field), and
+//! reading what follows a decided outcome.
 
 use tokio::time::Instant;
 
 use super::record::Outcome;
-use reqwest::header::{ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{
+    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, HeaderValue,
+    USER_AGENT as USER_AGENT_NAME,
+};
 
 use super::secret::Secrets;
 use super::{ClientConfig, Endpoint, RESPONSE_BYTES_PER_TOKEN, StreamClient, transport};
+
+/// What every request of the canary is sent with as `User-Agent`: measured requests, model
+/// lookups, scrapes of a server's metrics, the OTLP push. A server's access log and its
+/// operators can then tell the canary's synthetic traffic from users' (beside the traffic
+/// marker, which a config may turn off).
+pub const USER_AGENT: &str = concat!("llm-canary/", env!("CARGO_PKG_VERSION"));
 
 /// The one way this crate builds an HTTP client (measurement, model lookup, server-metrics
 /// scraping): installs the TLS crypto provider reqwest needs, ignores environment proxies,
 /// through which latency would measure the proxy rather than the target, and follows a redirect
 /// only to the same scheme, host and port (at most [`MAX_REDIRECTS`]): a target's `/v1/models`
-/// or `/metrics` must not send the canary, with its API key, to another host.
+/// or `/metrics` must not send the canary, with its API key, to another host. Its requests name
+/// the canary ([`USER_AGENT`]).
 pub fn http_client_builder() -> reqwest::ClientBuilder {
     install_crypto_provider();
     reqwest::Client::builder()
+        .user_agent(USER_AGENT)
         .no_proxy()
         .redirect(same_origin_redirects())
 }
@@ -48,10 +60,12 @@ pub(super) fn same_origin_redirects() -> reqwest::redirect::Policy {
 }
 
 /// The blocking counterpart of [`http_client_builder`], for the OTLP exporter, whose periodic
-/// reader sends from a thread without a Tokio reactor.
+/// reader sends from a thread without a Tokio reactor; its requests name the canary too.
 pub fn blocking_http_client_builder() -> reqwest::blocking::ClientBuilder {
     install_crypto_provider();
-    reqwest::blocking::Client::builder().no_proxy()
+    reqwest::blocking::Client::builder()
+        .user_agent(USER_AGENT)
+        .no_proxy()
 }
 
 pub(super) fn install_crypto_provider() {
@@ -255,6 +269,7 @@ pub(super) async fn post(
     let sse = HeaderValue::from_static("text/event-stream");
     // Token arrival is stamped as bytes arrive: a compressed stream would delay them.
     let identity = HeaderValue::from_static("identity");
+    let agent = HeaderValue::from_static(USER_AGENT);
     let id = HeaderValue::from_str(request_id).map_err(|_| {
         ExchangeError::Request(format!("request id {request_id:?} is not a header value"))
     })?;
@@ -263,6 +278,7 @@ pub(super) async fn post(
         (ACCEPT.as_str(), &sse),
         (ACCEPT_ENCODING.as_str(), &identity),
         ("x-request-id", &id),
+        (USER_AGENT_NAME.as_str(), &agent),
     ];
     if let Some(authorization) = &endpoint.authorization {
         headers.push((AUTHORIZATION.as_str(), authorization));

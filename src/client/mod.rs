@@ -37,7 +37,9 @@ pub use record::{
 pub use secret::{MASK, Secrets};
 pub use sse::{DEFAULT_MAX_EVENT_BYTES, SseError, SseEvent, SseParser};
 
-pub use http::{MAX_REDIRECTS, blocking_http_client_builder, error_text, http_client_builder};
+pub use http::{
+    MAX_REDIRECTS, USER_AGENT, blocking_http_client_builder, error_text, http_client_builder,
+};
 use http::{
     MAX_TAIL_BYTES, drain, read_error_body, rejected_fields_hint, response_limit, sleep_until_some,
 };

@@ -289,7 +289,12 @@ impl Live {
         self.metrics.record_config_reload(result.is_ok());
         match &result {
             Ok(m) => tracing::info!("{m}"),
-            Err(e) => tracing::error!("reload rejected, the old config keeps running:\n{e}"),
+            // One record per problem, each on its line.
+            Err(e) => {
+                for line in e.to_string().lines() {
+                    tracing::error!("reload rejected, the old config keeps running: {line}");
+                }
+            }
         }
         result
     }

@@ -88,11 +88,11 @@ async fn probe_target(
     let report = crate::probe::probe(&t, &url, &base_dir, &client).await;
     let ok = report.verdict == crate::probe::Verdict::Ok;
     metrics.set_probe(&report.target, ok);
-    let text = crate::probe::render(std::slice::from_ref(&report));
+    let line = crate::probe::render_line(&report);
     if ok {
-        tracing::info!("{}", text.trim_end());
+        tracing::info!("{line}");
     } else {
-        tracing::warn!("{}", text.trim_end());
+        tracing::warn!("{line}");
     }
     probes
         .write()
@@ -115,13 +115,14 @@ impl StatusSource for Status {
         );
         v["time_scale"] = json!(*cfg.time_scale);
         v["cycle"] = json!(cfg.cycle());
+        let activity = self.board.target_activity();
         v["targets"] = self
             .targets
             .0
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|t| json!({"name": t.name, "serving_mode": t.serving_mode.as_str(), "url": t.url, "model": t.model}))
+            .map(|t| json!({"name": t.name, "serving_mode": t.serving_mode.as_str(), "url": t.url, "model": t.model, "activity": activity.get(&t.name)}))
             .collect();
         // Configured targets that could not be started (retried every 30 s), and why.
         v["failed_targets"] = self

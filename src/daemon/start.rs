@@ -310,14 +310,32 @@ pub(super) fn serve(
         None => state,
     };
     let readiness = state.readiness();
+    let local = listener.local_addr().ok();
     let server = HttpServer::from_listener(listener, state);
     shutdown.spawn(server.serve(shutdown.service()));
+    if let Some(local) = local {
+        let base = browsable(local);
+        tracing::info!(
+            "open {base}/ for the status page; {base}/metrics, {base}/api/v1/status for the data"
+        );
+    }
     shutdown.spawn(Arc::clone(&wired.live).watch_file(shutdown.service()));
     shutdown.spawn(crate::slo::engine::run_evaluations(
         Arc::clone(slo),
         shutdown.service(),
     ));
     Ok(readiness)
+}
+
+/// `http://ADDR` for a browser on this host: an address that listens on every interface
+/// (`0.0.0.0`, `::`) is reached on loopback.
+fn browsable(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// The lifecycle endpoints (`/-/reload`, `/-/pause`, `/-/resume`, baseline pins) where the
@@ -407,4 +425,19 @@ pub(super) fn scheduler(
     )
     .with_gate(Arc::clone(gate))
     .with_target_watch(published)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::browsable;
+
+    #[test]
+    fn a_browser_is_pointed_at_an_address_it_can_open() {
+        let url = |a: &str| browsable(a.parse().unwrap());
+        assert_eq!(url("127.0.0.1:9464"), "http://127.0.0.1:9464");
+        assert_eq!(url("0.0.0.0:9464"), "http://127.0.0.1:9464");
+        assert_eq!(url("[::]:9464"), "http://[::1]:9464");
+        assert_eq!(url("[fd00::7]:80"), "http://[fd00::7]:80");
+        assert_eq!(url("10.1.2.3:9464"), "http://10.1.2.3:9464");
+    }
 }

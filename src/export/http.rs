@@ -1,5 +1,5 @@
-//! The daemon's HTTP surface (docs/DESIGN.md §2): `/metrics`, `/-/healthy`, `/-/ready`,
-//! `/api/v1/status`, and the lifecycle endpoints that change the daemon's state (`/-/reload`,
+//! The daemon's HTTP surface (docs/DESIGN.md §2): the status page `/`, `/metrics`, `/-/healthy`,
+//! `/-/ready`, `/api/v1/status`, and the lifecycle endpoints that change the daemon's state (`/-/reload`,
 //! `/-/pause`, `/-/resume`, baseline pins), off unless enabled and then optionally behind a
 //! bearer token. A hyper 1 HTTP/1 server with a readiness latch, a bounded graceful drain, and
 //! bounds on what a client can hold: connections (in all and per peer, with a reserve for the
@@ -40,6 +40,7 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 const JSON_CONTENT_TYPE: &str = "application/json";
+const HTML_CONTENT_TYPE: &str = "text/html; charset=utf-8";
 
 /// Largest request body read (only the lifecycle endpoints read one); anything larger is refused
 /// with 413 rather than buffered.
@@ -75,8 +76,9 @@ pub enum HttpError {
     Reload(Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Produces the `/api/v1/status` document (targets, workload phases, SLO verdicts). Called on
-/// every request to the endpoint, so it should read a snapshot, not compute one.
+/// Produces the `/api/v1/status` document (targets, workload phases, SLO verdicts), which the
+/// status page on `/` renders too. Called on every request to either, so it should read a
+/// snapshot, not compute one.
 pub trait StatusSource: Send + Sync {
     fn status_json(&self) -> serde_json::Value;
 }
@@ -455,6 +457,7 @@ where
             })
             .await
         }
+        "/" => get_only(&method, || async { status_page(state) }).await,
         "/api/v1/status" => get_only(&method, || async { status(state) }).await,
         "/-/reload" => match authorize(state, &request, Method::POST, "POST") {
             Ok(lifecycle) => match read_body(limit, request.into_body()).await {
@@ -556,6 +559,12 @@ fn status(state: &AppState) -> Response<ChunksBody> {
         Ok(body) => with_type(StatusCode::OK, JSON_CONTENT_TYPE, body),
         Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
     }
+}
+
+/// `GET /`: the status document of `/api/v1/status`, rendered for a person.
+fn status_page(state: &AppState) -> Response<ChunksBody> {
+    let page = super::status_page::render(&state.status.status_json(), crate::clock::unix_now());
+    with_type(StatusCode::OK, HTML_CONTENT_TYPE, page)
 }
 
 /// The answer to a request refused before its handler ran (boxed: it is the rare path).
@@ -871,9 +880,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_status_page_renders_the_status_document_as_html() {
+        let status = Arc::new(
+            || serde_json::json!({"targets": [{"name": "<b>agg</b>", "serving_mode": "aggregated"}]}),
+        );
+        let state = AppState::new(Arc::new(Metrics::new(&[])), status);
+        let response = route(&state, LOCAL, request(Method::GET, "/", vec![])).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], HTML_CONTENT_TYPE);
+        let page = body_text(response).await;
+        assert!(
+            page.contains("data-target=\"&lt;b&gt;agg&lt;/b&gt;\""),
+            "{page}"
+        );
+        // Only `/` is the page.
+        let response = route(&state, LOCAL, request(Method::GET, "/index.html", vec![])).await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
     async fn get_endpoints_refuse_other_methods() {
         let state = state();
-        for path in ["/metrics", "/-/healthy", "/-/ready", "/api/v1/status"] {
+        for path in ["/", "/metrics", "/-/healthy", "/-/ready", "/api/v1/status"] {
             let response = route(&state, LOCAL, request(Method::POST, path, vec![])).await;
             assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
             assert_eq!(response.headers()[ALLOW], "GET", "{path}");

@@ -1,6 +1,6 @@
 //! Export of what the canary measures: the Prometheus metric families and their OpenMetrics
-//! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]) and the OTLP push
-//! ([`otlp`]). Each is a [`crate::model::Sink`] of the schedule's data.
+//! encoding ([`metrics`]), the daemon's HTTP surface that serves them ([`http`]) with its status
+//! page ([`status_page`]) and the OTLP push ([`otlp`]). Each is a [`crate::model::Sink`] of the schedule's data.
 
 mod admission;
 mod body;
@@ -15,6 +15,7 @@ mod record;
 mod refusals;
 mod registry;
 mod stall;
+pub mod status_page;
 
 pub use buckets::latency_buckets;
 pub use http::{

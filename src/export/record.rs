@@ -11,22 +11,13 @@ use crate::model::{
     BudgetReport, Finished, PauseState, Phase, ServerSnapshot, Sink, StepInfo, StepResult,
     TargetChange,
 };
-use crate::request::Outcome;
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading, SloState};
-
-/// `llm_canary_target_up`: whether a finished request found the target serving. Any HTTP answer
-/// counts (a 429 or 503 still comes from a live server) and so does a stream that ended, even
-/// badly; no connection does not, and neither does a timeout: a target that accepts requests and
-/// then stalls (after its headers, or mid-stream) is not serving.
-pub fn reached_target(outcome: Outcome) -> bool {
-    !matches!(outcome, Outcome::Connect | Outcome::Timeout)
-}
 
 impl Sink for Metrics {
     fn request(&self, req: &Finished<'_>) {
         let (labels, s) = (req.labels, &req.sample);
-        self.set_target_up(&labels.target, reached_target(s.outcome));
+        self.set_target_up(&labels.target, s.outcome.reached_target());
         self.record_request(labels, req.phase, s);
         // Warmup requests too: a retry tells of the target's connections, not of a step.
         if req.record.retried {

@@ -73,6 +73,15 @@ impl Outcome {
         !matches!(self, Outcome::Ok | Outcome::Cancelled)
     }
 
+    /// Whether the request found the target serving (`llm_canary_target_up`, the status page's
+    /// up or down). Any HTTP answer counts (a 429 or 503 still comes from a live server) and so
+    /// does a stream that ended, even badly; no connection does not, and neither does a timeout:
+    /// a target that accepts requests and then stalls (after its headers, or mid-stream) is not
+    /// serving.
+    pub fn reached_target(self) -> bool {
+        !matches!(self, Outcome::Connect | Outcome::Timeout)
+    }
+
     /// The outcome of a non-success HTTP status.
     pub fn from_status(status: u16) -> Outcome {
         match status {

@@ -62,7 +62,19 @@ pub fn start_daemon_with(
     listen: bool,
     env: &[(&str, &str)],
 ) -> (Proc, SocketAddr) {
-    let mut args: Vec<&OsStr> = vec![OsStr::new("run")];
+    start_daemon_flagged(&[], config, dir, listen, env)
+}
+
+/// Like [`start_daemon_with`], with the global `flags` (e.g. `--log-format json`) before `run`.
+pub fn start_daemon_flagged(
+    flags: &[&str],
+    config: Option<&Path>,
+    dir: &Path,
+    listen: bool,
+    env: &[(&str, &str)],
+) -> (Proc, SocketAddr) {
+    let mut args: Vec<&OsStr> = flags.iter().map(OsStr::new).collect();
+    args.push(OsStr::new("run"));
     if listen {
         args.extend([OsStr::new("--listen"), OsStr::new("127.0.0.1:0")]);
     }
@@ -119,11 +131,12 @@ fn spawn_logged(mut cmd: Command, log: &Path) -> (Proc, SocketAddr) {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = writeln!(out, "{line}");
-            // The address is the message's last word; fields may follow it.
+            // The address is the message's last word; fields may follow it, and in a JSON
+            // record the message's closing quote.
             let addr = line
                 .split("listening on ")
                 .nth(1)
-                .and_then(|a| a.split_whitespace().next());
+                .and_then(|a| a.split(|c: char| c.is_whitespace() || c == '"').next());
             if !sent && let Some(addr) = addr {
                 if let Ok(a) = addr.parse::<SocketAddr>() {
                     let _ = tx.send(a);

@@ -13,11 +13,14 @@
 //!   completion, and a refusal that echoes the request's `Authorization`;
 //! - [`sim`]: the embedded simulator on loopback, alone or with a scraper of its `/metrics`;
 //! - [`config`]: config text shared by tests that run the same workloads;
+//! - [`chromium`]: headless Chromium on a page (found, or the test skipped loudly outside CI),
+//!   its console messages and a screenshot's pixels;
 //! - [`free_port`].
 //!
 //! Each test binary uses a subset, hence `dead_code` is allowed here.
 #![allow(dead_code)]
 
+pub mod chromium;
 pub mod config;
 pub mod daemon;
 pub mod http;
@@ -32,7 +35,7 @@ use std::time::Duration;
 
 // The helpers most tests use, at `support::` (each binary uses some).
 #[allow(unused_imports)]
-pub use daemon::{Proc, start_daemon, start_daemon_with, start_sim_process};
+pub use daemon::{Proc, start_daemon, start_daemon_flagged, start_daemon_with, start_sim_process};
 #[allow(unused_imports)]
 pub use prometheus::Prometheus;
 #[allow(unused_imports)]
