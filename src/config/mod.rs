@@ -7,6 +7,7 @@
 
 mod at;
 mod check;
+pub mod duration;
 mod error;
 mod limits;
 mod schema;

@@ -717,77 +717,22 @@ impl ModelShape {
     }
 }
 
-/// Durations written as `250ms`, `5s`, `2m`, `1h`, `100us` (or a bare number of seconds).
+/// The serde adapter of the simulator's plain `Duration` fields, in the config's one duration
+/// grammar (`super::duration`: `250ms`, `5s`, `2m`, `100us`).
 pub mod duration_text {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer, de};
-    use thiserror::Error;
 
-    /// Why a text is not a duration.
-    #[derive(Debug, Error)]
-    pub enum DurationError {
-        #[error("invalid duration {0:?}: expected e.g. 250ms, 5s, 2m")]
-        Number(String),
-        #[error("invalid duration unit {unit:?} in {text:?}")]
-        Unit { unit: String, text: String },
-        #[error("invalid duration {0:?}")]
-        Range(String),
-    }
-
-    pub fn parse(text: &str) -> Result<Duration, DurationError> {
-        let t = text.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| DurationError::Number(text.to_owned()))?;
-        let seconds = match unit.trim() {
-            "" | "s" => value,
-            "ms" => value / 1e3,
-            "us" | "µs" => value / 1e6,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            other => {
-                return Err(DurationError::Unit {
-                    unit: other.to_owned(),
-                    text: text.to_owned(),
-                });
-            }
-        };
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(DurationError::Range(text.to_owned()));
-        }
-        Ok(Duration::from_secs_f64(seconds))
-    }
-
-    pub fn format(d: Duration) -> String {
-        let ms = d.as_secs_f64() * 1e3;
-        if ms.fract() == 0.0 {
-            format!("{ms}ms")
-        } else {
-            format!("{}us", d.as_micros())
-        }
-    }
+    pub use super::super::duration::{DurationError, format, parse};
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format(*d))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Text(String),
-            Seconds(f64),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Text(t) => parse(&t).map_err(de::Error::custom),
-            Raw::Seconds(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
-            Raw::Seconds(s) => Err(de::Error::custom(format!("invalid duration {s}"))),
-        }
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(|e| de::Error::custom(e.with_forms()))
     }
 }
 
@@ -926,5 +871,8 @@ mod tests {
             Duration::from_secs(120)
         );
         assert!(duration_text::parse("5 parsecs").is_err());
+        // One grammar with the rest of the config: a bare number has no unit.
+        let bare = serde_saphyr::from_str::<SimSpec>("handoff_overhead: 5\n").unwrap_err();
+        assert!(bare.to_string().contains("`5` has no unit"), "{bare}");
     }
 }
