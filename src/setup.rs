@@ -51,17 +51,9 @@ impl Setup {
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative
     /// paths. The result has no path: [`Setup::load`] sets it.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Setup, ConfigError> {
-        let mut cfg = Config::from_yaml(text, file)?;
-        let domain = LabelDomain::of(&cfg);
-        let mut diagnostics = cfg.validate(base_dir);
-        diagnostics.extend(crate::slo::diagnostics(&cfg, &domain));
-        if !diagnostics.is_empty() {
-            return Err(ConfigError::Invalid {
-                file: file.to_owned(),
-                diagnostics,
-            });
-        }
-        cfg.resolve_paths(base_dir);
+        let cfg = Config::parse_checked(text, file, base_dir, |cfg| {
+            crate::slo::diagnostics(cfg, &LabelDomain::of(cfg))
+        })?;
         Setup::compiled(cfg, None, file)
     }
 

@@ -23,6 +23,10 @@ pub const FORMS: &str = "a number and a unit — ms, s, m, h or d (us for micros
                          `500ms`, `30s`, `5m`, `2h`, `1d`, several from the largest down \
                          (`1h30m`), or `0`";
 
+/// What joins a duration error to [`FORMS`] in a deserializer's message, so that the config's
+/// diagnostics can show the forms as the hint.
+pub const FORMS_SEPARATOR: &str = "; write ";
+
 /// Why a text is not a duration of the grammar.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DurationError {
@@ -53,7 +57,7 @@ pub enum DurationError {
 impl DurationError {
     /// The message followed by the accepted forms, as config diagnostics and flags print it.
     pub fn with_forms(&self) -> String {
-        format!("{self}; write {FORMS}")
+        format!("{self}{FORMS_SEPARATOR}{FORMS}")
     }
 }
 
@@ -245,7 +249,10 @@ mod tests {
             ("120 s", "write the unit right after its number (`120s`)"),
             ("1h  30m", "` ` is not a unit"),
             ("", "it is empty"),
-            ("99999999999999999999d", "longer than this program can count"),
+            (
+                "99999999999999999999d",
+                "longer than this program can count",
+            ),
         ] {
             let err = parse(text).unwrap_err();
             assert!(err.to_string().contains(reason), "{text}: {err}");

@@ -430,7 +430,7 @@ impl FaultSpec {
     /// (`llm-canary sim --faults`), named `source` in messages. Every problem is reported, each
     /// with its line and column where it has one.
     pub fn parse(text: &str, source: &str) -> Result<FaultSpec, super::ConfigError> {
-        parse_block(text, source, FaultSpec::validate)
+        parse_block(text, source, FAULTS_EXAMPLE, FaultSpec::validate)
     }
 
     /// True when no fault is configured.
@@ -476,12 +476,26 @@ impl FaultSpec {
     }
 }
 
+/// Every fault with a plausible value: a wrong value's hint shows the value here at its key.
+const FAULTS_EXAMPLE: &str = "{ error: { status: 503, rate: 0.02 }, \
+    stall: { after_tokens: 8, duration: 3s, rate: 0.01 }, \
+    truncate: { after_tokens: 8, abrupt: true, rate: 0.01 }, \
+    malformed_chunk: { after_tokens: 4, rate: 0.01 }, \
+    error_event: { after_tokens: 4, message: overloaded, rate: 0.01 }, \
+    slow_first_byte: { delay: 2s, rate: 0.1 }, refuse_connections: stop_accepting }";
+
+/// Every key of [`Variability`] with a plausible value, as [`FAULTS_EXAMPLE`] is for faults.
+const VARIABILITY_EXAMPLE: &str = "{ scale: 1.2, period: 2m, \
+    bimodal: { probability: 0.4, factor: 1.4 }, jitter: 0.03, drift_per_hour: 0.01 }";
+
 /// A YAML mapping of one of these schemas given outside a config file (`llm-canary sim
 /// --faults`, `--variability`), named `source` in messages: parsed strictly, then validated,
-/// every problem reported, each with its line and column where it has one.
+/// every problem reported, each with its line and column where it has one (a wrong value with
+/// its key path, and `example`'s value at that key as the hint).
 fn parse_block<T: serde::de::DeserializeOwned>(
     text: &str,
     source: &str,
+    example: &str,
     validate: fn(&T) -> Vec<String>,
 ) -> Result<T, super::ConfigError> {
     let invalid = |diagnostics| super::ConfigError::Invalid {
@@ -489,7 +503,7 @@ fn parse_block<T: serde::de::DeserializeOwned>(
         diagnostics,
     };
     let spec: T = serde_saphyr::from_str(text)
-        .map_err(|e| invalid(vec![super::error::from_yaml_error(&e)]))?;
+        .map_err(|e| invalid(vec![super::error::from_yaml_error(&e, text, Some(example))]))?;
     let problems = validate(&spec);
     if !problems.is_empty() {
         let diagnostics = problems
@@ -562,7 +576,7 @@ impl Variability {
     /// Parses and validates a YAML mapping given outside a config file (`llm-canary sim
     /// --variability`), named `source` in messages.
     pub fn parse(text: &str, source: &str) -> Result<Variability, super::ConfigError> {
-        parse_block(text, source, Variability::validate)
+        parse_block(text, source, VARIABILITY_EXAMPLE, Variability::validate)
     }
 
     /// Every problem, as sentences naming the field.
@@ -858,6 +872,19 @@ mod tests {
         assert_eq!(flag.drift_per_hour, 0.02);
         let typo = Variability::parse("{ bimodel: {} }", "--variability").unwrap_err();
         assert!(typo.to_string().contains("bimodel"), "{typo}");
+    }
+
+    #[test]
+    fn the_examples_of_the_flags_are_valid_and_show_in_a_wrong_values_hint() {
+        let faults = FaultSpec::parse(FAULTS_EXAMPLE, "example").unwrap();
+        assert!(faults.refuse_connections.is_some() && faults.error_event.is_some());
+        Variability::parse(VARIABILITY_EXAMPLE, "example").unwrap();
+        let err = FaultSpec::parse("{ error: { status: x } }", "--faults").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--faults:1:20: `error.status` must be a whole number from 0 to 65535, not `x` \
+             (hint: e.g. `status: 503`)"
+        );
     }
 
     #[test]

@@ -689,7 +689,12 @@ fn pin(hook: &dyn BaselineHook, bytes: &[u8]) -> Response<ChunksBody> {
         Some(t) => match crate::config::duration::parse(t) {
             Ok(d) if !d.is_zero() => d,
             Ok(_) => return text(StatusCode::BAD_REQUEST, "`span`: longer than 0, e.g. `24h`"),
-            Err(e) => return text(StatusCode::BAD_REQUEST, format!("`span`: {}", e.with_forms())),
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("`span`: {}", e.with_forms()),
+                );
+            }
         },
     };
     let terms = hook.pin(name, span);
