@@ -872,6 +872,18 @@ fn ctrl_c_stops_cleanly_and_reports_the_finished_steps() {
         log.contains("interrupted; the report covers the 1 of 3 steps that finished"),
         "{log}"
     );
+    // Each step's line says how far the whole plan is and about how long it has left: the
+    // second starts a third of the way in (three steps of one length).
+    let second = log
+        .lines()
+        .find(|l| l.contains("[2/3] concurrency_sweep concurrency=4"))
+        .unwrap();
+    assert!(second.contains("; 33 % of the plan, "), "{second}");
+    assert!(
+        second.contains(" elapsed, about ") && second.ends_with(" left"),
+        "{second}"
+    );
+    assert!(log.contains("plan: 1 of 3 steps in "), "{log}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("1 of 3 steps (interrupted)"), "{stdout}");
     let sweep: Vec<&str> = stdout
