@@ -271,6 +271,7 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
                 assert!(num(r, sd, c) >= 0.0, "{dist} {mode} {c}");
             }
             assert!(num(r, sd, "TTFT p99/p50") >= 1.0);
+            assert_eq!(num(r, sd, "errors"), 0.0, "{dist} {mode}");
         }
     }
     assert!(
@@ -956,6 +957,53 @@ fn a_time_scale_that_makes_steps_degenerate_is_a_usage_error() {
         assert!(err.contains("set `time_scale` to at least"), "{err}");
         assert!(!err.contains("step starting"), "traffic was sent: {err}");
     }
+}
+
+/// A sequence-distribution step's failed requests show in its table (`errors`), per ISL bucket
+/// and in the distribution's total, as the sweep's do: its latencies leave them out.
+#[test]
+fn the_distribution_table_counts_each_buckets_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "errors.yaml",
+        "targets:\n  - { name: flaky, serving_mode: aggregated, simulated: { profile: fast, \
+         faults: { error: { status: 503, rate: 0.3 } } } }\n\
+         workloads:\n  sequence_distribution: { distributions: [uniform], isl: { min: 64, max: 512 }, \
+         osl: { min: 4, max: 8 }, concurrency: 4, step: 3s, warmup: 1s }\n",
+    );
+    let output = Command::new(BIN)
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let sd = table(&report, "sequence_distribution");
+    let all = row_for(
+        sd,
+        &[("ISL bucket", "all".into()), ("mode", "aggregated".into())],
+    );
+    let (requests, errors) = (num(all, sd, "requests"), num(all, sd, "errors"));
+    // 30 % of the requests fail: well above none, well below all.
+    assert!(errors >= 1.0 && errors < requests, "{all:?}");
+    let per_bucket: f64 = sd["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap())
+        .filter(|r| r[col(sd, "ISL bucket")] != "all")
+        .map(|r| num(r, sd, "errors"))
+        .sum();
+    assert_eq!(
+        per_bucket, errors,
+        "the buckets' errors add up to the total"
+    );
 }
 
 /// Issue 21, item 6: a target whose `/v1/models` never answers is reported, and the others are
