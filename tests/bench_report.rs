@@ -733,6 +733,52 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
     );
 }
 
+/// The point labels of every chart, as Chromium lays them out, cover no other label and no point:
+/// the low concurrencies of the Pareto chart sit within a few pixels of each other. The report
+/// holds no script; its copy here gets one that measures the drawn text.
+#[test]
+fn chart_labels_do_not_overlap_as_chromium_draws_them() {
+    let Some(chromium) = chromium() else { return };
+    let run = full_run();
+    let html = std::fs::read_to_string(run.out.join("report.html")).unwrap();
+    let measure = r#"<script>
+const found = [], counts = [];
+for (const svg of document.querySelectorAll('svg.chart')) {
+  const labels = [...svg.querySelectorAll('text.point-label')]
+    .map(t => [t.textContent, t.getBBox()]);
+  const dots = [...svg.querySelectorAll('circle.point')].map(c => c.getBBox());
+  const hit = (a, b) => a.x < b.x + b.width && b.x < a.x + a.width
+    && a.y < b.y + b.height && b.y < a.y + a.height;
+  counts.push(svg.id + '=' + labels.length);
+  labels.forEach(([name, box], i) => {
+    labels.slice(i + 1).forEach(([other, b]) => {
+      if (hit(box, b)) found.push(svg.id + ': ' + name + ' over ' + other);
+    });
+    if (dots.some(d => hit(box, d))) found.push(svg.id + ': ' + name + ' over a point');
+  });
+}
+const pre = document.createElement('pre');
+pre.id = 'overlaps';
+pre.textContent = counts.join(' ') + ' | ' + found.length + ' overlaps: ' + found.join('; ');
+document.body.appendChild(pre);
+</script></body>"#;
+    let tmp = tempfile::tempdir().unwrap();
+    let page = write_file(
+        tmp.path(),
+        "measured.html",
+        &html.replace("</body>", measure),
+    );
+    let (dom, log) = headless(&chromium, &page, &tmp.path().join("p"), &["--dump-dom"]);
+    let result = dom
+        .split("<pre id=\"overlaps\">")
+        .nth(1)
+        .and_then(|r| r.split("</pre>").next())
+        .unwrap_or_else(|| panic!("the measuring script did not run:\n{log}"));
+    // Three levels of two targets labelled on the Pareto chart (the sweep runs 1, 4 and 16).
+    assert!(result.contains("chart-pareto=6 "), "{result}");
+    assert!(result.ends_with("| 0 overlaps: "), "{result}");
+}
+
 #[test]
 fn table_format_with_chosen_workloads_and_token_times() {
     let run = bench(&[
