@@ -51,17 +51,9 @@ impl Setup {
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative
     /// paths. The result has no path: [`Setup::load`] sets it.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Setup, ConfigError> {
-        let mut cfg = Config::from_yaml(text, file)?;
-        let domain = LabelDomain::of(&cfg);
-        let mut diagnostics = cfg.validate(base_dir);
-        diagnostics.extend(crate::slo::diagnostics(&cfg, &domain));
-        if !diagnostics.is_empty() {
-            return Err(ConfigError::Invalid {
-                file: file.to_owned(),
-                diagnostics,
-            });
-        }
-        cfg.resolve_paths(base_dir);
+        let cfg = Config::parse_checked(text, file, base_dir, |cfg| {
+            crate::slo::diagnostics(cfg, &LabelDomain::of(cfg))
+        })?;
         Setup::compiled(cfg, None, file)
     }
 
@@ -170,7 +162,7 @@ fn window_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
                 format!(
                     "warning: SLO `{}`: window {} is shorter than the cycle (up to {} min): between the runs of a step it selects, the SLO reads that step's latest run, held until the next",
                     *s.name,
-                    humantime::format_duration(s.window.0),
+                    config::duration::format(s.window.0),
                     minutes(cycle)
                 ),
             )
@@ -293,13 +285,13 @@ fn probe_warnings(cfg: &Config, slos: &[SloDef]) -> Vec<config::Diagnostic> {
                 format!(
                     "warning: SLO `{}` reads only the probe stream: its window {} holds {in_window} probes ({targets} target(s), one each every {}), and {why}",
                     def.name,
-                    humantime::format_duration(def.window),
-                    humantime::format_duration(probe.interval.0),
+                    config::duration::format(def.window),
+                    config::duration::format(probe.interval.0),
                 ),
             )
             .hint(format!(
                 "a window of at least {} holds {needed}; or a shorter `probe_stream.interval`",
-                humantime::format_duration(window)
+                config::duration::format(window)
             )),
         );
     }
@@ -385,8 +377,8 @@ fn request_time(
     let time = ttft + itl * shape.osl.saturating_sub(1);
     let why = format!(
         "within `goodput` (TTFT {}, ITL {})",
-        humantime::format_duration(ttft),
-        humantime::format_duration(itl)
+        config::duration::format(ttft),
+        config::duration::format(itl)
     );
     Some((time, why))
 }
@@ -407,14 +399,14 @@ fn drain_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
             continue;
         };
         let secs = |d: Duration| {
-            humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64))
+            config::duration::format(Duration::from_secs(d.as_secs_f64().ceil() as u64))
         };
         out.push(
             config::Diagnostic::new(
                 cfg.schedule.drain_grace.pos.or(osl_pos),
                 format!(
                     "warning: `schedule.drain_grace` ({}) is shorter than the slowest request of `{workload}` on `{}`: about {} (up to {} output tokens; {why}): requests still in flight when a step ends count as `timeout`, and may mark the step faulted",
-                    humantime::format_duration(drain),
+                    config::duration::format(drain),
                     *target.name,
                     secs(time),
                     shape.osl,

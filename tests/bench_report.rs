@@ -4,6 +4,8 @@
 //! contract, `report.html` renders in a real headless Chromium with its charts, Ctrl-C reports
 //! what finished, and bad options exit 2 before any traffic.
 
+mod skip;
+
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -16,7 +18,9 @@ use serde_json::Value;
 
 mod support;
 
-use support::chromium::{chromium, console_lines, count_colour, file_url, headless, png_pixels};
+use support::chromium::{
+    self, chromium, console_lines, count_colour, file_url, headless, png_pixels,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
 
@@ -271,6 +275,7 @@ fn every_table_has_numbers_for_both_modes_and_every_file_is_written() {
                 assert!(num(r, sd, c) >= 0.0, "{dist} {mode} {c}");
             }
             assert!(num(r, sd, "TTFT p99/p50") >= 1.0);
+            assert_eq!(num(r, sd, "errors"), 0.0, "{dist} {mode}");
         }
     }
     assert!(
@@ -610,8 +615,8 @@ fn the_html_report_is_self_contained_and_holds_every_chart() {
 
 #[test]
 fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors() {
-    let Some(chromium) = chromium("the headless-Chromium report test") else {
-        return;
+    let Some(chromium) = chromium() else {
+        return skip::missing_tool(chromium::MISSING);
     };
     let run = full_run();
     let page = run.out.join("report.html");
@@ -680,6 +685,59 @@ fn the_report_renders_in_headless_chromium_with_its_charts_and_no_console_errors
         "{} colours: a blank page",
         distinct.len()
     );
+}
+
+/// The point labels of every chart, as Chromium lays them out, cover no other label and no point:
+/// the low concurrencies of the Pareto chart sit within a few pixels of each other. The report
+/// holds no script; its copy here gets one that measures the drawn text.
+#[test]
+fn chart_labels_do_not_overlap_as_chromium_draws_them() {
+    let Some(chromium) = chromium() else {
+        return skip::missing_tool(chromium::MISSING);
+    };
+    let run = full_run();
+    let html = std::fs::read_to_string(run.out.join("report.html")).unwrap();
+    let measure = r#"<script>
+const found = [], counts = [];
+for (const svg of document.querySelectorAll('svg.chart')) {
+  const labels = [...svg.querySelectorAll('text.point-label')]
+    .map(t => [t.textContent, t.getBBox()]);
+  const dots = [...svg.querySelectorAll('circle.point')].map(c => c.getBBox());
+  const hit = (a, b) => a.x < b.x + b.width && b.x < a.x + a.width
+    && a.y < b.y + b.height && b.y < a.y + a.height;
+  counts.push(svg.id + '=' + labels.length);
+  labels.forEach(([name, box], i) => {
+    labels.slice(i + 1).forEach(([other, b]) => {
+      if (hit(box, b)) found.push(svg.id + ': ' + name + ' over ' + other);
+    });
+    if (dots.some(d => hit(box, d))) found.push(svg.id + ': ' + name + ' over a point');
+  });
+}
+const pre = document.createElement('pre');
+pre.id = 'overlaps';
+pre.textContent = counts.join(' ') + ' | ' + found.length + ' overlaps: ' + found.join('; ');
+document.body.appendChild(pre);
+</script></body>"#;
+    let tmp = tempfile::tempdir().unwrap();
+    let page = write_file(
+        tmp.path(),
+        "measured.html",
+        &html.replace("</body>", measure),
+    );
+    let (dom, log) = headless(
+        &chromium,
+        &file_url(&page),
+        &tmp.path().join("p"),
+        &["--dump-dom"],
+    );
+    let result = dom
+        .split("<pre id=\"overlaps\">")
+        .nth(1)
+        .and_then(|r| r.split("</pre>").next())
+        .unwrap_or_else(|| panic!("the measuring script did not run:\n{log}"));
+    // Three levels of two targets labelled on the Pareto chart (the sweep runs 1, 4 and 16).
+    assert!(result.contains("chart-pareto=6 "), "{result}");
+    assert!(result.ends_with("| 0 overlaps: "), "{result}");
 }
 
 #[test]
@@ -822,6 +880,18 @@ fn ctrl_c_stops_cleanly_and_reports_the_finished_steps() {
         log.contains("interrupted; the report covers the 1 of 3 steps that finished"),
         "{log}"
     );
+    // Each step's line says how far the whole plan is and about how long it has left: the
+    // second starts a third of the way in (three steps of one length).
+    let second = log
+        .lines()
+        .find(|l| l.contains("[2/3] concurrency_sweep concurrency=4"))
+        .unwrap();
+    assert!(second.contains("; 33 % of the plan, "), "{second}");
+    assert!(
+        second.contains(" elapsed, about ") && second.ends_with(" left"),
+        "{second}"
+    );
+    assert!(log.contains("plan: 1 of 3 steps in "), "{log}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("1 of 3 steps (interrupted)"), "{stdout}");
     let sweep: Vec<&str> = stdout
@@ -894,6 +964,53 @@ fn a_time_scale_that_makes_steps_degenerate_is_a_usage_error() {
         assert!(err.contains("set `time_scale` to at least"), "{err}");
         assert!(!err.contains("step starting"), "traffic was sent: {err}");
     }
+}
+
+/// A sequence-distribution step's failed requests show in its table (`errors`), per ISL bucket
+/// and in the distribution's total, as the sweep's do: its latencies leave them out.
+#[test]
+fn the_distribution_table_counts_each_buckets_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "errors.yaml",
+        "targets:\n  - { name: flaky, serving_mode: aggregated, simulated: { profile: fast, \
+         faults: { error: { status: 503, rate: 0.3 } } } }\n\
+         workloads:\n  sequence_distribution: { distributions: [uniform], isl: { min: 64, max: 512 }, \
+         osl: { min: 4, max: 8 }, concurrency: 4, step: 3s, warmup: 1s }\n",
+    );
+    let output = Command::new(BIN)
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let sd = table(&report, "sequence_distribution");
+    let all = row_for(
+        sd,
+        &[("ISL bucket", "all".into()), ("mode", "aggregated".into())],
+    );
+    let (requests, errors) = (num(all, sd, "requests"), num(all, sd, "errors"));
+    // 30 % of the requests fail: well above none, well below all.
+    assert!(errors >= 1.0 && errors < requests, "{all:?}");
+    let per_bucket: f64 = sd["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap())
+        .filter(|r| r[col(sd, "ISL bucket")] != "all")
+        .map(|r| num(r, sd, "errors"))
+        .sum();
+    assert_eq!(
+        per_bucket, errors,
+        "the buckets' errors add up to the total"
+    );
 }
 
 /// Issue 21, item 6: a target whose `/v1/models` never answers is reported, and the others are

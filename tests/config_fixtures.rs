@@ -152,3 +152,85 @@ fn defaults_are_the_source_documents() {
     let plan = cfg.cycle_plan();
     assert_eq!(plan.iter().map(|p| p.2.as_secs()).sum::<u64>(), 35 * 60);
 }
+
+/// What a file in examples/ is, and so where it is checked.
+#[derive(Debug, PartialEq)]
+enum Example {
+    /// A canary config: `llm-canary check` here.
+    Config,
+    /// A Kubernetes manifest (the deploy guide's DynamoGraphDeployments): read by
+    /// `k8s::discovery`'s tests.
+    Manifest,
+    /// The Helm chart's values: tests/helm/test_chart.py renders them and runs `check` on the
+    /// config they make.
+    ChartValues,
+    /// The deploy guide.
+    Guide,
+}
+
+fn example_kind(path: &Path) -> Example {
+    let name = path.file_name().unwrap().to_string_lossy();
+    if name.ends_with(".md") {
+        return Example::Guide;
+    }
+    assert!(name.ends_with(".yaml"), "{}: what is it?", path.display());
+    let text = std::fs::read_to_string(path).unwrap();
+    if text.lines().any(|l| l.starts_with("apiVersion:")) && text.contains("\nkind: ") {
+        Example::Manifest
+    } else if text.lines().any(|l| l.starts_with("config:")) {
+        Example::ChartValues
+    } else {
+        Example::Config
+    }
+}
+
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Every file in examples/, none skipped: each config passes `llm-canary check` (exit 0, as a
+/// user runs it, from any folder), and every other file is one of the kinds checked elsewhere.
+#[test]
+fn every_example_passes_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    files_under(&root.join("examples"), &mut files);
+    files.sort();
+    let mut configs = 0;
+    for path in &files {
+        let kind = example_kind(path);
+        if kind != Example::Config {
+            continue;
+        }
+        configs += 1;
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+            .args(["check", "--config"])
+            .arg(path)
+            .current_dir(std::env::temp_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} fails `check`:\n{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The seed plan, the demo, open loop, cancellation, trace replay, the GPU run at least.
+    assert!(configs >= 6, "{configs} configs in {files:?}");
+    assert_eq!(
+        example_kind(&root.join("examples/k8s/canary-values.yaml")),
+        Example::ChartValues
+    );
+    assert_eq!(
+        example_kind(&root.join("examples/k8s/dynamo-agg.yaml")),
+        Example::Manifest
+    );
+}

@@ -2,6 +2,7 @@
 //! the hard one, and `check` and the daemon say when a plan needs more descriptors than the
 //! process may open (docs/RELIABILITY.md, "A hostile or broken target", row 26).
 
+mod skip;
 mod support;
 
 use std::process::Command;
@@ -47,7 +48,7 @@ fn hard_limit() -> u64 {
 #[test]
 fn a_process_started_under_a_low_soft_limit_raises_it_to_the_hard_one() {
     if hard_limit() <= 256 {
-        eprintln!("skipped: the hard open-file limit here is at most 256");
+        skip::host_cannot("the hard open-file limit here is at most 256");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -68,7 +69,7 @@ fn check_says_when_the_plan_needs_more_descriptors_than_the_hard_limit() {
     let port = HttpLimits::default().max_connections as u64;
     let need = descriptors(&cfg, port).total();
     if hard_limit() <= need {
-        eprintln!("skipped: the hard open-file limit here is at most {need}");
+        skip::host_cannot(&format!("the hard open-file limit here is at most {need}"));
         return;
     }
 
@@ -109,7 +110,7 @@ async fn the_daemon_warns_at_start_when_its_plan_does_not_fit_and_runs_on() {
     // Below the demo's peak, with room for the daemon to start and serve.
     let limit = need - 1;
     if hard_limit() <= limit {
-        eprintln!("skipped: the hard open-file limit here is at most {limit}");
+        skip::host_cannot(&format!("the hard open-file limit here is at most {limit}"));
         return;
     }
     let dir = tempfile::tempdir().unwrap();

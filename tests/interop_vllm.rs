@@ -12,6 +12,7 @@
 //! loudly outside CI and fail in CI (`CI=true`), where `scripts/test` installs it first.
 
 mod interop;
+mod skip;
 mod support;
 
 use std::collections::BTreeMap;

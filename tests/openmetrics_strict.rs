@@ -6,6 +6,7 @@
 //! The Python venv comes from `scripts/test` (`~/.cache/llm-canary/py`, or `LLM_CANARY_PY`). Outside
 //! CI a missing venv skips the test with a loud message; with `CI=true` it fails.
 
+mod skip;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -65,11 +66,9 @@ fn series_of(text: &str, prefix: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exposition_after_traffic_passes_the_strict_openmetrics_parser() {
     let Some(python) = python() else {
-        let msg = "the Python venv with prometheus-client is missing: run ./scripts/test (or set LLM_CANARY_PY)";
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{msg}");
-        }
-        eprintln!("\n!!!!!!!!!! SKIPPED openmetrics_strict: {msg} !!!!!!!!!!\n");
+        skip::missing_tool(
+            "no Python venv with prometheus-client: ./scripts/test installs it, or set LLM_CANARY_PY",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,7 @@
 //! pass; with a 500 ms KV handoff on the disaggregated deployment both say fail and the alert
 //! fires. The two evaluations must agree, on the verdict and on the measured value.
 
+mod skip;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -143,7 +144,7 @@ async fn daemon_and_prometheus_agree_on_the_disaggregation_gain() {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED: Debian's `prometheus` is not installed (scripts/test installs it)");
+        skip::missing_tool("prometheus is not installed: ./scripts/test installs Debian's");
         return;
     }
     // The document's hardware at concurrency 32, ISL 4096: disaggregation wins.

@@ -5,6 +5,8 @@
 //! select are exactly those the daemon exposes; and `llm-canary check` reports expression
 //! errors at FILE:LINE:COL.
 
+mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -235,7 +237,9 @@ fn promtool_passes(promtool: &Path, command: [&str; 2], files: &[PathBuf], conte
 #[test]
 fn every_rule_file_passes_promtool_check_and_every_rule_test_passes() {
     let Some(promtool) = promtool() else {
-        eprintln!("SKIPPED: promtool is not installed (scripts/test installs Debian's prometheus)");
+        skip::missing_tool(
+            "promtool is not installed: ./scripts/test installs Debian's prometheus",
+        );
         return;
     };
     let rule_files = files(&root().join("rules"));

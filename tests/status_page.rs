@@ -3,12 +3,13 @@
 //! plain HTTP it is HTML whose every text from servers is escaped, with the target's key masked,
 //! and the start-up log names its URL.
 
+mod skip;
 mod support;
 
 use std::time::Duration;
 
 use serde_json::Value;
-use support::chromium::{chromium, console_lines, count_colour, headless, png_pixels};
+use support::chromium::{self, chromium, console_lines, count_colour, headless, png_pixels};
 use support::http::{get_json, http_client};
 use support::{eventually_ok, start_daemon};
 
@@ -83,8 +84,8 @@ fn rows<'a>(dom: &'a str, marker: &str) -> Vec<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headless_chromium_finds_the_targets_the_slo_states_and_the_injected_fault() {
-    let Some(chromium) = chromium("the headless-Chromium status page test") else {
-        return;
+    let Some(chromium) = chromium() else {
+        return skip::missing_tool(chromium::MISSING);
     };
     let (mut daemon, addr, dir) = daemon(FAULTED);
     let status = status_when(addr, "SLO verdicts and a 503", |s| {

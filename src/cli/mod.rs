@@ -1,6 +1,10 @@
 //! The command line (docs/DESIGN.md §2): five subcommands, their flags, and the exit codes
-//! 0 success, 1 runtime failure, 2 bad usage or bad config. A stdout closed early (`| head`)
-//! ends a command quietly with 0.
+//! 0 success, 1 runtime failure, 2 bad usage or bad config, 3 and 4 a `check --probe` that found
+//! a target unreachable or misconfigured (`exit` lists them per command, as `--help` shows
+//! them). A stdout closed early (`| head`) ends a command quietly with 0. Every subcommand's help
+//! has one layout: each flag described on its own line, its values and default inline.
+
+mod exit;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +20,7 @@ use crate::shutdown::{OnSignal, Shutdown};
 /// An always-on canary for LLM serving: synthetic streaming traffic, client-side TTFT/ITL,
 /// Prometheus/OTLP export and SLOs that compare aggregated with disaggregated serving.
 #[derive(Debug, Parser)]
-#[command(name = "llm-canary", version, about, long_about = None)]
+#[command(name = "llm-canary", version, about, long_about = None, after_help = exit::ALL)]
 pub struct Cli {
     /// How log records are written to stderr: text (one line each, for people) or json (one
     /// JSON object per line, for a log pipeline).
@@ -40,14 +44,19 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The daemon. Without --config: the embedded demo (two simulated deployments, all workloads).
+    #[command(after_help = exit::RUN)]
     Run(RunArgs),
     /// One pass of the plan, then exit with the benchmark plan's result tables.
+    #[command(after_help = exit::BENCH)]
     Bench(BenchArgs),
     /// Parse and validate a config; print a normalised summary (exit 0) or every error (exit 2).
+    #[command(after_help = exit::CHECK)]
     Check(CheckArgs),
     /// Print the Prometheus rules generated from the config's SLOs.
+    #[command(after_help = exit::RULES)]
     Rules(RulesArgs),
     /// Run one simulated serving deployment as a standalone OpenAI-compatible server.
+    #[command(after_help = exit::SIM)]
     Sim(SimArgs),
 }
 
@@ -79,6 +88,7 @@ pub struct BenchArgs {
     /// Multiply every duration by F (overrides `time_scale`).
     #[arg(long, value_name = "F")]
     pub time_scale: Option<f64>,
+    /// How stdout shows the tables: aligned text, Markdown to paste into a report, or JSON.
     #[arg(long, value_enum, default_value_t = BenchFormat::Table)]
     pub format: BenchFormat,
     /// Directory for summary.json, requests.jsonl, CSV tables and report.html.
@@ -97,18 +107,21 @@ pub struct BenchArgs {
     pub search_max: u32,
 }
 
+// The values are described in the flag's help, not each on its own: clap would switch the whole
+// page to its long layout for them, unlike the other commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CheckOutput {
-    /// A short human summary.
     Summary,
-    /// The whole effective config as YAML, defaults filled in.
     Yaml,
 }
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
+    /// Config file (YAML) to parse and validate.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
+    /// What stdout shows of a valid config: a short summary (its traffic and cost per hour), or
+    /// the whole effective config as YAML, defaults filled in.
     #[arg(long, value_enum, default_value_t = CheckOutput::Summary)]
     pub output: CheckOutput,
     /// Also send one short request to every target and scrape its server metrics once; exit 3
@@ -117,18 +130,19 @@ pub struct CheckArgs {
     pub probe: bool,
 }
 
+// Described in the flag's help, as `CheckOutput` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RulesFormat {
-    /// A plain Prometheus rule file.
     Rules,
-    /// Wrapped in a monitoring.coreos.com/v1 PrometheusRule.
     PrometheusRule,
 }
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RulesArgs {
+    /// Config file (YAML) whose SLOs become rules. Absent: the embedded demo's.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
+    /// A plain Prometheus rule file, or one wrapped in a monitoring.coreos.com/v1 PrometheusRule.
     #[arg(long, value_enum, default_value_t = RulesFormat::Rules)]
     pub format: RulesFormat,
     /// Only the canary's own health alerts, with the config's `alerting` labels and runbook base
@@ -154,8 +168,10 @@ impl From<SimMode> for ServingMode {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
+    /// Serving mode: one pool of workers, or prefill and decode workers with a KV handoff.
     #[arg(long, value_enum, default_value_t = SimMode::Aggregated)]
     pub mode: SimMode,
+    /// Address of the OpenAI-compatible API and its /metrics. Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
     /// Timing profile: default, fast, fixed, or a GPU profile.

@@ -81,7 +81,8 @@ impl<T: Serialize> Serialize for At<T> {
     }
 }
 
-/// A duration written as text: `120s`, `5m`, `1h 30m`, `250ms`.
+/// A duration written as text in the grammar of [`super::duration`]: `500ms`, `30s`, `5m`,
+/// `2h`, `1d`, `1h30m`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Dur(pub Duration);
 
@@ -107,28 +108,20 @@ impl fmt::Debug for Dur {
     }
 }
 
+/// In the grammar it is read by, so a printed value (`check --output yaml`, a message) can be
+/// pasted back into a config.
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_zero() {
-            return f.write_str("0s");
-        }
-        write!(f, "{}", humantime::format_duration(self.0))
+        f.write_str(&super::duration::format(self.0))
     }
 }
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        let trimmed = text.trim();
-        // A bare `0` is unambiguous; any other number needs a unit so `120` cannot be misread.
-        if trimmed == "0" {
-            return Ok(Dur(Duration::ZERO));
-        }
-        humantime::parse_duration(trimmed).map(Dur).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration `{text}` ({e}); write it with a unit, e.g. `120s`, `5m`, `250ms`"
-            ))
-        })
+        super::duration::parse(&text)
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(e.with_forms()))
     }
 }
 

@@ -1,14 +1,17 @@
 //! The configuration: typed schema, strict parsing with source locations, validation that reports
 //! every error as `FILE:LINE:COL: message`, and the defaults of the benchmark plan (docs/DESIGN.md §11).
 //!
-//! Parsing stops at the first structural error (a misspelt key, a wrong type) because the YAML
-//! deserializer cannot continue past it; a file that parses is then checked value by value and
-//! every problem is reported together.
+//! A file that is YAML at all has every problem reported together: an entry that cannot be read
+//! (a misspelt key, a wrong type, a repeated key) is reported and left out so the rest is read
+//! (`read`), and what was read is then checked value by value.
 
 mod at;
 mod check;
+pub mod duration;
 mod error;
 mod limits;
+mod outline;
+mod read;
 mod schema;
 pub mod sim;
 mod summary;
@@ -35,6 +38,10 @@ pub const DEMO_YAML: &str = include_str!("../../examples/demo.yaml");
 
 /// Largest config file accepted; a config is a few KB, so anything near this is a mistake.
 pub use crate::files::MAX_CONFIG_BYTES;
+
+fn empty_file() -> Diagnostic {
+    Diagnostic::new(None, "the file is empty").hint("start from examples/seed-plan.yaml")
+}
 
 /// Reads a config file: a regular file of at most [`MAX_CONFIG_BYTES`], as UTF-8 (a device such
 /// as `/dev/zero`, a FIFO or a huge file is refused, never read until memory runs out).
@@ -69,32 +76,56 @@ impl Config {
 
     /// Parses and validates `text`; `file` names it in messages, `base_dir` resolves relative paths.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Config, ConfigError> {
-        let mut cfg = Config::from_yaml(text, file)?;
-        let diagnostics = cfg.validate(base_dir);
+        Config::parse_checked(text, file, base_dir, |_| Vec::new())
+    }
+
+    /// [`Config::parse`] with `more` checks of the config read (the SLO expressions, which
+    /// `crate::setup` compiles), reported with the rest. Every problem comes at once: the entries
+    /// that could not be read (each left out so the rest is read, `read`), then what validation
+    /// finds in the rest.
+    pub fn parse_checked(
+        text: &str,
+        file: &str,
+        base_dir: &Path,
+        more: impl FnOnce(&Config) -> Vec<Diagnostic>,
+    ) -> Result<Config, ConfigError> {
+        let invalid = |diagnostics| ConfigError::Invalid {
+            file: file.to_owned(),
+            diagnostics,
+        };
+        if text.trim().is_empty() {
+            return Err(invalid(vec![empty_file()]));
+        }
+        let mut reading = read::read(text);
+        let Some(mut cfg) = reading.config.take() else {
+            return Err(invalid(reading.diagnostics));
+        };
+        let mut later = cfg.validate(base_dir);
+        later.extend(more(&cfg));
+        let diagnostics = reading.with(later);
         if diagnostics.is_empty() {
             cfg.resolve_paths(base_dir);
             Ok(cfg)
         } else {
-            Err(ConfigError::Invalid {
-                file: file.to_owned(),
-                diagnostics,
-            })
+            Err(invalid(diagnostics))
         }
     }
 
-    /// Parses `text` strictly (unknown keys, wrong types) without checking the values.
+    /// Parses `text` strictly (unknown keys, wrong types) without checking the values; every
+    /// entry that cannot be read is reported.
     pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
         let invalid = |diagnostics| ConfigError::Invalid {
             file: file.to_owned(),
             diagnostics,
         };
         if text.trim().is_empty() {
-            return Err(invalid(vec![
-                Diagnostic::new(None, "the file is empty")
-                    .hint("start from examples/seed-plan.yaml"),
-            ]));
+            return Err(invalid(vec![empty_file()]));
         }
-        serde_saphyr::from_str(text).map_err(|e| invalid(vec![error::from_yaml_error(&e)]))
+        let reading = read::read(text);
+        match reading.config {
+            Some(cfg) if reading.diagnostics.is_empty() => Ok(cfg),
+            _ => Err(invalid(reading.diagnostics)),
+        }
     }
 
     /// Every problem with the values (empty = valid); relative paths resolve against `base_dir`.

@@ -430,7 +430,7 @@ impl FaultSpec {
     /// (`llm-canary sim --faults`), named `source` in messages. Every problem is reported, each
     /// with its line and column where it has one.
     pub fn parse(text: &str, source: &str) -> Result<FaultSpec, super::ConfigError> {
-        parse_block(text, source, FaultSpec::validate)
+        parse_block(text, source, FAULTS_EXAMPLE, FaultSpec::validate)
     }
 
     /// True when no fault is configured.
@@ -476,12 +476,26 @@ impl FaultSpec {
     }
 }
 
+/// Every fault with a plausible value: a wrong value's hint shows the value here at its key.
+const FAULTS_EXAMPLE: &str = "{ error: { status: 503, rate: 0.02 }, \
+    stall: { after_tokens: 8, duration: 3s, rate: 0.01 }, \
+    truncate: { after_tokens: 8, abrupt: true, rate: 0.01 }, \
+    malformed_chunk: { after_tokens: 4, rate: 0.01 }, \
+    error_event: { after_tokens: 4, message: overloaded, rate: 0.01 }, \
+    slow_first_byte: { delay: 2s, rate: 0.1 }, refuse_connections: stop_accepting }";
+
+/// Every key of [`Variability`] with a plausible value, as [`FAULTS_EXAMPLE`] is for faults.
+const VARIABILITY_EXAMPLE: &str = "{ scale: 1.2, period: 2m, \
+    bimodal: { probability: 0.4, factor: 1.4 }, jitter: 0.03, drift_per_hour: 0.01 }";
+
 /// A YAML mapping of one of these schemas given outside a config file (`llm-canary sim
 /// --faults`, `--variability`), named `source` in messages: parsed strictly, then validated,
-/// every problem reported, each with its line and column where it has one.
+/// every problem reported, each with its line and column where it has one (a wrong value with
+/// its key path, and `example`'s value at that key as the hint).
 fn parse_block<T: serde::de::DeserializeOwned>(
     text: &str,
     source: &str,
+    example: &str,
     validate: fn(&T) -> Vec<String>,
 ) -> Result<T, super::ConfigError> {
     let invalid = |diagnostics| super::ConfigError::Invalid {
@@ -489,7 +503,7 @@ fn parse_block<T: serde::de::DeserializeOwned>(
         diagnostics,
     };
     let spec: T = serde_saphyr::from_str(text)
-        .map_err(|e| invalid(vec![super::error::from_yaml_error(&e)]))?;
+        .map_err(|e| invalid(vec![super::error::from_yaml_error(&e, text, Some(example))]))?;
     let problems = validate(&spec);
     if !problems.is_empty() {
         let diagnostics = problems
@@ -562,7 +576,7 @@ impl Variability {
     /// Parses and validates a YAML mapping given outside a config file (`llm-canary sim
     /// --variability`), named `source` in messages.
     pub fn parse(text: &str, source: &str) -> Result<Variability, super::ConfigError> {
-        parse_block(text, source, Variability::validate)
+        parse_block(text, source, VARIABILITY_EXAMPLE, Variability::validate)
     }
 
     /// Every problem, as sentences naming the field.
@@ -717,77 +731,22 @@ impl ModelShape {
     }
 }
 
-/// Durations written as `250ms`, `5s`, `2m`, `1h`, `100us` (or a bare number of seconds).
+/// The serde adapter of the simulator's plain `Duration` fields, in the config's one duration
+/// grammar (`super::duration`: `250ms`, `5s`, `2m`, `100us`).
 pub mod duration_text {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer, de};
-    use thiserror::Error;
 
-    /// Why a text is not a duration.
-    #[derive(Debug, Error)]
-    pub enum DurationError {
-        #[error("invalid duration {0:?}: expected e.g. 250ms, 5s, 2m")]
-        Number(String),
-        #[error("invalid duration unit {unit:?} in {text:?}")]
-        Unit { unit: String, text: String },
-        #[error("invalid duration {0:?}")]
-        Range(String),
-    }
-
-    pub fn parse(text: &str) -> Result<Duration, DurationError> {
-        let t = text.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| DurationError::Number(text.to_owned()))?;
-        let seconds = match unit.trim() {
-            "" | "s" => value,
-            "ms" => value / 1e3,
-            "us" | "µs" => value / 1e6,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            other => {
-                return Err(DurationError::Unit {
-                    unit: other.to_owned(),
-                    text: text.to_owned(),
-                });
-            }
-        };
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(DurationError::Range(text.to_owned()));
-        }
-        Ok(Duration::from_secs_f64(seconds))
-    }
-
-    pub fn format(d: Duration) -> String {
-        let ms = d.as_secs_f64() * 1e3;
-        if ms.fract() == 0.0 {
-            format!("{ms}ms")
-        } else {
-            format!("{}us", d.as_micros())
-        }
-    }
+    pub use super::super::duration::{DurationError, format, parse};
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format(*d))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Text(String),
-            Seconds(f64),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Text(t) => parse(&t).map_err(de::Error::custom),
-            Raw::Seconds(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
-            Raw::Seconds(s) => Err(de::Error::custom(format!("invalid duration {s}"))),
-        }
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(|e| de::Error::custom(e.with_forms()))
     }
 }
 
@@ -916,6 +875,19 @@ mod tests {
     }
 
     #[test]
+    fn the_examples_of_the_flags_are_valid_and_show_in_a_wrong_values_hint() {
+        let faults = FaultSpec::parse(FAULTS_EXAMPLE, "example").unwrap();
+        assert!(faults.refuse_connections.is_some() && faults.error_event.is_some());
+        Variability::parse(VARIABILITY_EXAMPLE, "example").unwrap();
+        let err = FaultSpec::parse("{ error: { status: x } }", "--faults").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--faults:1:20: `error.status` must be a whole number from 0 to 65535, not `x` \
+             (hint: e.g. `status: 503`)"
+        );
+    }
+
+    #[test]
     fn durations_round_trip() {
         for text in ["5ms", "1500ms", "250us"] {
             let d = duration_text::parse(text).unwrap();
@@ -926,5 +898,8 @@ mod tests {
             Duration::from_secs(120)
         );
         assert!(duration_text::parse("5 parsecs").is_err());
+        // One grammar with the rest of the config: a bare number has no unit.
+        let bare = serde_saphyr::from_str::<SimSpec>("handoff_overhead: 5\n").unwrap_err();
+        assert!(bare.to_string().contains("`5` has no unit"), "{bare}");
     }
 }

@@ -694,9 +694,16 @@ fn pin(hook: &dyn BaselineHook, bytes: &[u8]) -> Response<ChunksBody> {
     };
     let span = match request["span"].as_str() {
         None => DEFAULT_PIN_SPAN,
-        Some(t) => match humantime::parse_duration(t) {
+        // The config's duration grammar, so `24h` means the same in both.
+        Some(t) => match crate::config::duration::parse(t) {
             Ok(d) if !d.is_zero() => d,
-            _ => return text(StatusCode::BAD_REQUEST, "`span`: a duration such as `24h`"),
+            Ok(_) => return text(StatusCode::BAD_REQUEST, "`span`: longer than 0, e.g. `24h`"),
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("`span`: {}", e.with_forms()),
+                );
+            }
         },
     };
     let terms = hook.pin(name, span);

@@ -481,6 +481,8 @@ impl<'a> Index<'a> {
                 Column::text("ISL bucket"),
                 Column::text("mode"),
                 Column::count("requests"),
+                // A bucket's timeouts and failures, which its latencies leave out.
+                Column::count("errors"),
                 Column::num("TTFT p50", "ms", 1),
                 Column::num("TTFT p99", "ms", 1),
                 Column::num("TTFT stddev", "ms", 1),
@@ -494,6 +496,7 @@ impl<'a> Index<'a> {
                 Cell::text(bucket),
                 Cell::text(&side.label),
                 Cell::Number(m.requests as f64),
+                Cell::Number(m.errors as f64),
                 Cell::num(ms(m.ttft, |s| s.p50)),
                 Cell::num(ms(m.ttft, |s| s.p99)),
                 Cell::num(ms(m.ttft, |s| s.stddev)),

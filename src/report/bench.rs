@@ -148,7 +148,7 @@ pub async fn run_bench(opts: BenchOptions, stop: &Shutdown) -> Result<BenchOutco
     let steps = plan_cycle(cfg);
     let progress = Arc::new(Progress::new(
         opts.live_progress,
-        steps.len(),
+        steps.iter().map(|s| s.warmup + s.steady).collect(),
         targets.iter().map(|t| t.name.clone()).collect(),
         Arc::clone(&sink),
     ));

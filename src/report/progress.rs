@@ -1,6 +1,8 @@
 //! The bench's progress display: on a terminal, one live bar per target for the running step
 //! (workload and step, elapsed / scheduled duration, requests, errors) under a bar of the whole
-//! plan; otherwise one plain log line when a step starts and one per target when it ends.
+//! plan (its scheduled time done, the time elapsed and about how long is left); otherwise one
+//! plain log line when a step starts, with the plan's share done and the time left, and one per
+//! target when it ends.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -16,9 +18,108 @@ use crate::model::{Finished, Sink, StepInfo, StepResult};
 /// How often the live bars are refreshed.
 const TICK: Duration = Duration::from_millis(200);
 
+/// How far the plan is and how long it has left. A step takes longer than its scheduled length
+/// (its drain, the server-metric samples and calibration around it), so the time left is the
+/// scheduled time left scaled by how much longer the finished steps took than scheduled.
+#[derive(Debug, Clone)]
+pub(crate) struct PlanClock {
+    /// Each step's scheduled length (warmup and steady window), in plan order.
+    lengths: Vec<Duration>,
+    /// When the first step started.
+    first_start: Option<Instant>,
+    /// The scheduled length of the steps that finished, and when the last of them did.
+    done: Duration,
+    last_finish: Option<Instant>,
+    /// The running step: its position and start.
+    running: Option<(usize, Instant)>,
+}
+
+impl PlanClock {
+    pub(crate) fn new(lengths: Vec<Duration>) -> PlanClock {
+        PlanClock {
+            lengths,
+            first_start: None,
+            done: Duration::ZERO,
+            last_finish: None,
+            running: None,
+        }
+    }
+
+    pub(crate) fn started(&mut self, position: usize, now: Instant) {
+        self.first_start.get_or_insert(now);
+        self.running = Some((position, now));
+    }
+
+    pub(crate) fn finished(&mut self, now: Instant) {
+        if let Some((position, _)) = self.running.take() {
+            self.done += self.lengths.get(position).copied().unwrap_or_default();
+            self.last_finish = Some(now);
+        }
+    }
+
+    /// The plan's whole scheduled length.
+    pub(crate) fn total(&self) -> Duration {
+        self.lengths.iter().sum()
+    }
+
+    /// Its scheduled time done at `now`: the finished steps and the running one so far.
+    pub(crate) fn scheduled_done(&self, now: Instant) -> Duration {
+        let running = self.running.map_or(Duration::ZERO, |(position, since)| {
+            let length = self.lengths.get(position).copied().unwrap_or_default();
+            now.saturating_duration_since(since).min(length)
+        });
+        (self.done + running).min(self.total())
+    }
+
+    /// Wall time since the first step started.
+    pub(crate) fn elapsed(&self, now: Instant) -> Duration {
+        self.first_start
+            .map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
+    }
+
+    /// About how long the plan has left at `now`.
+    pub(crate) fn left(&self, now: Instant) -> Duration {
+        let scheduled_left = self.total().saturating_sub(self.scheduled_done(now));
+        // Wall time per scheduled second so far, from the steps that finished (never below 1:
+        // a step does not end before its schedule).
+        let slower = match (self.first_start, self.last_finish) {
+            (Some(first), Some(last)) if !self.done.is_zero() => {
+                (last.saturating_duration_since(first).as_secs_f64() / self.done.as_secs_f64())
+                    .max(1.0)
+            }
+            _ => 1.0,
+        };
+        scheduled_left.mul_f64(slower)
+    }
+
+    /// `12 % of the plan, 1m 5s elapsed, about 4m 20s left` (whole seconds).
+    pub(crate) fn describe(&self, now: Instant) -> String {
+        let total = self.total().as_secs_f64();
+        let share = if total > 0.0 {
+            100.0 * self.scheduled_done(now).as_secs_f64() / total
+        } else {
+            100.0
+        };
+        format!("{share:.0} % of the plan, {}", self.times(now))
+    }
+
+    /// `1m 5s elapsed, about 4m 20s left` (whole seconds).
+    pub(crate) fn times(&self, now: Instant) -> String {
+        let whole = |d: Duration| {
+            crate::config::duration::format(Duration::from_secs(d.as_secs_f64().round() as u64))
+        };
+        format!(
+            "{} elapsed, about {} left",
+            whole(self.elapsed(now)),
+            whole(self.left(now))
+        )
+    }
+}
+
 pub(crate) struct Progress {
     live: Option<MultiProgress>,
     plan_bar: Option<ProgressBar>,
+    clock: Arc<Mutex<PlanClock>>,
     targets: Vec<String>,
     sink: Arc<BenchSink>,
     /// The display of the step running now.
@@ -34,6 +135,10 @@ pub(crate) struct StepProgress {
 
 fn style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn secs(d: Duration) -> String {
@@ -53,11 +158,18 @@ fn summary(m: &StepMeasurements) -> String {
 
 impl Progress {
     /// `live`: draw bars on stderr (both stdout and stderr are terminals); else plain log lines.
-    pub fn new(live: bool, steps: usize, targets: Vec<String>, sink: Arc<BenchSink>) -> Progress {
+    /// `lengths`: each step's scheduled length, in plan order.
+    pub fn new(
+        live: bool,
+        lengths: Vec<Duration>,
+        targets: Vec<String>,
+        sink: Arc<BenchSink>,
+    ) -> Progress {
+        let clock = PlanClock::new(lengths);
         let (live, plan_bar) = if live {
             let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-            let bar = multi.add(ProgressBar::new(steps as u64));
-            bar.set_style(style("plan [{pos}/{len}] {wide_msg}"));
+            let bar = multi.add(ProgressBar::new(millis(clock.total())));
+            bar.set_style(style("plan [{bar:24}] {wide_msg}"));
             (Some(multi), Some(bar))
         } else {
             (None, None)
@@ -65,40 +177,44 @@ impl Progress {
         Progress {
             live,
             plan_bar,
+            clock: Arc::new(Mutex::new(clock)),
             targets,
             sink,
             running: Mutex::new(None),
         }
     }
 
+    fn clock(&self) -> std::sync::MutexGuard<'_, PlanClock> {
+        self.clock.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Shows a step starting.
     fn start(&self, plan: &StepInfo) -> StepProgress {
         let length = plan.warmup + plan.steady;
+        let now = Instant::now();
+        self.clock().started(plan.position, now);
         let Some(multi) = &self.live else {
             tracing::info!(
-                "[{}/{}] {}: {} warmup + {} steady on {} targets",
+                "[{}/{}] {}: {} warmup + {} steady on {} targets; {}",
                 plan.position + 1,
                 plan.steps,
                 plan.name,
                 secs(plan.warmup),
                 secs(plan.steady),
-                self.targets.len()
+                self.targets.len(),
+                self.clock().describe(now)
             );
             return StepProgress {
                 bars: Vec::new(),
                 ticker: None,
             };
         };
-        if let Some(b) = &self.plan_bar {
-            b.set_position(plan.position as u64);
-            b.set_message(plan.name.clone());
-        }
-        let millis = u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1);
+        let step_of = format!("step {}/{}", plan.position + 1, plan.steps);
         let bars: Vec<ProgressBar> = self
             .targets
             .iter()
             .map(|t| {
-                let bar = multi.add(ProgressBar::new(millis));
+                let bar = multi.add(ProgressBar::new(millis(length).max(1)));
                 bar.set_style(style("{prefix} [{bar:24}] {msg}"));
                 bar.set_prefix(format!("{} [{t}]", plan.name));
                 bar
@@ -109,12 +225,21 @@ impl Progress {
             .collect();
         let sink = Arc::clone(&self.sink);
         let tick_bars = bars.clone();
-        let started = Instant::now();
+        let plan_bar = self.plan_bar.clone();
+        let clock = Arc::clone(&self.clock);
+        let started = now;
         let ticker = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut every = tokio::time::interval(TICK);
             loop {
                 every.tick().await;
                 let elapsed = started.elapsed();
+                if let Some(bar) = &plan_bar {
+                    let clock = clock.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                    let now = Instant::now();
+                    bar.set_position(millis(clock.scheduled_done(now)));
+                    // The bar shows the share done; the line is kept short for it.
+                    bar.set_message(format!("{step_of}, {}", clock.times(now)));
+                }
                 for (i, bar) in tick_bars.iter().enumerate() {
                     let (r, e) = sink.counts(i);
                     let (r0, e0) = start_counts[i];
@@ -141,6 +266,7 @@ impl Progress {
         if let Some(t) = step.ticker {
             t.abort();
         }
+        self.clock().finished(Instant::now());
         let per_target = |target: &str| {
             results
                 .iter()
@@ -168,9 +294,18 @@ impl Progress {
 
     /// Closes the display.
     pub fn done(&self, finished: usize) {
-        if let Some(b) = &self.plan_bar {
-            b.set_position(finished as u64);
-            b.finish_with_message("done");
+        let elapsed = self.clock().elapsed(Instant::now());
+        let text = format!(
+            "{finished} of {} steps in {}",
+            self.clock().lengths.len(),
+            crate::config::duration::format(Duration::from_secs(elapsed.as_secs()))
+        );
+        match &self.plan_bar {
+            Some(b) => {
+                b.set_position(millis(self.clock().scheduled_done(Instant::now())));
+                b.finish_with_message(text);
+            }
+            None => tracing::info!("plan: {text}"),
         }
     }
 }
@@ -190,5 +325,39 @@ impl Sink for Progress {
         if let Some(shown) = self.running().take() {
             self.finish(shown, results.unwrap_or_default(), results.is_none());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_left_is_the_scheduled_rest_scaled_by_how_much_longer_steps_took() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut c = PlanClock::new(vec![Duration::from_secs(60); 4]);
+        assert_eq!(c.left(t0), Duration::from_secs(240));
+        c.started(0, at(0));
+        // Halfway through the first step: no step finished, the schedule is the estimate.
+        assert_eq!(c.left(at(30)), Duration::from_secs(210));
+        assert_eq!(c.scheduled_done(at(30)), Duration::from_secs(30));
+        // Past its length while it drains: the step counts as its length, no more.
+        assert_eq!(c.scheduled_done(at(70)), Duration::from_secs(60));
+        c.finished(at(75));
+        c.started(1, at(75));
+        // 75 s of wall time for 60 s of schedule: the other 180 s take about 225 s.
+        assert_eq!(c.left(at(75)), Duration::from_secs(225));
+        assert_eq!(
+            c.describe(at(75)),
+            "25 % of the plan, 1m 15s elapsed, about 3m 45s left"
+        );
+        c.finished(at(135));
+        c.started(2, at(135));
+        c.finished(at(195));
+        c.started(3, at(195));
+        c.finished(at(255));
+        assert_eq!(c.left(at(255)), Duration::ZERO);
+        assert_eq!(c.scheduled_done(at(255)), c.total());
     }
 }

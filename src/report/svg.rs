@@ -196,6 +196,29 @@ fn legend(out: &mut String, entries: &[(&str, &str, Key)]) {
 }
 
 impl LineChart {
+    /// Draws the legend; returns the area it takes.
+    fn legend(&self, out: &mut String) -> Rect {
+        let entries: Vec<(&str, &str, Key)> = self
+            .series
+            .iter()
+            .map(|s| {
+                let key = match (s.line, s.dashed) {
+                    (false, _) => Key::Marker,
+                    (true, true) => Key::Dashed,
+                    (true, false) => Key::Line,
+                };
+                (s.name.as_str(), s.color, key)
+            })
+            .collect();
+        legend(out, &entries);
+        Rect {
+            x0: W - RIGHT - 190.0,
+            y0: TOP,
+            x1: W - RIGHT,
+            y1: TOP + 8.0 + entries.len() as f64 * 16.0,
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         open(&mut out, self.id, &self.title);
@@ -247,6 +270,9 @@ impl LineChart {
             );
         }
         x_label(&mut out, &self.x_label);
+        // Point labels are placed once every point is known, so none covers another.
+        let mut markers = Vec::new();
+        let mut labels = Vec::new();
         for s in &self.series {
             let p: Vec<(f64, f64, usize)> = s
                 .points
@@ -284,36 +310,147 @@ impl LineChart {
                         r#"<circle class="point" cx="{a:.1}" cy="{b:.1}" r="3.5" fill="{}"/>"#,
                         s.color
                     );
+                    markers.push((*a, *b));
                     if let Some(l) = s.point_labels.get(*i) {
-                        let _ = write!(
-                            out,
-                            r#"<text x="{:.1}" y="{:.1}" class="point-label">{}</text>"#,
-                            a + 5.0,
-                            b - 5.0,
-                            esc(l)
-                        );
+                        labels.push((*a, *b, l.as_str()));
                     }
                 }
             }
         }
-        let entries: Vec<(&str, &str, Key)> = self
-            .series
-            .iter()
-            .map(|s| {
-                let key = match (s.line, s.dashed) {
-                    (false, _) => Key::Marker,
-                    (true, true) => Key::Dashed,
-                    (true, false) => Key::Line,
-                };
-                (s.name.as_str(), s.color, key)
-            })
-            .collect();
-        legend(&mut out, &entries);
+        let legend_box = self.legend(&mut out);
+        point_labels(&mut out, &markers, &labels, legend_box);
         if pts.is_empty() {
             no_data(&mut out);
         }
         out.push_str("</svg>");
         out
+    }
+}
+
+/// A rectangle in pixels, `x0 ≤ x1`, `y0 ≤ y1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rect {
+    x0: f64,
+    y0: f64,
+    x1: f64,
+    y1: f64,
+}
+
+impl Rect {
+    fn overlaps(&self, o: &Rect) -> bool {
+        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
+    }
+
+    fn within(&self, o: &Rect) -> bool {
+        self.x0 >= o.x0 && self.x1 <= o.x1 && self.y0 >= o.y0 && self.y1 <= o.y1
+    }
+}
+
+/// A `.point-label` (10 px) is about this wide a character, and reaches this far above and below
+/// its baseline; the estimate errs wide so that the boxes hold what a browser draws.
+const LABEL_CHAR_W: f64 = 6.2;
+const LABEL_ASCENT: f64 = 9.0;
+const LABEL_DESCENT: f64 = 3.0;
+/// How far from its point a label sits, and the step between the rows tried above and below.
+const LABEL_GAP: f64 = 5.0;
+const LABEL_ROW: f64 = 12.0;
+/// Rows tried on each side before a label settles for its first place.
+const LABEL_ROWS: usize = 12;
+
+/// The box of a label of `chars` characters starting at `x` with its baseline at `y`.
+fn label_box(x: f64, y: f64, chars: usize) -> Rect {
+    Rect {
+        x0: x - 1.0,
+        y0: y - LABEL_ASCENT,
+        x1: x + chars as f64 * LABEL_CHAR_W + 1.0,
+        y1: y + LABEL_DESCENT,
+    }
+}
+
+/// Where each label (its point and text) goes, as its text's start and baseline: beside its
+/// point (right and above, right and below, then on the left), else a row further above or below,
+/// the first place that covers no label placed before it, no point, nothing of `avoid` and stays
+/// in the plot area. Points close together (the low concurrencies of a Pareto chart, where
+/// throughput and TTFT barely differ) would otherwise print their labels over each other.
+fn place_labels(
+    markers: &[(f64, f64)],
+    labels: &[(f64, f64, &str)],
+    avoid: Rect,
+) -> Vec<(f64, f64)> {
+    let area = Rect {
+        x0: LEFT,
+        y0: TOP,
+        x1: W - RIGHT,
+        y1: H - BOTTOM,
+    };
+    let dots: Vec<Rect> = markers
+        .iter()
+        .map(|&(x, y)| Rect {
+            x0: x - 4.0,
+            y0: y - 4.0,
+            x1: x + 4.0,
+            y1: y + 4.0,
+        })
+        .collect();
+    let mut placed: Vec<Rect> = Vec::new();
+    let mut out = Vec::new();
+    for &(px, py, text) in labels {
+        let chars = text.chars().count();
+        let width = chars as f64 * LABEL_CHAR_W;
+        let (right, left) = (px + LABEL_GAP + 1.0, px - LABEL_GAP - 1.0 - width);
+        let (above, below) = (py - LABEL_GAP, py + LABEL_GAP + LABEL_ASCENT);
+        let candidates = (0..=LABEL_ROWS).flat_map(|row| {
+            let shift = row as f64 * LABEL_ROW;
+            [
+                (right, above - shift),
+                (right, below + shift),
+                (left, above - shift),
+                (left, below + shift),
+            ]
+        });
+        let free = |&(x, y): &(f64, f64)| {
+            let b = label_box(x, y, chars);
+            b.within(&area)
+                && !b.overlaps(&avoid)
+                && !placed.iter().chain(&dots).any(|o| b.overlaps(o))
+        };
+        let at = candidates
+            .clone()
+            .find(free)
+            .or_else(|| {
+                candidates
+                    .clone()
+                    .find(|&(x, y)| label_box(x, y, chars).within(&area))
+            })
+            .unwrap_or((right, above));
+        placed.push(label_box(at.0, at.1, chars));
+        out.push(at);
+    }
+    out
+}
+
+/// Writes the point labels where [`place_labels`] puts them; one moved away from its point gets
+/// a thin line back to it.
+fn point_labels(
+    out: &mut String,
+    markers: &[(f64, f64)],
+    labels: &[(f64, f64, &str)],
+    avoid: Rect,
+) {
+    for (&(px, py, text), (x, y)) in labels.iter().zip(place_labels(markers, labels, avoid)) {
+        let b = label_box(x, y, text.chars().count());
+        let (nx, ny) = (px.clamp(b.x0, b.x1), py.clamp(b.y0, b.y1));
+        if (nx - px).hypot(ny - py) > LABEL_GAP + LABEL_ASCENT + 2.0 {
+            let _ = write!(
+                out,
+                r##"<line class="label-leader" x1="{px:.1}" y1="{py:.1}" x2="{nx:.1}" y2="{ny:.1}" stroke="#999" stroke-width="0.75"/>"##
+            );
+        }
+        let _ = write!(
+            out,
+            r#"<text x="{x:.1}" y="{y:.1}" class="point-label">{}</text>"#,
+            esc(text)
+        );
     }
 }
 
@@ -453,6 +590,56 @@ mod tests {
             (1.0, 25.0, 50.0, 75.0, 99.0)
         );
         assert!(BoxStat::of(&[]).is_none());
+    }
+
+    #[test]
+    fn labels_of_points_close_together_do_not_overlap() {
+        // A Pareto chart's low concurrencies: two targets, seven levels within a few pixels.
+        let markers: Vec<(f64, f64)> = (0..7)
+            .flat_map(|i| {
+                let x = LEFT + 20.0 + f64::from(i) * 2.0;
+                [(x, 250.0 - f64::from(i)), (x + 1.0, 252.0)]
+            })
+            .collect();
+        let names: Vec<String> = (0..14).map(|i| format!("c={}", 1 << (i / 2))).collect();
+        let labels: Vec<(f64, f64, &str)> = markers
+            .iter()
+            .zip(&names)
+            .map(|(&(x, y), n)| (x, y, n.as_str()))
+            .collect();
+        let legend = Rect {
+            x0: W - RIGHT - 190.0,
+            y0: TOP,
+            x1: W - RIGHT,
+            y1: TOP + 40.0,
+        };
+        let at = place_labels(&markers, &labels, legend);
+        let boxes: Vec<Rect> = at
+            .iter()
+            .zip(&labels)
+            .map(|(&(x, y), l)| label_box(x, y, l.2.len()))
+            .collect();
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(
+                a.x0 >= LEFT && a.y0 >= TOP && a.y1 <= H - BOTTOM,
+                "{i}: {a:?}"
+            );
+            for (j, b) in boxes.iter().enumerate().skip(i + 1) {
+                assert!(!a.overlaps(b), "labels {i} and {j} overlap: {a:?} {b:?}");
+            }
+            for (k, &(x, y)) in markers.iter().enumerate() {
+                let dot = Rect {
+                    x0: x - 3.5,
+                    y0: y - 3.5,
+                    x1: x + 3.5,
+                    y1: y + 3.5,
+                };
+                assert!(!a.overlaps(&dot), "label {i} covers point {k}");
+            }
+        }
+        // A lone point keeps its label right beside it, above and to the right.
+        let lone = place_labels(&[(300.0, 200.0)], &[(300.0, 200.0, "c=1")], legend);
+        assert_eq!(lone, [(306.0, 195.0)]);
     }
 
     #[test]

@@ -11,6 +11,8 @@ offline) for the default values and every ci/*-values.yaml, and checks what come
 - the lifecycle endpoints are off by default; enabled with a token Secret
   (ci/lifecycle-values.yaml) the config names the mounted file; the NetworkPolicy admits only
   the Prometheus pods it selects;
+- for the deploy guide's values (examples/k8s/canary-values.yaml) the rendered config passes
+  `llm-canary check`;
 - for the default values: the rendered config passes `llm-canary check` and names the
   PrometheusRule the daemon keeps and its state ConfigMap; Helm renders no SLO PrometheusRule of
   its own (it could go stale), and with changed SLO values the rendered config carries the change
@@ -270,6 +272,16 @@ def generated(binary, config_text, tmp):
     return yaml.safe_load(r.stdout) if r.returncode == 0 else None
 
 
+def check_example_config(config_text, binary, label):
+    """The deploy guide's values render a config that `llm-canary check` accepts (every file in
+    examples/ passes `check`: tests/config_fixtures.rs checks the configs, this the values)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = os.path.join(tmp, "config.yaml")
+        open(cfg, "w").write(config_text)
+        r = subprocess.run([binary, "check", "--config", cfg], capture_output=True, text=True)
+        check(r.returncode == 0, f"{label}: rendered config fails `llm-canary check`: {r.stdout}{r.stderr}")
+
+
 def promtool_check(docs, tmp):
     for d in by_kind(docs, "PrometheusRule"):
         path = os.path.join(tmp, d["metadata"]["name"] + ".yaml")
@@ -353,6 +365,8 @@ def main():
         check_monitoring(docs, values, label)
         if case is None:
             check_managed_rules(docs, a.bin)
+        elif case.startswith("examples/"):
+            check_example_config(cm["data"]["config.yaml"], a.bin, label)
         elif case.endswith("unmanaged-rules-values.yaml"):
             check_bundled_rules(docs, a.bin)
         print(f"{label}: {len(docs)} objects: " + ", ".join(sorted({d['kind'] for d in docs})))

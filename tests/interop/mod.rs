@@ -5,7 +5,7 @@
 //! (started by `scripts/interop/serve-vllm.sh`) or `transformers serve` from the same venv, ready
 //! once `GET /health` answers 200.
 //!
-//! Outside CI a missing venv skips the tests with a loud message; with `CI=true` it fails them.
+//! Outside CI a missing venv skips the tests (`crate::skip`); in CI it fails them.
 #![allow(dead_code)]
 
 use std::os::unix::process::CommandExt;
@@ -33,11 +33,6 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether a missing engine fails the test (CI) rather than skipping it loudly.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 /// The vLLM venv, or `None` (after a loud message) when it is not installed outside CI. In CI a
 /// missing venv is a failure: `scripts/test` installs it before the tests run.
 pub fn vllm_venv() -> Option<PathBuf> {
@@ -52,12 +47,7 @@ pub fn vllm_venv() -> Option<PathBuf> {
          or run everything with `scripts/interop/run.sh`.",
         venv.display()
     );
-    assert!(!in_ci(), "CI=true: {message}");
-    eprintln!(
-        "\n{}\nSKIPPED: {message}\n{}\n",
-        "!".repeat(78),
-        "!".repeat(78)
-    );
+    crate::skip::missing_tool(&message);
     None
 }
 
