@@ -35,9 +35,11 @@ pub struct Cli {
 /// problems one record each), and the JSON encoder escapes any line break a value still holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// `TIMESTAMP LEVEL target: message key=value…`, coloured on a terminal.
+    // Plain comments, not doc comments: clap would list each value's help on lines of its own,
+    // a layout no other flag has.
+    // `TIMESTAMP LEVEL target: message key=value…`, coloured on a terminal.
     Text,
-    /// `{"timestamp": …, "level": …, "fields": {"message": …, <fields>}, "target": …}`.
+    // `{"timestamp": …, "level": …, "fields": {"message": …, <fields>}, "target": …}`.
     Json,
 }
 
