@@ -10,7 +10,10 @@
 //!   partial. A row may name fewer ids than its length needs (its remaining tokens are its own) but
 //!   never more. Optional: `session_id` (string or integer) and `delay` (ms).
 //! * **Dynamo request trace** ([`TraceFormat::Dynamo`], schema [`DYNAMO_SCHEMA`]), plain or
-//!   gzip-compressed (recognised by the gzip magic bytes, not the file name). Only `request_end`
+//!   gzip-compressed (recognised by the gzip magic bytes, not the file name). Each line is the
+//!   record itself or, as Dynamo 1.6.1's frontend writes its files, an envelope
+//!   `{"timestamp": …, "event": {record}}` (its `timestamp` counts from the frontend's start and
+//!   is not used). Only `request_end`
 //!   events are requests; other events (`tool_end`, ...) are skipped. A request's timestamp is
 //!   `request.request_received_ms`; its block size, length and block hashes come from
 //!   `request.replay`, which the frontend writes only when it runs with `DYN_REQUEST_TRACE=1`.
@@ -94,15 +97,25 @@ pub enum TraceFormat {
 }
 
 impl TraceFormat {
-    /// The format of a trace whose first line is `first_line`: an object with a `schema` key is a
-    /// Dynamo request trace; anything else is taken for Mooncake, whose rows have no schema.
+    /// The format of a trace whose first line is `first_line`: an object with a `schema` key, or
+    /// an envelope whose `event` has one (as Dynamo's frontend writes its files), is a Dynamo
+    /// request trace; anything else is taken for Mooncake, whose rows have no schema.
     pub fn detect(first_line: &str) -> TraceFormat {
         #[derive(Deserialize)]
         struct Probe {
             schema: Option<IgnoredAny>,
+            event: Option<EventProbe>,
+        }
+        #[derive(Deserialize)]
+        struct EventProbe {
+            schema: Option<IgnoredAny>,
         }
         match serde_json::from_str::<Probe>(first_line.trim()) {
-            Ok(probe) if probe.schema.is_some() => TraceFormat::Dynamo,
+            Ok(probe)
+                if probe.schema.is_some() || probe.event.as_ref().is_some_and(|e| e.schema.is_some()) =>
+            {
+                TraceFormat::Dynamo
+            }
             Ok(_) => TraceFormat::Mooncake,
             // A line that is not an object is an error the loader reports with its line number.
             Err(_) if first_line.contains("\"schema\"") => TraceFormat::Dynamo,
@@ -871,5 +884,39 @@ mod tests {
         );
         assert_eq!(dynamo.sessions, 2);
         assert!(dynamo.expected_hit_tokens().0 > 0);
+    }
+
+    /// The capture of Dynamo 1.6.1's real frontend (tests/testdata/traces/README.md): every line
+    /// an envelope, read plain and gzipped, with the lengths and the reuse the frontend recorded
+    /// (its own `cached_tokens`: 0, 320, 0, 320, 256, 0).
+    #[test]
+    fn a_real_dynamo_envelope_trace_loads_plain_and_gzipped() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/traces");
+        let plain_path = dir.join("dynamo-1.6.1-envelope.jsonl");
+        let text = std::fs::read_to_string(&plain_path).expect("reads");
+        let first = text.lines().next().expect("a line");
+        assert!(first.starts_with("{\"timestamp\":"), "an envelope: {first}");
+        assert_eq!(TraceFormat::detect(first), TraceFormat::Dynamo);
+        let plain = Trace::load_any(&plain_path, None, DEFAULT_TRACE_BLOCK_SIZE).expect("loads");
+        let gzipped = Trace::load_any(
+            &dir.join("dynamo-1.6.1-envelope.jsonl.gz"),
+            None,
+            DEFAULT_TRACE_BLOCK_SIZE,
+        )
+        .expect("loads gzipped");
+        assert_eq!(plain, gzipped);
+        assert_eq!((plain.format, plain.block_size), (TraceFormat::Dynamo, 64));
+        let lengths: Vec<(u32, u32)> = plain
+            .rows
+            .iter()
+            .map(|row| (row.input_length, row.output_length))
+            .collect();
+        assert_eq!(
+            lengths,
+            [(378, 4), (379, 5), (293, 6), (378, 7), (295, 8), (13, 9)]
+        );
+        assert_eq!(plain.expected_hits(), [0, 320, 0, 320, 256, 0]);
+        // request_received_ms, not the envelope's timestamp (ms since the frontend started).
+        assert_eq!(plain.span, ms(1_796_529_595_440 - 1_796_529_594_423));
     }
 }

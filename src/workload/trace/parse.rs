@@ -108,6 +108,9 @@ struct MooncakeLine {
 struct DynamoHeader {
     schema: Option<String>,
     event_type: Option<String>,
+    /// The record of an envelope line (`{"timestamp": …, "event": {…}}`), as Dynamo 1.6.1's
+    /// frontend writes every line of its file sinks; a bare line is the record itself.
+    event: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -316,8 +319,22 @@ fn dynamo_row(
     line: usize,
     size: &mut Option<(u32, usize)>,
 ) -> Result<Option<Parsed>, LineProblem> {
-    let header: DynamoHeader =
+    let mut header: DynamoHeader =
         serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo request trace row"))?;
+    // The frontend's files wrap each record in an envelope whose `timestamp` counts from the
+    // frontend's start; the record inside has the schema and the absolute times we replay by.
+    let envelope = match header.schema {
+        None => header.event.take(),
+        Some(_) => None,
+    };
+    let bytes = match &envelope {
+        Some(event) => {
+            header = serde_json::from_str(event.get())
+                .map_err(|e| json_problem(e, "a Dynamo request trace `event`"))?;
+            event.get().as_bytes()
+        }
+        None => bytes,
+    };
     if header.schema.as_deref() != Some(DYNAMO_SCHEMA) {
         return Err(LineProblem::Schema(header.schema));
     }
