@@ -343,6 +343,23 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
             .entry((text(r, "target"), text(r, "cached_tokens_source")))
             .or_default() += 1;
     }
+    // What the engine reuses, never the whole prompt: at 2,048 tokens (32 blocks of 64, the
+    // frontend's block size) fully shared, 31 blocks, the last one holding the token the engine
+    // always computes; within one block of it per request.
+    for r in all.iter().filter(|r| {
+        text(r, "target") == "dyn-disagg"
+            && text(r, "outcome") == "ok"
+            && text(r, "workload") == "prefix_cache"
+            && text(r, "phase") == "steady"
+            && text(r, "prefix_ratio") == "1"
+            && text(r, "cached_tokens_source") == "kv_hit_rate"
+    }) {
+        let cached = r["cached_tokens"].as_u64().expect("cached_tokens");
+        assert!(
+            (1984 - 64..=1984).contains(&cached),
+            "disaggregated hit from kv_hit_rate, {cached} of 2048: {r}"
+        );
+    }
     let count = |t: &str, s: &str| sources.get(&(t.into(), s.into())).copied().unwrap_or(0);
     assert_eq!(count("dyn-agg", "kv_hit_rate"), 0, "{sources:?}");
     assert!(
