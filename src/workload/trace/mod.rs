@@ -52,7 +52,7 @@
 mod parse;
 mod prompt;
 
-pub use parse::LineProblem;
+pub use parse::{LineProblem, MAX_LISTED_LINES};
 pub use prompt::{BlockPrompt, BlockPrompts};
 
 use std::collections::hash_map::Entry;
@@ -172,6 +172,13 @@ pub enum TraceError {
         line: usize,
         problem: LineProblem,
     },
+    /// Several bad lines, each as [`TraceError::Line`] says it; `more` past those listed.
+    #[error("{}", lines_text(.path, .lines, *.more))]
+    Lines {
+        path: PathBuf,
+        lines: Vec<(usize, LineProblem)>,
+        more: usize,
+    },
     #[error("trace {}: no {format} requests in it; {hint}", .path.display())]
     Empty {
         path: PathBuf,
@@ -182,6 +189,18 @@ pub enum TraceError {
         "trace block size must be at least 1 token; set `block_size` to the trace's block size"
     )]
     ZeroBlockSize,
+}
+
+/// The text of [`TraceError::Lines`]: one `FILE:LINE: problem` line each, and the count left out.
+fn lines_text(path: &Path, lines: &[(usize, LineProblem)], more: usize) -> String {
+    let mut text: Vec<String> = lines
+        .iter()
+        .map(|(line, problem)| format!("{}:{line}: {problem}", path.display()))
+        .collect();
+    if more > 0 {
+        text.push(format!("{}: and {more} more bad lines", path.display()));
+    }
+    text.join("\n")
 }
 
 /// One request of a trace.
