@@ -406,11 +406,8 @@ fn trace_warnings(cfg: &Config, base_dir: &Path) -> Vec<config::Diagnostic> {
         };
         for gap in &trace.quiet_gaps {
             out.push(
-                config::Diagnostic::new(
-                    t.path.pos,
-                    format!("warning: trace `{}`: {gap}", *t.name),
-                )
-                .hint("see docs/METRICS.md, \"Trace replay\""),
+                config::Diagnostic::new(t.path.pos, format!("warning: trace `{}`: {gap}", *t.name))
+                    .hint("see docs/METRICS.md, \"Trace replay\""),
             );
         }
     }
@@ -589,7 +586,9 @@ mod tests {
         rows.extend((0..20).map(|i| 33_200 + i * 200));
         let text: String = rows
             .iter()
-            .map(|t| format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n"))
+            .map(|t| {
+                format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n")
+            })
             .collect();
         std::fs::write(dir.path().join("gap.jsonl"), text).unwrap();
         let config = "targets:\n  - { name: real, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }\n\

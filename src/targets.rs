@@ -564,10 +564,17 @@ mod tests {
                     dynamo_frontend_model_context_length{model=\"tiny-qwen3\"} 32768\n";
         let block = "dynamo_frontend_model_kv_cache_block_size";
         assert_eq!(gauge_of(text, block, "tiny-qwen3"), Some(64));
-        assert_eq!(gauge_of(text, block, "served-as"), Some(16), "the first series");
+        assert_eq!(
+            gauge_of(text, block, "served-as"),
+            Some(16),
+            "the first series"
+        );
         let context = "dynamo_frontend_model_context_length";
         assert_eq!(gauge_of(text, context, "tiny-qwen3"), Some(32768));
         assert_eq!(gauge_of("", block, "m"), None);
-        assert_eq!(gauge_of(&format!("{block} 0\n{block} 2.5\n"), block, "m"), None);
+        assert_eq!(
+            gauge_of(&format!("{block} 0\n{block} 2.5\n"), block, "m"),
+            None
+        );
     }
 }

@@ -487,8 +487,11 @@ fn a_trace_captured_from_the_real_frontend_replays_exactly() {
         .expect("the captured trace loads");
     assert_eq!(trace.block_size, 64, "the mocker's block size");
     let mut lines = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&bytes[..]), &mut lines)
-        .unwrap();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(&bytes[..]),
+        &mut lines,
+    )
+    .unwrap();
     let (mut recorded_cached, mut recorded_input) = (0u64, 0u64);
     for line in lines.lines().filter(|l| !l.trim().is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -534,7 +537,10 @@ fn a_trace_captured_from_the_real_frontend_replays_exactly() {
             r["prompt_tokens"].as_u64().unwrap(),
             r["completion_tokens"].as_u64().unwrap(),
         );
-        assert!(rows.contains(&lengths), "{lengths:?} is no captured row's: {r}");
+        assert!(
+            rows.contains(&lengths),
+            "{lengths:?} is no captured row's: {r}"
+        );
         sent.insert(lengths);
     }
     assert_eq!(sent, rows, "every captured row was replayed");
@@ -550,7 +556,10 @@ fn a_trace_captured_from_the_real_frontend_replays_exactly() {
     let expected = step["expected_cache_hit_ratio"].as_f64().unwrap();
     eprintln!("replayed: observed hit {observed:.3}, expected {expected:.3}");
     assert!((expected - implied).abs() < 0.05, "{expected} vs {implied}");
-    assert!((observed - recorded).abs() < 0.08, "{observed} vs {recorded}");
+    assert!(
+        (observed - recorded).abs() < 0.08,
+        "{observed} vs {recorded}"
+    );
 }
 
 /// The simulator's `dynamo_*` families, in both modes, all among those the live stacks at

@@ -49,7 +49,11 @@ pub struct ServerTiming {
 /// matched blocks × block size, capped at prompt − 1 rounded down to whole blocks (960 in both
 /// examples). Without the block size: the rate times the prompt, capped at prompt − 1.
 pub fn reusable_from_hit_rate(rate: f64, prompt: u64, block_size: Option<u32>) -> u64 {
-    let rate = if rate.is_finite() { rate.clamp(0.0, 1.0) } else { 0.0 };
+    let rate = if rate.is_finite() {
+        rate.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
     let most = prompt.saturating_sub(1);
     match block_size.map(u64::from).filter(|&b| b > 0) {
         Some(block) => {

@@ -119,7 +119,8 @@ impl TraceFormat {
         }
         match serde_json::from_str::<Probe>(first_line.trim()) {
             Ok(probe)
-                if probe.schema.is_some() || probe.event.as_ref().is_some_and(|e| e.schema.is_some()) =>
+                if probe.schema.is_some()
+                    || probe.event.as_ref().is_some_and(|e| e.schema.is_some()) =>
             {
                 TraceFormat::Dynamo
             }
@@ -1006,7 +1007,9 @@ mod tests {
     fn at_times(times: &[u64]) -> Trace {
         let text: String = times
             .iter()
-            .map(|t| format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n"))
+            .map(|t| {
+                format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n")
+            })
             .collect();
         mooncake(&text, 16).expect("parses")
     }

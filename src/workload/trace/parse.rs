@@ -376,7 +376,10 @@ pub(super) fn parse_dynamo<'a>(
         .map(|(line, bytes)| (line, dynamo_row(bytes, line, &mut size)))
         .collect::<Vec<_>>();
     let rows = all_or_bad(rows.into_iter(), path)?;
-    Ok((size.map_or(1, |(size, _)| size), rows.into_iter().flatten().collect()))
+    Ok((
+        size.map_or(1, |(size, _)| size),
+        rows.into_iter().flatten().collect(),
+    ))
 }
 
 /// The request of one Dynamo line; `None` for another event.
@@ -438,10 +441,8 @@ fn dynamo_row(
         ("request.replay.input_length", replay.input_length),
         ("request.output_tokens", row.request.output_tokens),
     )?;
-    let (input_length, output_length) = (
-        replay.input_length as u32,
-        row.request.output_tokens as u32,
-    );
+    let (input_length, output_length) =
+        (replay.input_length as u32, row.request.output_tokens as u32);
     check_blocks(hashes.len(), input_length, block_size, &NAMES)?;
     let received = checked_millis(
         "request.request_received_ms",
@@ -667,8 +668,14 @@ mod tests {
         let said = error.to_string();
         let said: Vec<&str> = said.lines().collect();
         assert_eq!(said.len(), 21, "{said:?}");
-        assert!(said[0].starts_with("traces/chat.jsonl:2: `input_length` is 0"), "{said:?}");
-        assert!(said[1].starts_with("traces/chat.jsonl:4: `input_length` is 300000"), "{said:?}");
+        assert!(
+            said[0].starts_with("traces/chat.jsonl:2: `input_length` is 0"),
+            "{said:?}"
+        );
+        assert!(
+            said[1].starts_with("traces/chat.jsonl:4: `input_length` is 300000"),
+            "{said:?}"
+        );
         assert_eq!(said[20], "traces/chat.jsonl: and 5 more bad lines");
     }
 
