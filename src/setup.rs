@@ -54,17 +54,23 @@ impl Setup {
         let cfg = Config::parse_checked(text, file, base_dir, |cfg| {
             crate::slo::diagnostics(cfg, &LabelDomain::of(cfg))
         })?;
-        Setup::compiled(cfg, None, file)
+        Setup::compiled(cfg, None, file, base_dir)
     }
 
     /// The same setup with `cfg` in place of its config (the bench's `--workload` and
     /// `--time-scale` overrides); the SLOs are compiled again against it.
     pub fn with_config(self, cfg: Config) -> Result<Setup, ConfigError> {
         let file = self.label();
-        Setup::compiled(cfg, self.path, &file)
+        let base_dir = self.base_dir().to_owned();
+        Setup::compiled(cfg, self.path, &file, &base_dir)
     }
 
-    fn compiled(cfg: Config, path: Option<PathBuf>, file: &str) -> Result<Setup, ConfigError> {
+    fn compiled(
+        cfg: Config,
+        path: Option<PathBuf>,
+        file: &str,
+        base_dir: &Path,
+    ) -> Result<Setup, ConfigError> {
         let domain = LabelDomain::of(&cfg);
         // Validation compiled every expression already; an error here is a definition problem
         // that has no single position.
@@ -76,6 +82,7 @@ impl Setup {
         warnings.extend(probe_warnings(&cfg, &slos));
         warnings.extend(quantile_warnings(&cfg, &slos));
         warnings.extend(drain_warnings(&cfg));
+        warnings.extend(trace_warnings(&cfg, base_dir));
         Ok(Setup {
             config: cfg,
             slos,
@@ -383,6 +390,30 @@ fn request_time(
     Some((time, why))
 }
 
+/// A trace whose long quiet gaps loading compresses (`workload::trace::QuietGap`) replays
+/// another timeline than the file's: said at the trace's `path`, each gap. A trace that does
+/// not load is validation's error, not a warning.
+fn trace_warnings(cfg: &Config, base_dir: &Path) -> Vec<config::Diagnostic> {
+    let Some(replay) = &cfg.workloads.trace_replay else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in &replay.traces {
+        let path = base_dir.join(t.path.as_str());
+        let Ok(trace) = crate::workload::trace::Trace::load_any(&path, t.format, *t.block_size)
+        else {
+            continue;
+        };
+        for gap in &trace.quiet_gaps {
+            out.push(
+                config::Diagnostic::new(t.path.pos, format!("warning: trace `{}`: {gap}", *t.name))
+                    .hint("see docs/METRICS.md, \"Trace replay\""),
+            );
+        }
+    }
+    out
+}
+
 /// A drain grace shorter than the requests a step sends cuts them at every step's end, and each
 /// counts as a `timeout` (docs/METRICS.md, "Steps and windows"): said per workload, for the target whose
 /// longest request takes longest, where the estimate is known (`request_time`).
@@ -546,6 +577,31 @@ mod tests {
             .into_iter()
             .filter(|l| l.contains("drain_grace"))
             .collect()
+    }
+
+    #[test]
+    fn a_traces_long_quiet_gap_is_a_warning_at_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows: Vec<u64> = vec![0, 100, 200];
+        rows.extend((0..20).map(|i| 33_200 + i * 200));
+        let text: String = rows
+            .iter()
+            .map(|t| {
+                format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n")
+            })
+            .collect();
+        std::fs::write(dir.path().join("gap.jsonl"), text).unwrap();
+        let config = "targets:\n  - { name: real, serving_mode: aggregated, url: \"http://127.0.0.1:1\" }\n\
+                      workloads:\n  trace_replay:\n    traces: [{ name: gap, path: gap.jsonl, block_size: 16 }]\n";
+        let lines = Setup::parse(config, "t.yaml", dir.path())
+            .unwrap()
+            .warning_lines();
+        let gaps: Vec<&String> = lines.iter().filter(|l| l.contains("trace `gap`")).collect();
+        assert_eq!(gaps.len(), 1, "{lines:?}");
+        assert!(
+            gaps[0].starts_with("t.yaml:5:") && gaps[0].contains(": warning: trace `gap`: 33.0 s without a request after its first 3 request(s) (at 0.2 s) is replayed as 0.200 s"),
+            "{gaps:?}"
+        );
     }
 
     #[test]

@@ -328,10 +328,19 @@ pub async fn resolve_at(
         marker: &client.config().marker,
         attempts,
     };
+    let frontend = match t.dialect {
+        crate::config::Dialect::Dynamo => Some(frontend_gauges(t, url, &lookup).await),
+        _ => None,
+    };
     let model = resolve_model(t, url, lookup).await?;
+    let block_size = frontend.and_then(|text| {
+        gauge_of(&text, "dynamo_frontend_model_kv_cache_block_size", &model)
+            .and_then(|v| u32::try_from(v).ok())
+    });
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
-        .with_nvext(t.dialect.supports_nvext());
+        .with_nvext(t.dialect.supports_nvext())
+        .with_kv_block_size(block_size);
     if let Some(tls) = tls {
         endpoint = endpoint.with_tls(tls)?;
     }
@@ -353,6 +362,66 @@ pub async fn resolve_at(
         cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
         goodput: t.goodput.as_ref().map(|g| g.limits()),
     })
+}
+
+/// Largest frontend `/metrics` answer read for its model gauges.
+const FRONTEND_METRICS_MAX_BYTES: usize = 4 << 20;
+
+/// The Dynamo frontend's `/metrics` text (its `dynamo_frontend_model_*` gauges say the engine's
+/// KV block size and context length), or empty when it does not answer: the gauges refine
+/// measurements, and a target without them still runs.
+async fn frontend_gauges(t: &TargetConfig, base: &str, lookup: &ModelLookup<'_>) -> String {
+    let url = format!("{}/metrics", base.trim_end_matches('/'));
+    let mut builder = crate::client::http_client_builder();
+    if let Some(tls) = &lookup.tls {
+        builder = tls.reqwest_builder(builder);
+    }
+    let Ok(http) = builder.build() else {
+        return String::new();
+    };
+    let mut request = http.get(&url).timeout(MODEL_LOOKUP_TIMEOUT);
+    if let Some(value) = lookup.key.and_then(|key| key.authorization().ok()) {
+        request = request.header(reqwest::header::AUTHORIZATION, value);
+    }
+    let mut text = Vec::new();
+    match request.send().await {
+        Ok(mut r) if r.status().is_success() => {
+            while let Ok(Some(chunk)) = r.chunk().await {
+                if text.len() + chunk.len() > FRONTEND_METRICS_MAX_BYTES {
+                    break;
+                }
+                text.extend_from_slice(&chunk);
+            }
+        }
+        Ok(r) => tracing::debug!(target = %*t.name, status = %r.status(), "no frontend /metrics"),
+        Err(e) => tracing::debug!(target = %*t.name, error = %e, "no frontend /metrics"),
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// The value of gauge `name` for `model` in Prometheus text (else its first series: a frontend
+/// serving one model under another name), as a whole positive number.
+fn gauge_of(text: &str, name: &str, model: &str) -> Option<u64> {
+    let label = format!("model=\"{model}\"");
+    let mut any = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let value = rest.rsplit(' ').next()?.parse::<f64>().ok();
+        let value = value.filter(|v| v.is_finite() && *v >= 1.0 && v.fract() == 0.0);
+        let Some(value) = value.map(|v| v as u64) else {
+            continue;
+        };
+        if rest.contains(&label) {
+            return Some(value);
+        }
+        any.get_or_insert(value);
+    }
+    any
 }
 
 /// Largest `GET /v1/models` answer read when resolving model `auto`.
@@ -477,5 +546,35 @@ fn api_key(t: &TargetConfig, base_dir: &Path) -> Result<Option<ApiKey>, TargetEr
 impl crate::client::TokenCounter for TokenModel {
     fn count(&self, text: &str) -> usize {
         TokenModel::count(self, text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gauge_of;
+
+    #[test]
+    fn the_frontends_model_gauges_are_read_for_the_model() {
+        // As Dynamo 1.6.1's frontend writes them.
+        let text = "# HELP dynamo_frontend_model_kv_cache_block_size KV cache block size\n\
+                    # TYPE dynamo_frontend_model_kv_cache_block_size gauge\n\
+                    dynamo_frontend_model_kv_cache_block_size{model=\"other\"} 16\n\
+                    dynamo_frontend_model_kv_cache_block_size{model=\"tiny-qwen3\"} 64\n\
+                    dynamo_frontend_model_kv_cache_block_size_total 3\n\
+                    dynamo_frontend_model_context_length{model=\"tiny-qwen3\"} 32768\n";
+        let block = "dynamo_frontend_model_kv_cache_block_size";
+        assert_eq!(gauge_of(text, block, "tiny-qwen3"), Some(64));
+        assert_eq!(
+            gauge_of(text, block, "served-as"),
+            Some(16),
+            "the first series"
+        );
+        let context = "dynamo_frontend_model_context_length";
+        assert_eq!(gauge_of(text, context, "tiny-qwen3"), Some(32768));
+        assert_eq!(gauge_of("", block, "m"), None);
+        assert_eq!(
+            gauge_of(&format!("{block} 0\n{block} 2.5\n"), block, "m"),
+            None
+        );
     }
 }

@@ -60,6 +60,11 @@ impl Stack {
     /// Starts `mode` (`agg` or `disagg`) on the first base port in `ports` whose four ports are
     /// free (the script checks and refuses a busy one).
     fn start(mode: &str, ports: std::ops::Range<u16>) -> Stack {
+        Stack::start_with(mode, ports, &[])
+    }
+
+    /// [`Stack::start`] with `env` set for every process of the stack.
+    fn start_with(mode: &str, ports: std::ops::Range<u16>, env: &[(&str, &Path)]) -> Stack {
         let run = tempfile::tempdir().expect("run dir");
         let mut said = String::new();
         for port in ports.step_by(4) {
@@ -68,6 +73,7 @@ impl Stack {
                 .arg(run.path())
                 .arg(port.to_string())
                 .env("DYNAMO_START_TIMEOUT", "180")
+                .envs(env.iter().map(|(k, v)| (*k, *v)))
                 .output()
                 .expect("run scripts/interop/dynamo-stack.sh");
             if out.status.success() {
@@ -343,6 +349,23 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
             .entry((text(r, "target"), text(r, "cached_tokens_source")))
             .or_default() += 1;
     }
+    // What the engine reuses, never the whole prompt: at 2,048 tokens (32 blocks of 64, the
+    // frontend's block size) fully shared, 31 blocks, the last one holding the token the engine
+    // always computes; within one block of it per request.
+    for r in all.iter().filter(|r| {
+        text(r, "target") == "dyn-disagg"
+            && text(r, "outcome") == "ok"
+            && text(r, "workload") == "prefix_cache"
+            && text(r, "phase") == "steady"
+            && text(r, "prefix_ratio") == "1"
+            && text(r, "cached_tokens_source") == "kv_hit_rate"
+    }) {
+        let cached = r["cached_tokens"].as_u64().expect("cached_tokens");
+        assert!(
+            (1984 - 64..=1984).contains(&cached),
+            "disaggregated hit from kv_hit_rate, {cached} of 2048: {r}"
+        );
+    }
     let count = |t: &str, s: &str| sources.get(&(t.into(), s.into())).copied().unwrap_or(0);
     assert_eq!(count("dyn-agg", "kv_hit_rate"), 0, "{sources:?}");
     assert!(
@@ -425,6 +448,118 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
     tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(simulator_names_are_dynamos(&live));
+}
+
+/// A request trace captured from the real frontend replays through the trace workload: the
+/// aggregated stack runs with `DYN_REQUEST_TRACE=1` (Dynamo 1.6.1's default sink, gzipped JSONL
+/// of envelope lines, at `DYN_REQUEST_TRACE_OUTPUT_PATH.000000.jsonl.gz`) while the canary sends
+/// it a short prefix-cache step; stopped, so the sink writes its end, the file is replayed on a
+/// fresh stack, and every replayed request has one of the captured rows' exact lengths, every
+/// row is sent, and the hit the replay observes is the reuse the capture recorded.
+#[test]
+fn a_trace_captured_from_the_real_frontend_replays_exactly() {
+    let Some(_venv) = dynamo_venv() else { return };
+    let _turn = ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("captured");
+    let recording = Stack::start_with(
+        "agg",
+        20800..21200,
+        &[
+            ("DYN_REQUEST_TRACE", Path::new("1")),
+            ("DYN_REQUEST_TRACE_OUTPUT_PATH", &base),
+        ],
+    );
+    let load = "workloads:\n  prefix_cache: { hit_ratios: [0.5], isl: 512, osl: 8, concurrency: 2, step: 3s, warmup: 1s, pool_size: 2 }\n";
+    let config = write_config(
+        dir.path(),
+        &target_yaml("dyn-agg", "aggregated", &recording, "auto"),
+        load,
+    );
+    bench(&config, &dir.path().join("load"));
+    recording.stop();
+    let captured = dir.path().join("captured.000000.jsonl.gz");
+    let bytes = std::fs::read(&captured).expect("the frontend wrote its request trace");
+    assert!(bytes.starts_with(&[0x1f, 0x8b]), "gzipped");
+
+    // What the frontend recorded: the lengths, and the tokens its engine reused.
+    let trace = llm_canary::workload::trace::Trace::load_any(&captured, None, 512)
+        .expect("the captured trace loads");
+    assert_eq!(trace.block_size, 64, "the mocker's block size");
+    let mut lines = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(&bytes[..]),
+        &mut lines,
+    )
+    .unwrap();
+    let (mut recorded_cached, mut recorded_input) = (0u64, 0u64);
+    for line in lines.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["event"]["schema"].is_string(), "an envelope line: {line}");
+        let request = &v["event"]["request"];
+        recorded_cached += request["cached_tokens"].as_u64().unwrap_or(0);
+        recorded_input += request["input_tokens"].as_u64().unwrap();
+    }
+    let (reusable, prompt) = trace.expected_hit_tokens();
+    assert_eq!(prompt, recorded_input);
+    let recorded = recorded_cached as f64 / recorded_input as f64;
+    let implied = reusable as f64 / prompt as f64;
+    eprintln!(
+        "captured {} rows: recorded hit {recorded:.3}, implied by the block hashes {implied:.3}",
+        trace.rows.len()
+    );
+    assert!(recorded > 0.2, "the capture recorded reuse: {recorded}");
+    assert!((implied - recorded).abs() < 0.05, "{implied} vs {recorded}");
+
+    // Replayed on a fresh stack, as often as a step of one pass and a half allows.
+    let replaying = Stack::start("agg", 21200..21600);
+    let step = (trace.span.as_secs_f64() * 1.5).ceil().max(4.0);
+    let replay = format!(
+        "workloads:\n  trace_replay:\n    traces: [{{ name: captured, path: \"{}\" }}]\n    step: {step}s\n    warmup: 0s\n",
+        captured.display()
+    );
+    let config = write_config(
+        dir.path(),
+        &target_yaml("dyn-agg", "aggregated", &replaying, "auto"),
+        &replay,
+    );
+    let out = dir.path().join("replay");
+    bench(&config, &out);
+    let rows: BTreeSet<(u64, u64)> = trace
+        .rows
+        .iter()
+        .map(|r| (u64::from(r.input_length), u64::from(r.output_length)))
+        .collect();
+    let mut sent: BTreeSet<(u64, u64)> = BTreeSet::new();
+    for r in requests(&out) {
+        assert_eq!(text(&r, "outcome"), "ok", "{r}");
+        let lengths = (
+            r["prompt_tokens"].as_u64().unwrap(),
+            r["completion_tokens"].as_u64().unwrap(),
+        );
+        assert!(
+            rows.contains(&lengths),
+            "{lengths:?} is no captured row's: {r}"
+        );
+        sent.insert(lengths);
+    }
+    assert_eq!(sent, rows, "every captured row was replayed");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let step = summary["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["workload"] == "trace_replay")
+        .expect("the replay step");
+    let observed = step["cache_hit_ratio"].as_f64().unwrap();
+    let expected = step["expected_cache_hit_ratio"].as_f64().unwrap();
+    eprintln!("replayed: observed hit {observed:.3}, expected {expected:.3}");
+    assert!((expected - implied).abs() < 0.05, "{expected} vs {implied}");
+    assert!(
+        (observed - recorded).abs() < 0.08,
+        "{observed} vs {recorded}"
+    );
 }
 
 /// The simulator's `dynamo_*` families, in both modes, all among those the live stacks at

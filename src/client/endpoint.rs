@@ -62,6 +62,9 @@ pub struct Endpoint {
     /// Set once a rejection of the body's extension fields was logged, so a server that rejects
     /// every request logs the fix once, not at request rate.
     pub(super) rejection_logged: Arc<AtomicBool>,
+    /// The engine's KV block size in tokens, where the server reports it (Dynamo's frontend
+    /// `/metrics`): what turns the router's `kv_hit_rate` back into whole reused blocks.
+    pub(super) kv_block_size: Option<u32>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -130,6 +133,7 @@ impl Endpoint {
             echoes_model: dialect.echoes_model(),
             origin: Arc::new(origin),
             rejection_logged: Arc::new(AtomicBool::new(false)),
+            kv_block_size: None,
         })
     }
 
@@ -155,6 +159,16 @@ impl Endpoint {
     pub fn with_nvext(mut self, nvext: bool) -> Self {
         self.nvext = nvext;
         self
+    }
+
+    /// The engine's KV block size, as the server reports it (`None`: unknown).
+    pub fn with_kv_block_size(mut self, tokens: Option<u32>) -> Self {
+        self.kv_block_size = tokens.filter(|&b| b > 0);
+        self
+    }
+
+    pub fn kv_block_size(&self) -> Option<u32> {
+        self.kv_block_size
     }
 
     /// Sends `Authorization: Bearer <key>` with every request (in place of the Basic

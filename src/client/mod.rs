@@ -338,6 +338,7 @@ impl StreamClient {
         let body = body::encode(&endpoint.body_spec(user), &request.prompt, request.osl);
         let sent = Instant::now();
         let mut rec = RequestRecord::new(request.request_id.clone(), intended, sent);
+        rec.kv_block_size = endpoint.kv_block_size();
         let deadline = sent + self.config.request_timeout;
         let after_tokens = match cancel {
             Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),

@@ -42,6 +42,29 @@ pub struct ServerTiming {
     pub kv_transfer_estimated_latency_ms: Option<f64>,
 }
 
+/// The prompt tokens an engine reuses of a KV router's match. Dynamo's `kv_hit_rate` is matched
+/// blocks over the prompt's blocks, the last one partial or not (a 1,024-token prompt of 16
+/// blocks of 64, all matched, reads 1.0; 1,000 tokens, 15 whole blocks matched of 16, reads
+/// 0.9375), but the engine computes at least the last prompt token and reuses whole blocks only:
+/// matched blocks × block size, capped at prompt − 1 rounded down to whole blocks (960 in both
+/// examples). Without the block size: the rate times the prompt, capped at prompt − 1.
+pub fn reusable_from_hit_rate(rate: f64, prompt: u64, block_size: Option<u32>) -> u64 {
+    let rate = if rate.is_finite() {
+        rate.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let most = prompt.saturating_sub(1);
+    match block_size.map(u64::from).filter(|&b| b > 0) {
+        Some(block) => {
+            let blocks = prompt.div_ceil(block);
+            let matched = (rate * blocks as f64).round() as u64;
+            (matched.saturating_mul(block)).min(most / block * block)
+        }
+        None => ((rate * prompt as f64).round() as u64).min(most),
+    }
+}
+
 /// Dynamo's `nvext.worker_id`: one id, or the prefill and decode workers of a disaggregated
 /// deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +168,8 @@ pub struct RequestRecord {
     pub worker_id: Option<WorkerId>,
     /// What went wrong, truncated; for logs and reports, never a metric label.
     pub error: Option<String>,
+    /// The target engine's KV block size, where known ([`RequestRecord::cached_tokens`]).
+    pub kv_block_size: Option<u32>,
     chunks: Vec<ChunkStamp>,
     settled: bool,
 }
@@ -174,6 +199,7 @@ impl RequestRecord {
             server_timing: None,
             worker_id: None,
             error: None,
+            kv_block_size: None,
             chunks: Vec::new(),
             settled: false,
         }
@@ -269,16 +295,18 @@ impl RequestRecord {
 
     /// Prompt tokens served from the prefix cache, as observed ([`RequestRecord::cache_source`]
     /// says from where): `usage.prompt_tokens_details.cached_tokens`, or, when usage reports none
-    /// but Dynamo's `nvext.timing.kv_hit_rate` is above zero, `kv_hit_rate × prompt_tokens`
-    /// rounded. Disaggregated Dynamo reports 0 cached tokens in usage while its KV router reports
-    /// the prefix hit (docs/METRICS.md, "Cache hits"). `None` without usage.
+    /// but Dynamo's `nvext.timing.kv_hit_rate` is above zero, what the engine reuses of the
+    /// router's match ([`reusable_from_hit_rate`]). Disaggregated Dynamo reports 0 cached tokens
+    /// in usage while its KV router reports the prefix hit (docs/METRICS.md, "Cache hits").
+    /// `None` without usage.
     pub fn cached_tokens(&self) -> Option<u64> {
         let usage = self.usage?;
         Some(match self.cache_source() {
-            Some(CacheSource::KvHitRate) => {
-                let rate = self.router_kv_hit_rate().unwrap_or(0.0);
-                (rate * usage.prompt_tokens as f64).round() as u64
-            }
+            Some(CacheSource::KvHitRate) => reusable_from_hit_rate(
+                self.router_kv_hit_rate().unwrap_or(0.0),
+                usage.prompt_tokens,
+                self.kv_block_size,
+            ),
             _ => usage.cached_tokens,
         })
     }
@@ -637,6 +665,10 @@ mod tests {
         assert_eq!(rec.cache_source(), Some(CacheSource::KvHitRate));
         assert_eq!(rec.cached_tokens(), Some(784));
         assert!((rec.cache_hit_ratio().unwrap() - 784.0 / 843.0).abs() < 1e-12);
+        // With the engine's block size (64): 843 tokens are 14 blocks, 13 of them matched.
+        rec.kv_block_size = Some(64);
+        assert_eq!(rec.cached_tokens(), Some(13 * 64));
+        rec.kv_block_size = None;
         // Aggregated Dynamo: usage reports the hit, and usage wins.
         rec.usage.as_mut().unwrap().cached_tokens = 832;
         assert_eq!(rec.cache_source(), Some(CacheSource::Usage));
@@ -646,6 +678,27 @@ mod tests {
         rec.server_timing.as_mut().unwrap().kv_hit_rate = Some(7.0);
         assert_eq!(rec.cache_source(), Some(CacheSource::Usage));
         assert_eq!(rec.cached_tokens(), Some(0));
+    }
+
+    #[test]
+    fn a_router_hit_rate_becomes_the_whole_blocks_the_engine_reuses() {
+        let block = Some(64);
+        // 1,024 tokens, 16 blocks of 64, all matched: the last token is computed, so the
+        // last block is too: 960 (93.75 %), what aggregated Dynamo's usage reports.
+        assert_eq!(reusable_from_hit_rate(1.0, 1024, block), 960);
+        // 1,000 tokens: 15 whole blocks and a partial one; 15 matched of 16 reads 0.9375.
+        assert_eq!(reusable_from_hit_rate(15.0 / 16.0, 1000, block), 960);
+        // Dynamo 1.6.1's mocker, disaggregated: 2,410 tokens, 37 of 38 blocks.
+        assert_eq!(reusable_from_hit_rate(37.0 / 38.0, 2410, block), 37 * 64);
+        // Half the blocks of a 2,048-token prompt.
+        assert_eq!(reusable_from_hit_rate(0.5, 2048, block), 1024);
+        // A prompt of one block or less reuses nothing.
+        assert_eq!(reusable_from_hit_rate(1.0, 64, block), 0);
+        assert_eq!(reusable_from_hit_rate(1.0, 0, block), 0);
+        // Without the block size: never the whole prompt.
+        assert_eq!(reusable_from_hit_rate(1.0, 1024, None), 1023);
+        assert_eq!(reusable_from_hit_rate(0.5, 1000, None), 500);
+        assert_eq!(reusable_from_hit_rate(f64::NAN, 1000, block), 0);
     }
 
     #[test]

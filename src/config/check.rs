@@ -175,13 +175,32 @@ impl Check {
                 continue;
             }
             let path = base_dir.join(t.path.as_str());
-            if let Err(e) = crate::workload::trace::Trace::load_any(&path, t.format, *t.block_size)
-            {
-                self.err(
-                    t.path.pos,
-                    format!("trace `{name}`: {e}"),
-                    Some("see docs/METRICS.md, \"Trace replay\", for both formats".into()),
-                );
+            use crate::workload::trace::{Trace, TraceError};
+            let hint = || Some("see docs/METRICS.md, \"Trace replay\", for both formats".into());
+            match Trace::load_any(&path, t.format, *t.block_size) {
+                Ok(_) => {}
+                // Every bad line its own problem, as every other problem of a config.
+                Err(TraceError::Lines { path, lines, more }) => {
+                    for (line, problem) in lines {
+                        let at = path.display();
+                        self.err(
+                            t.path.pos,
+                            format!("trace `{name}`: {at}:{line}: {problem}"),
+                            hint(),
+                        );
+                    }
+                    if more > 0 {
+                        self.err(
+                            t.path.pos,
+                            format!(
+                                "trace `{name}`: {}: and {more} more bad lines",
+                                path.display()
+                            ),
+                            None,
+                        );
+                    }
+                }
+                Err(e) => self.err(t.path.pos, format!("trace `{name}`: {e}"), hint()),
             }
         }
         self.finite_in(&r.speed, "trace_replay.speed", 0.0, 1000.0, true);

@@ -77,6 +77,9 @@ impl Replay {
             return Ok(None);
         };
         let trace = trace?;
+        for gap in &trace.quiet_gaps {
+            tracing::warn!(step = %plan.name(), "trace: {gap}");
+        }
         let next = trace.session_successors();
         let mut follows = vec![false; trace.rows.len()];
         for &n in next.iter().flatten() {

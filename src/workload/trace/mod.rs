@@ -10,7 +10,10 @@
 //!   partial. A row may name fewer ids than its length needs (its remaining tokens are its own) but
 //!   never more. Optional: `session_id` (string or integer) and `delay` (ms).
 //! * **Dynamo request trace** ([`TraceFormat::Dynamo`], schema [`DYNAMO_SCHEMA`]), plain or
-//!   gzip-compressed (recognised by the gzip magic bytes, not the file name). Only `request_end`
+//!   gzip-compressed (recognised by the gzip magic bytes, not the file name). Each line is the
+//!   record itself or, as Dynamo 1.6.1's frontend writes its files, an envelope
+//!   `{"timestamp": …, "event": {record}}` (its `timestamp` counts from the frontend's start and
+//!   is not used). Only `request_end`
 //!   events are requests; other events (`tool_end`, ...) are skipped. A request's timestamp is
 //!   `request.request_received_ms`; its block size, length and block hashes come from
 //!   `request.replay`, which the frontend writes only when it runs with `DYN_REQUEST_TRACE=1`.
@@ -49,7 +52,7 @@
 mod parse;
 mod prompt;
 
-pub use parse::LineProblem;
+pub use parse::{LineProblem, MAX_LISTED_LINES};
 pub use prompt::{BlockPrompt, BlockPrompts};
 
 use std::collections::hash_map::Entry;
@@ -75,6 +78,13 @@ pub const DEFAULT_TRACE_BLOCK_SIZE: u32 = 512;
 /// The `schema` of a Dynamo request trace row.
 pub const DYNAMO_SCHEMA: &str = "dynamo.request.trace.v1";
 
+/// A quiet gap between two consecutive requests is compressed when it is longer than this and
+/// [`QUIET_GAP_FACTOR`] times the trace's median gap (both in trace time, before `speed`).
+pub const QUIET_GAP_MIN: Duration = Duration::from_secs(10);
+
+/// See [`QUIET_GAP_MIN`].
+pub const QUIET_GAP_FACTOR: u32 = 20;
+
 /// How long one pass of a trace whose timestamps are all equal lasts (before `speed`).
 const FLAT_TRACE_PERIOD: Duration = Duration::from_secs(1);
 
@@ -94,15 +104,26 @@ pub enum TraceFormat {
 }
 
 impl TraceFormat {
-    /// The format of a trace whose first line is `first_line`: an object with a `schema` key is a
-    /// Dynamo request trace; anything else is taken for Mooncake, whose rows have no schema.
+    /// The format of a trace whose first line is `first_line`: an object with a `schema` key, or
+    /// an envelope whose `event` has one (as Dynamo's frontend writes its files), is a Dynamo
+    /// request trace; anything else is taken for Mooncake, whose rows have no schema.
     pub fn detect(first_line: &str) -> TraceFormat {
         #[derive(Deserialize)]
         struct Probe {
             schema: Option<IgnoredAny>,
+            event: Option<EventProbe>,
+        }
+        #[derive(Deserialize)]
+        struct EventProbe {
+            schema: Option<IgnoredAny>,
         }
         match serde_json::from_str::<Probe>(first_line.trim()) {
-            Ok(probe) if probe.schema.is_some() => TraceFormat::Dynamo,
+            Ok(probe)
+                if probe.schema.is_some()
+                    || probe.event.as_ref().is_some_and(|e| e.schema.is_some()) =>
+            {
+                TraceFormat::Dynamo
+            }
             Ok(_) => TraceFormat::Mooncake,
             // A line that is not an object is an error the loader reports with its line number.
             Err(_) if first_line.contains("\"schema\"") => TraceFormat::Dynamo,
@@ -152,6 +173,13 @@ pub enum TraceError {
         line: usize,
         problem: LineProblem,
     },
+    /// Several bad lines, each as [`TraceError::Line`] says it; `more` past those listed.
+    #[error("{}", lines_text(.path, .lines, *.more))]
+    Lines {
+        path: PathBuf,
+        lines: Vec<(usize, LineProblem)>,
+        more: usize,
+    },
     #[error("trace {}: no {format} requests in it; {hint}", .path.display())]
     Empty {
         path: PathBuf,
@@ -162,6 +190,18 @@ pub enum TraceError {
         "trace block size must be at least 1 token; set `block_size` to the trace's block size"
     )]
     ZeroBlockSize,
+}
+
+/// The text of [`TraceError::Lines`]: one `FILE:LINE: problem` line each, and the count left out.
+fn lines_text(path: &Path, lines: &[(usize, LineProblem)], more: usize) -> String {
+    let mut text: Vec<String> = lines
+        .iter()
+        .map(|(line, problem)| format!("{}:{line}: {problem}", path.display()))
+        .collect();
+    if more > 0 {
+        text.push(format!("{}: and {more} more bad lines", path.display()));
+    }
+    text.join("\n")
 }
 
 /// One request of a trace.
@@ -182,6 +222,38 @@ pub struct TraceRow {
     pub session: Option<u32>,
 }
 
+/// A long silence of a trace, replayed shorter: a capture often starts with a few requests by
+/// hand, then nothing for half a minute before the load it was made for; replayed as recorded,
+/// a step would spend its window (or its warmup) waiting and measure nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuietGap {
+    /// The requests (with a timestamp) before the gap.
+    pub after_requests: usize,
+    /// Where the gap starts, as recorded (an offset from the first timestamp).
+    pub at: Duration,
+    /// Its recorded length.
+    pub recorded: Duration,
+    /// The length it is replayed with: the trace's median gap.
+    pub replayed: Duration,
+}
+
+impl fmt::Display for QuietGap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.1} s without a request after its first {} request(s) (at {:.1} s) is replayed as \
+             {:.3} s, the trace's median gap: a quiet gap longer than {} s and {} times the median \
+             gap is compressed so the step measures the load that follows it",
+            self.recorded.as_secs_f64(),
+            self.after_requests,
+            self.at.as_secs_f64(),
+            self.replayed.as_secs_f64(),
+            QUIET_GAP_MIN.as_secs(),
+            QUIET_GAP_FACTOR,
+        )
+    }
+}
+
 /// A loaded trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
@@ -195,6 +267,8 @@ pub struct Trace {
     pub span: Duration,
     /// How many sessions the rows name.
     pub sessions: u32,
+    /// The quiet gaps compressed when the trace was loaded, in time order.
+    pub quiet_gaps: Vec<QuietGap>,
 }
 
 impl Trace {
@@ -296,8 +370,13 @@ impl Trace {
                     session,
                 }
             })
-            .collect();
-        Trace::from_rows(format, block_size, rows)
+            .collect::<Vec<_>>();
+        let mut rows = rows;
+        let quiet_gaps = compress_quiet_gaps(&mut rows);
+        Trace {
+            quiet_gaps,
+            ..Trace::from_rows(format, block_size, rows)
+        }
     }
 
     /// A trace of `rows` (already in order): offsets rebased to start at zero, sessions
@@ -329,6 +408,7 @@ impl Trace {
             rows,
             span,
             sessions: u32::try_from(renumber.len()).unwrap_or(u32::MAX),
+            quiet_gaps: Vec::new(),
         }
     }
 
@@ -356,7 +436,15 @@ impl Trace {
             })
             .map(|(_, row)| row.clone())
             .collect();
-        Trace::from_rows(self.format, self.block_size, rows)
+        self.with_rows(rows)
+    }
+
+    /// A trace of `rows` taken from this one, which keeps the gaps it compressed on loading.
+    fn with_rows(&self, rows: Vec<TraceRow>) -> Trace {
+        Trace {
+            quiet_gaps: self.quiet_gaps.clone(),
+            ..Trace::from_rows(self.format, self.block_size, rows)
+        }
     }
 
     /// The trace's first `max_rows` rows or fewer, cut between whole sessions: rows are taken in
@@ -403,7 +491,7 @@ impl Trace {
         if rows.is_empty() {
             rows = self.rows[..max_rows].to_vec();
         }
-        Trace::from_rows(self.format, self.block_size, rows)
+        self.with_rows(rows)
     }
 
     /// The prefix-cache reuse the trace implies, as (reusable tokens, prompt tokens) summed over
@@ -536,6 +624,48 @@ impl Iterator for ReplayOffsets {
         }
         Some((duration_from_nanos(nanos), row))
     }
+}
+
+/// Compresses every quiet gap between consecutive timestamps (in time order) that is longer
+/// than [`QUIET_GAP_MIN`] and [`QUIET_GAP_FACTOR`] times the median gap to the median gap,
+/// shifting every later timestamp back by what was cut; the gaps so compressed, as recorded.
+fn compress_quiet_gaps(rows: &mut [TraceRow]) -> Vec<QuietGap> {
+    let mut times: Vec<Duration> = rows.iter().filter_map(|row| row.at).collect();
+    times.sort_unstable();
+    let mut gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_unstable();
+    let Some(&median) = gaps.get(gaps.len() / 2) else {
+        return Vec::new();
+    };
+    let limit = QUIET_GAP_MIN.max(median * QUIET_GAP_FACTOR);
+    // (recorded start of the gap's end, total cut up to and including it)
+    let mut cuts: Vec<(Duration, Duration)> = Vec::new();
+    let mut found = Vec::new();
+    let mut cut = Duration::ZERO;
+    for (index, pair) in times.windows(2).enumerate() {
+        let gap = pair[1] - pair[0];
+        if gap > limit {
+            cut += gap - median;
+            cuts.push((pair[1], cut));
+            found.push(QuietGap {
+                after_requests: index + 1,
+                at: pair[0],
+                recorded: gap,
+                replayed: median,
+            });
+        }
+    }
+    if cuts.is_empty() {
+        return found;
+    }
+    for at in rows.iter_mut().filter_map(|row| row.at.as_mut()) {
+        // The cut of the last gap that ends at or before this timestamp.
+        let after = cuts.partition_point(|(end, _)| *end <= *at);
+        if let Some(&(_, shift)) = after.checked_sub(1).and_then(|i| cuts.get(i)) {
+            *at -= shift;
+        }
+    }
+    found
 }
 
 fn duration_from_nanos(nanos: u128) -> Duration {
@@ -871,5 +1001,86 @@ mod tests {
         );
         assert_eq!(dynamo.sessions, 2);
         assert!(dynamo.expected_hit_tokens().0 > 0);
+    }
+
+    /// A Mooncake trace of one row at each of `times` (ms).
+    fn at_times(times: &[u64]) -> Trace {
+        let text: String = times
+            .iter()
+            .map(|t| {
+                format!("{{\"timestamp\": {t}, \"input_length\": 16, \"output_length\": 1}}\n")
+            })
+            .collect();
+        mooncake(&text, 16).expect("parses")
+    }
+
+    #[test]
+    fn a_long_leading_quiet_gap_is_compressed_to_the_median_gap_and_reported() {
+        // As a real capture: three requests by hand, 33 s of nothing, then the load.
+        let mut times = vec![0, 100, 200];
+        times.extend((0..20).map(|i| 33_200 + i * 200));
+        let trace = at_times(&times);
+        assert_eq!(
+            trace.quiet_gaps,
+            [QuietGap {
+                after_requests: 3,
+                at: ms(200),
+                recorded: ms(33_000),
+                replayed: ms(200),
+            }]
+        );
+        let at: Vec<Duration> = trace.rows.iter().filter_map(|row| row.at).collect();
+        assert_eq!(&at[..5], [ms(0), ms(100), ms(200), ms(400), ms(600)]);
+        assert_eq!(trace.span, ms(400 + 19 * 200));
+        let said = trace.quiet_gaps[0].to_string();
+        assert!(
+            said.starts_with("33.0 s without a request after its first 3 request(s) (at 0.2 s) is replayed as 0.200 s"),
+            "{said}"
+        );
+        // Sampling and truncating keep the report of what loading did.
+        assert_eq!(trace.truncate(5).quiet_gaps, trace.quiet_gaps);
+
+        // A trace that is sparse all along keeps its gaps: they are its load.
+        let sparse = at_times(&[0, 30_000, 60_000, 90_000]);
+        assert!(sparse.quiet_gaps.is_empty());
+        assert_eq!(sparse.span, ms(90_000));
+        // Gaps under 10 s are never compressed, however irregular.
+        let short = at_times(&[0, 10, 20, 30, 9_000, 9_010]);
+        assert!(short.quiet_gaps.is_empty());
+        assert_eq!(short.span, ms(9_010));
+    }
+
+    /// The capture of Dynamo 1.6.1's real frontend (tests/testdata/traces/README.md): every line
+    /// an envelope, read plain and gzipped, with the lengths and the reuse the frontend recorded
+    /// (its own `cached_tokens`: 0, 320, 0, 320, 256, 0).
+    #[test]
+    fn a_real_dynamo_envelope_trace_loads_plain_and_gzipped() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/traces");
+        let plain_path = dir.join("dynamo-1.6.1-envelope.jsonl");
+        let text = std::fs::read_to_string(&plain_path).expect("reads");
+        let first = text.lines().next().expect("a line");
+        assert!(first.starts_with("{\"timestamp\":"), "an envelope: {first}");
+        assert_eq!(TraceFormat::detect(first), TraceFormat::Dynamo);
+        let plain = Trace::load_any(&plain_path, None, DEFAULT_TRACE_BLOCK_SIZE).expect("loads");
+        let gzipped = Trace::load_any(
+            &dir.join("dynamo-1.6.1-envelope.jsonl.gz"),
+            None,
+            DEFAULT_TRACE_BLOCK_SIZE,
+        )
+        .expect("loads gzipped");
+        assert_eq!(plain, gzipped);
+        assert_eq!((plain.format, plain.block_size), (TraceFormat::Dynamo, 64));
+        let lengths: Vec<(u32, u32)> = plain
+            .rows
+            .iter()
+            .map(|row| (row.input_length, row.output_length))
+            .collect();
+        assert_eq!(
+            lengths,
+            [(378, 4), (379, 5), (293, 6), (378, 7), (295, 8), (13, 9)]
+        );
+        assert_eq!(plain.expected_hits(), [0, 320, 0, 320, 256, 0]);
+        // request_received_ms, not the envelope's timestamp (ms since the frontend started).
+        assert_eq!(plain.span, ms(1_796_529_595_440 - 1_796_529_594_423));
     }
 }

@@ -17,6 +17,9 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Timestamps and delays above this many milliseconds (~3,000 years) are errors, not durations.
 const MAX_MILLIS: f64 = 1e14;
 
+/// The most bad lines one error lists; the rest are counted.
+pub const MAX_LISTED_LINES: usize = 20;
+
 /// What is wrong with one line of a trace ([`TraceError::Line`] names the file and the line),
 /// and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,25 @@ pub enum LineProblem {
         input_length: u32,
         block_size: u32,
         most: usize,
+    },
+    /// A length of 0: a prompt has at least one token and a request generates at least one,
+    /// so the row cannot be replayed as recorded (sent as something else, it would measure
+    /// another request than the trace's).
+    #[error(
+        "`{field}` is 0; a replayed request needs at least 1 {what} token: remove the row (a \
+         failed or cancelled request) or give its real length"
+    )]
+    ZeroLength {
+        field: &'static str,
+        what: &'static str,
+    },
+    /// A length past what the canary sends (the config's ISL and OSL bounds): refused before
+    /// any prompt is built, so no row can exhaust memory.
+    #[error("`{field}` is {value}; the most a replayed request may have is {max}")]
+    TooLong {
+        field: &'static str,
+        value: u64,
+        max: u32,
     },
     #[error(
         "`timestamp` is missing; only a later turn of a session (same `session_id`) may omit it"
@@ -96,8 +118,8 @@ pub(super) struct Parsed {
 #[derive(Deserialize)]
 struct MooncakeLine {
     timestamp: Option<f64>,
-    input_length: u32,
-    output_length: u32,
+    input_length: u64,
+    output_length: u64,
     #[serde(default)]
     hash_ids: Vec<u64>,
     session_id: Option<serde_json::Value>,
@@ -108,6 +130,9 @@ struct MooncakeLine {
 struct DynamoHeader {
     schema: Option<String>,
     event_type: Option<String>,
+    /// The record of an envelope line (`{"timestamp": …, "event": {…}}`), as Dynamo 1.6.1's
+    /// frontend writes every line of its file sinks; a bare line is the record itself.
+    event: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -124,14 +149,14 @@ struct AgentContext {
 #[derive(Deserialize)]
 struct DynamoRequest {
     request_received_ms: f64,
-    output_tokens: u32,
+    output_tokens: u64,
     replay: Option<Replay>,
 }
 
 #[derive(Deserialize)]
 struct Replay {
     trace_block_size: u32,
-    input_length: u32,
+    input_length: u64,
     input_sequence_hashes: Vec<u64>,
 }
 
@@ -214,6 +239,52 @@ fn session_key(
     }
 }
 
+/// The lengths both formats check: neither 0, and within the config's ISL and OSL bounds.
+fn check_lengths(
+    input: (&'static str, u64),
+    output: (&'static str, u64),
+) -> Result<(), LineProblem> {
+    use crate::config::{MAX_ISL, MAX_OSL};
+    for ((field, value), what, max) in [(input, "prompt", MAX_ISL), (output, "output", MAX_OSL)] {
+        if value == 0 {
+            return Err(LineProblem::ZeroLength { field, what });
+        }
+        if value > u64::from(max) {
+            return Err(LineProblem::TooLong { field, value, max });
+        }
+    }
+    Ok(())
+}
+
+/// Every line's row, or the bad lines: all of them, the first [`MAX_LISTED_LINES`] listed.
+fn all_or_bad<T>(
+    rows: impl Iterator<Item = (usize, Result<T, LineProblem>)>,
+    path: &Path,
+) -> Result<Vec<T>, TraceError> {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    let mut more = 0usize;
+    for (line, row) in rows {
+        match row {
+            Ok(row) => good.push(row),
+            Err(problem) if bad.len() < MAX_LISTED_LINES => bad.push((line, problem)),
+            Err(_) => more += 1,
+        }
+    }
+    if bad.len() == 1 {
+        let (line, problem) = bad.remove(0);
+        return Err(line_error(path, line, problem));
+    }
+    if !bad.is_empty() {
+        return Err(TraceError::Lines {
+            path: path.to_owned(),
+            lines: bad,
+            more,
+        });
+    }
+    Ok(good)
+}
+
 /// The check both formats share: a row names at most ⌈input_length / block_size⌉ blocks; the
 /// names are the format's own fields (blocks, length, block size) and the fix.
 fn check_blocks(
@@ -242,11 +313,8 @@ pub(super) fn parse_mooncake<'a>(
 ) -> Result<Vec<Parsed>, TraceError> {
     // The sort key of each session's latest turn, so its next turn sorts after it.
     let mut latest: HashMap<String, f64> = HashMap::new();
-    lines
-        .map(|(line, bytes)| {
-            mooncake_row(bytes, block_size, &mut latest).map_err(|e| line_error(path, line, e))
-        })
-        .collect()
+    let rows = lines.map(|(line, bytes)| (line, mooncake_row(bytes, block_size, &mut latest)));
+    all_or_bad(rows, path)
 }
 
 fn mooncake_row(
@@ -262,7 +330,12 @@ fn mooncake_row(
         "block_size",
         "set `block_size` to the trace's block size",
     ];
-    check_blocks(row.hash_ids.len(), row.input_length, block_size, &NAMES)?;
+    check_lengths(
+        ("input_length", row.input_length),
+        ("output_length", row.output_length),
+    )?;
+    let (input_length, output_length) = (row.input_length as u32, row.output_length as u32);
+    check_blocks(row.hash_ids.len(), input_length, block_size, &NAMES)?;
     let timestamp = row.timestamp.map(|ms| checked_millis("timestamp", ms));
     let delay = row.delay.map(|ms| checked_millis("delay", ms));
     let (timestamp, delay) = (timestamp.transpose()?, delay.transpose()?);
@@ -285,8 +358,8 @@ fn mooncake_row(
         key,
         at,
         delay,
-        input_length: row.input_length,
-        output_length: row.output_length,
+        input_length,
+        output_length,
         blocks: row.hash_ids,
         session,
     })
@@ -299,15 +372,14 @@ pub(super) fn parse_dynamo<'a>(
 ) -> Result<(u32, Vec<Parsed>), TraceError> {
     // The block size and the line that set it.
     let mut size: Option<(u32, usize)> = None;
-    let mut rows = Vec::new();
-    for (line, bytes) in lines {
-        if let Some(row) =
-            dynamo_row(bytes, line, &mut size).map_err(|e| line_error(path, line, e))?
-        {
-            rows.push(row);
-        }
-    }
-    Ok((size.map_or(1, |(size, _)| size), rows))
+    let rows = lines
+        .map(|(line, bytes)| (line, dynamo_row(bytes, line, &mut size)))
+        .collect::<Vec<_>>();
+    let rows = all_or_bad(rows.into_iter(), path)?;
+    Ok((
+        size.map_or(1, |(size, _)| size),
+        rows.into_iter().flatten().collect(),
+    ))
 }
 
 /// The request of one Dynamo line; `None` for another event.
@@ -316,8 +388,22 @@ fn dynamo_row(
     line: usize,
     size: &mut Option<(u32, usize)>,
 ) -> Result<Option<Parsed>, LineProblem> {
-    let header: DynamoHeader =
+    let mut header: DynamoHeader =
         serde_json::from_slice(bytes).map_err(|e| json_problem(e, "a Dynamo request trace row"))?;
+    // The frontend's files wrap each record in an envelope whose `timestamp` counts from the
+    // frontend's start; the record inside has the schema and the absolute times we replay by.
+    let envelope = match header.schema {
+        None => header.event.take(),
+        Some(_) => None,
+    };
+    let bytes = match &envelope {
+        Some(event) => {
+            header = serde_json::from_str(event.get())
+                .map_err(|e| json_problem(e, "a Dynamo request trace `event`"))?;
+            event.get().as_bytes()
+        }
+        None => bytes,
+    };
     if header.schema.as_deref() != Some(DYNAMO_SCHEMA) {
         return Err(LineProblem::Schema(header.schema));
     }
@@ -351,7 +437,13 @@ fn dynamo_row(
         "the row is inconsistent; record the trace again",
     ];
     let hashes = replay.input_sequence_hashes;
-    check_blocks(hashes.len(), replay.input_length, block_size, &NAMES)?;
+    check_lengths(
+        ("request.replay.input_length", replay.input_length),
+        ("request.output_tokens", row.request.output_tokens),
+    )?;
+    let (input_length, output_length) =
+        (replay.input_length as u32, row.request.output_tokens as u32);
+    check_blocks(hashes.len(), input_length, block_size, &NAMES)?;
     let received = checked_millis(
         "request.request_received_ms",
         row.request.request_received_ms,
@@ -361,8 +453,8 @@ fn dynamo_row(
         key: received,
         at: Some(received),
         delay: Duration::ZERO,
-        input_length: replay.input_length,
-        output_length: row.request.output_tokens,
+        input_length,
+        output_length,
         blocks: hashes,
         session: session_key("agent_context.session_id", session)?,
     }))
@@ -514,6 +606,77 @@ mod tests {
         .expect_err("no requests");
         assert!(matches!(error, TraceError::Empty { .. }), "{error}");
         assert!(error.to_string().contains("request_end"), "{error}");
+    }
+
+    #[test]
+    fn lengths_are_bounded_and_never_zero_and_every_bad_line_is_listed() {
+        let row = |input: u64, output: u64| {
+            format!("{{\"timestamp\": 0, \"input_length\": {input}, \"output_length\": {output}}}")
+        };
+        let cases = [
+            (
+                row(2_000_000_000, 8),
+                "traces/chat.jsonl:1: `input_length` is 2000000000; the most a replayed request may have is 262144",
+            ),
+            (
+                row(16, 200_000),
+                "traces/chat.jsonl:1: `output_length` is 200000; the most a replayed request may have is 131072",
+            ),
+            (
+                row(0, 8),
+                "traces/chat.jsonl:1: `input_length` is 0; a replayed request needs at least 1 prompt token",
+            ),
+            (
+                row(16, 0),
+                "traces/chat.jsonl:1: `output_length` is 0; a replayed request needs at least 1 output token",
+            ),
+        ];
+        for (text, expected) in cases {
+            let message = mooncake(&text, 16).expect_err(expected).to_string();
+            assert!(message.starts_with(expected), "{message}");
+        }
+        // A Dynamo row is bounded alike.
+        let mut huge: serde_json::Value =
+            serde_json::from_str(&dynamo_row(0, 1000, None, 16, 64)).expect("json");
+        huge["request"]["replay"]["input_length"] = serde_json::json!(5_000_000_000u64);
+        let message = Trace::parse(
+            huge.to_string().as_bytes(),
+            TraceFormat::Dynamo,
+            0,
+            Path::new("d.jsonl"),
+        )
+        .expect_err("too long")
+        .to_string();
+        assert!(
+            message.starts_with("d.jsonl:1: `request.replay.input_length` is 5000000000"),
+            "{message}"
+        );
+
+        // Every bad line, up to 20, then a count; good lines between them change nothing.
+        let mut text = String::new();
+        for i in 0..25 {
+            text.push_str(&row(16, 1));
+            text.push('\n');
+            text.push_str(&row(if i % 2 == 0 { 0 } else { 300_000 }, 1));
+            text.push('\n');
+        }
+        let error = mooncake(&text, 16).expect_err("25 bad lines");
+        let TraceError::Lines { lines, more, .. } = &error else {
+            panic!("{error}")
+        };
+        assert_eq!((lines.len(), *more), (MAX_LISTED_LINES, 5));
+        let said = error.to_string();
+        let said: Vec<&str> = said.lines().collect();
+        assert_eq!(said.len(), 21, "{said:?}");
+        assert!(
+            said[0].starts_with("traces/chat.jsonl:2: `input_length` is 0"),
+            "{said:?}"
+        );
+        assert!(
+            said[1].starts_with("traces/chat.jsonl:4: `input_length` is 300000"),
+            "{said:?}"
+        );
+        assert_eq!(said[20], "traces/chat.jsonl: and 5 more bad lines");
     }
 
     #[test]
