@@ -7,10 +7,9 @@ pub const MAX_CONCURRENCY: u32 = 4096;
 pub const MAX_LEVELS: usize = 64;
 /// The longest cycle accepted: a week of steps per verdict is no canary.
 pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
-/// Prompt tokens of one request, a conversation's last turn included.
-pub const MAX_ISL: u32 = 262_144;
-/// Output tokens of one request.
-pub const MAX_OSL: u32 = 131_072;
+/// Prompt and output tokens of one request: the workloads' own bounds, which trace files are
+/// held to as well.
+pub use crate::workload::{MAX_ISL, MAX_OSL};
 /// Turns of one conversation.
 pub const MAX_TURNS: u32 = 100;
 /// Requests per second of an open-loop rate or a budget.

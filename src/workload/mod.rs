@@ -3,6 +3,12 @@
 //! with ([`tokenizer`]), the seeded samplers of lengths and open-loop arrivals ([`sampler`]), and
 //! request traces for replay ([`trace`]).
 
+/// Prompt tokens of one request, a conversation's last turn included: every length is held to
+/// it before a prompt is built, a config's and a trace file's alike.
+pub const MAX_ISL: u32 = 262_144;
+/// Output tokens of one request.
+pub const MAX_OSL: u32 = 131_072;
+
 pub mod prompt;
 pub mod sampler;
 pub mod tokenizer;

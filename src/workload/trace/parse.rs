@@ -244,7 +244,7 @@ fn check_lengths(
     input: (&'static str, u64),
     output: (&'static str, u64),
 ) -> Result<(), LineProblem> {
-    use crate::config::{MAX_ISL, MAX_OSL};
+    use crate::workload::{MAX_ISL, MAX_OSL};
     for ((field, value), what, max) in [(input, "prompt", MAX_ISL), (output, "output", MAX_OSL)] {
         if value == 0 {
             return Err(LineProblem::ZeroLength { field, what });
