@@ -533,6 +533,37 @@ async fn every_dashboard_query_parses_and_returns_data_from_the_demo() {
         failures.join("\n"),
         tail(&daemon.log_text(), 20)
     );
+
+    // The pause panels read 0 for every reason while the canary sends; an operator's pause turns
+    // the overview's own query to 1 for `operator`.
+    let dashboards = load_dashboards();
+    let overview = dashboards
+        .iter()
+        .find(|d| d.file == "overview.json")
+        .expect("overview.json");
+    let paused = panels(&overview.json)
+        .into_iter()
+        .find(|p| p["title"] == "Traffic paused")
+        .expect("a \"Traffic paused\" panel");
+    let paused_expr = substitute(paused["targets"][0]["expr"].as_str().unwrap());
+    let client = support::http::http_client(Some(Duration::from_secs(5)));
+    let resp = client
+        .post(format!("http://{addr}/-/pause"))
+        .send()
+        .await
+        .expect("POST /-/pause");
+    assert_eq!(resp.status(), 200, "POST /-/pause");
+    eventually(
+        "the Traffic paused panel shows operator = 1",
+        Duration::from_secs(30),
+        || async {
+            let r = prom.query(&paused_expr).await.ok()?;
+            r.iter()
+                .any(|s| s["metric"]["reason"] == "operator" && s["value"][1] == "1")
+                .then_some(r)
+        },
+    )
+    .await;
 }
 
 /// The metric names of `expr` of which Prometheus holds no series at all.
