@@ -352,25 +352,11 @@ slos:
             .unwrap();
         line.trim().trim_start_matches("for: ").to_owned()
     };
-    // Prometheus durations: `1443m`, `1d3m`, `2h`.
+    // Prometheus durations (`1443m`, `1d3m`) are in the config's grammar too.
     let seconds = |text: &str| {
-        let (mut total, mut n) = (0u64, 0u64);
-        for c in text.chars() {
-            match c.to_digit(10) {
-                Some(d) => n = n * 10 + u64::from(d),
-                None => {
-                    total += n * match c {
-                        's' => 1,
-                        'm' => 60,
-                        'h' => 3600,
-                        'd' => 86_400,
-                        _ => panic!("{text}"),
-                    };
-                    n = 0;
-                }
-            }
-        }
-        total
+        llm_canary::config::duration::parse(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .as_secs()
     };
     let (rolling, drift) = (no_data_for("rolling"), no_data_for("drift"));
     assert!(seconds(&rolling) < 3600, "{rolling}");

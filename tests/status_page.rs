@@ -176,14 +176,7 @@ async fn headless_chromium_finds_the_targets_the_slo_states_and_the_injected_fau
 
 /// A target that answers 503 with markup and the request's `Authorization` in its body.
 fn hostile_503(head: &str) -> support::RawReply {
-    let sent = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("authorization")
-                .then(|| v.trim().to_owned())
-        })
-        .unwrap_or_default();
+    let sent = support::raw::authorization_of(head);
     let body = format!(
         "<html><script>alert('owned')</script><b>overloaded</b> & \"busy\" for {sent}</html>"
     );

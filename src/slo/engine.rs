@@ -945,6 +945,14 @@ mod tests {
         }
     }
 
+    /// The first SLO's reason in the status ("" without one).
+    fn reason(engine: &SloEngine) -> String {
+        engine.status_json()[0]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     fn state(engine: &SloEngine) -> SloState {
         let statuses = engine.evaluate(Instant::now(), unix_now());
         statuses[0].1.reading.state
@@ -1070,11 +1078,8 @@ mod tests {
         // 40 samples per side, 50 needed.
         step(&engine, &mut rng, 40, 1.0, 0.3, false);
         assert_eq!(state(&engine), SloState::InsufficientData);
-        let reason = engine.status_json()[0]["reason"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        assert!(reason.contains("40 samples, 50 needed"), "{reason}");
+        let why = reason(&engine);
+        assert!(why.contains("40 samples, 50 needed"), "{why}");
         // A degraded step's samples never reach the windows.
         step(&engine, &mut rng, 400, 1.0, 0.3, true);
         assert_eq!(state(&engine), SloState::InsufficientData);
@@ -1192,27 +1197,15 @@ mod tests {
         assert_eq!(state(&engine), SloState::InsufficientData);
         engine.cycle_finished();
         assert_eq!(state(&engine), SloState::InsufficientData);
-        let reason = engine.status_json()[0]["reason"].clone();
-        assert!(
-            reason
-                .as_str()
-                .unwrap_or_default()
-                .contains("no passing cycle before this run"),
-            "{reason}"
-        );
+        let why = reason(&engine);
+        assert!(why.contains("no passing cycle before this run"), "{why}");
         // A 50 % regression against one past cycle: the deployment's modes may not have shown
         // yet, so no run can fail against it, and the reason says so.
         advance(Duration::from_secs(130)).await;
         step(&engine, &mut rng, 200, 1.5, 1.0, false);
         assert_eq!(state(&engine), SloState::InsufficientData);
-        let reason = engine.status_json()[0]["reason"].clone();
-        assert!(
-            reason
-                .as_str()
-                .unwrap_or_default()
-                .contains("1 past runs, 8 needed"),
-            "{reason}"
-        );
+        let why = reason(&engine);
+        assert!(why.contains("1 past runs, 8 needed"), "{why}");
         engine.cycle_finished();
         // Steady runs teach the baseline its spread (the regressed cycle counts towards it, and
         // widens it while the runs are few)...
@@ -1278,11 +1271,8 @@ mod tests {
         step(&daemon, &mut a, 200, 0.5, 0.5, false);
         step(&bench, &mut b, 200, 0.5, 0.5, false);
         assert_eq!(state(&daemon), SloState::InsufficientData);
-        let reason = daemon.status_json()[0]["reason"].clone();
-        assert!(
-            reason.as_str().unwrap_or_default().contains("next run"),
-            "{reason}"
-        );
+        let why = reason(&daemon);
+        assert!(why.contains("next run"), "{why}");
         assert_eq!(bench.judge_run()[0].1.reading.state, SloState::Fail);
     }
 
@@ -1447,8 +1437,7 @@ mod tests {
         // A probe the canary cut short counts nowhere.
         probe(&engine, "agg", fast, Outcome::Cancelled);
         assert_eq!(state(&engine), SloState::InsufficientData);
-        let reason = engine.status_json()[0]["reason"].clone();
-        assert_eq!(reason, "4 requests in the window, 5 needed");
+        assert_eq!(reason(&engine), "4 requests in the window, 5 needed");
         // Enough good probes for the bad ratio's interval to sit below the 10 % budget.
         for _ in 4..40 {
             probe(&engine, "agg", fast, Outcome::Ok);

@@ -132,20 +132,24 @@ pub fn sse_reply(model: &str, tokens: usize, head: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// A refusal that repeats the request's `Authorization` header in its body, as some gateways'
-/// error pages do: 401 with `{"error": {...}, "received": "<the header's value>", "filler":
-/// "<pad bytes>", "again": "<the header's value>"}` (the filler moves the second copy as far into
-/// the body as a test wants).
-pub fn echo_authorization_401(head: &str, pad: usize) -> RawReply {
-    let sent = head
-        .lines()
+/// The value of the request's `Authorization` header ("" without one), as a server that echoes
+/// it reads it.
+pub fn authorization_of(head: &str) -> String {
+    head.lines()
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case("authorization")
                 .then(|| v.trim().to_owned())
         })
-        .unwrap_or_default();
-    let sent = serde_json::Value::String(sent);
+        .unwrap_or_default()
+}
+
+/// A refusal that repeats the request's `Authorization` header in its body, as some gateways'
+/// error pages do: 401 with `{"error": {...}, "received": "<the header's value>", "filler":
+/// "<pad bytes>", "again": "<the header's value>"}` (the filler moves the second copy as far into
+/// the body as a test wants).
+pub fn echo_authorization_401(head: &str, pad: usize) -> RawReply {
+    let sent = serde_json::Value::String(authorization_of(head));
     let body = format!(
         r#"{{"error":{{"message":"invalid credentials","type":"invalid_request_error"}},"received":{sent},"filler":"{}","again":{sent}}}"#,
         "f".repeat(pad),
