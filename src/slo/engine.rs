@@ -18,7 +18,8 @@ use crate::request::RequestLabels;
 use super::baseline::{BaselineStore, Entry};
 use super::eval::{self, Ctx, Folding, RequestSample, Side, StepRecord, StepSamples, Store};
 use super::reading::{
-    baseline_terms, data_times, empty_reading, evaluate_one, side_json, undecided_reason, wants_of,
+    baseline_terms, data_times, empty_reading, evaluate_one, held_reason, side_json,
+    undecided_reason, wants_of,
 };
 use super::state::{EngineState, SavedVerdict, StateBackend, VERSION};
 use super::verdict::{Raw, Verdict, Weighed};
@@ -617,16 +618,18 @@ impl SloEngine {
                                 rolling: s.rolling,
                             })
                             .collect();
-                        verdict.gate.apply(raw, newest, &weighed)
+                        verdict.gate.apply(raw, newest, &weighed, verdict.state)
                     }
                     SloKind::Expr(_) | SloKind::BurnRate { .. } => raw,
                 };
                 let old = verdict.update(raw, d.for_, now, now_unix);
                 // No verdict yet although the data suffices: say why, or the status would read
-                // like an SLO waiting for samples.
+                // like an SLO waiting for samples. A change the gate holds back: say so too, or
+                // a fail that does not page (a pass that does not reset) looks unexplained.
                 let reason = reason.or_else(|| {
                     (verdict.state == SloState::InsufficientData && raw == Raw::Borderline)
                         .then(|| undecided_reason(&ctx, &verdict.gate))
+                        .or_else(|| verdict.gate.held().map(|h| held_reason(&h)))
                 });
                 let reading = SloReading {
                     state: verdict.state,

@@ -11,7 +11,7 @@ use crate::config::SaturatedSteps;
 
 use super::ast::{BaselineRef, Cond, Objective, Value};
 use super::eval::{self, Ctx, Interval, Side, Store, Truth, Want};
-use super::verdict::{Raw, RunGate, SloReading, SloState};
+use super::verdict::{Held, Raw, RunGate, SloReading, SloState};
 use super::{SloDef, SloKind};
 
 /// The reason of an SLO whose evaluations have all been borderline so far.
@@ -30,17 +30,31 @@ pub(super) fn undecided_reason(ctx: &Ctx<'_>, gate: &RunGate) -> String {
                 .to_owned(),
         );
     }
-    if let Some((i, mean, upper, runs)) = gate.held_by_spread() {
-        why.push(format!(
-            "the last two runs fail comparison {} by {:.6} on average, less than runs move here (its bound from the {runs} earlier runs, {upper:.6}, is not below 0)",
-            i + 1,
-            -mean
-        ));
+    if let Some(h) = gate.held() {
+        why.push(held_reason(&h));
     }
     if why.is_empty() {
         BORDERLINE.to_owned()
     } else {
         format!("no clear verdict yet: {}", why.join("; "))
+    }
+}
+
+/// Why the gate held a change back: the runs are on the other side of the threshold by less
+/// than the runs of the current state move.
+pub(super) fn held_reason(h: &Held) -> String {
+    let (n, bound, level) = (h.runs, h.bound, h.level);
+    match h.to {
+        SloState::Fail => format!(
+            "the last two runs fail comparison {} by {:.6} on average, within what runs move here (its upper bound from the {n} earlier runs judged while not failing, {bound:.6}, is not below {level:.6})",
+            h.comparison + 1,
+            -h.margin,
+        ),
+        _ => format!(
+            "this run passes comparison {} by {:.6}, within what runs move here (its lower bound from the {n} earlier runs judged while failing, {bound:.6}, is not above {level:.6})",
+            h.comparison + 1,
+            h.margin,
+        ),
     }
 }
 
