@@ -403,6 +403,7 @@ fn run_on_this_thread(sc: &scenarios::Scenario, shape: &plan::Shape) -> Run {
 fn scores(sc: &scenarios::Scenario, shape: &plan::Shape, run: &Run) -> Vec<(String, Score)> {
     let truth = Truth {
         due: run.injected.map(|t| t + sc.due_after / shape.scale),
+        begun: run.injected,
         end: run.ended,
         run_end: run.run_end,
         learned: run.learned(sc.before),
@@ -423,6 +424,9 @@ fn main() {
     };
     let args = parse_args(argv);
     let shape = plan::Shape::of(args.scale);
+    // The cycles' stamps and the baselines' spans (`24h`, `24h offset 1d`, scaled) in the
+    // simulated days, not the minutes the run takes.
+    llm_canary::clock::follow_tokio_time();
     let all = scenarios::all();
     for sc in &all {
         sc.check(&shape);

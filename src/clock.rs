@@ -15,9 +15,25 @@ pub fn since_unix_epoch() -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-/// Unix time in seconds, as the canary's files and gauges write it.
+/// Unix time in seconds, as the canary's files and gauges write it: the wall clock, or, once
+/// [`follow_tokio_time`] was called, the wall clock at that call plus tokio's time since.
 pub fn unix_now() -> f64 {
-    since_unix_epoch().as_secs_f64()
+    match TOKIO_TIME.get() {
+        Some(clock) => clock.unix_ns(Instant::now()) as f64 / 1e9,
+        None => since_unix_epoch().as_secs_f64(),
+    }
+}
+
+/// Set by [`follow_tokio_time`].
+static TOKIO_TIME: std::sync::OnceLock<MonoClock> = std::sync::OnceLock::new();
+
+/// From now on, in this process, [`unix_now`] follows tokio's clock, paused and advanced or
+/// not. For a simulation that runs days of schedule in paused time (the detection benchmark):
+/// the cycles it stamps and the baselines that compare them (`baseline(…, 24h offset 1d)`)
+/// then see the days it simulates, not the minutes it takes. Each runtime's paused clock
+/// starts at the real time it was built, so the runtimes of one process stay close.
+pub fn follow_tokio_time() {
+    TOKIO_TIME.get_or_init(MonoClock::now);
 }
 
 /// Ties `tokio::time::Instant` to CLOCK_MONOTONIC and to Unix time. On Linux tokio's (and std's)

@@ -173,15 +173,23 @@ fn scale_slo(slo: &mut Value, s: f64) {
         slo[key] = json!(ms(seconds(&text) / s));
     }
     if let Some(expr) = slo["expr"].as_str() {
-        let span = regex::Regex::new(r",\s*(\d+(?:\.\d+)?(?:ms|s|m|h|d|w))\s*\)").unwrap();
+        let span = regex::Regex::new(
+            r",\s*(\d+(?:\.\d+)?(?:ms|s|m|h|d|w))(?:\s+offset\s+(\d+(?:\.\d+)?(?:ms|s|m|h|d|w)))?\s*\)",
+        )
+        .unwrap();
         let found = span.find_iter(expr).count();
         assert_eq!(
             found,
             expr.matches("baseline(").count(),
             "every baseline span is found: {expr}"
         );
-        let scaled = span.replace_all(expr, |c: &regex::Captures<'_>| {
-            format!(", {})", ms(seconds(&c[1]) / s))
+        let scaled = span.replace_all(expr, |c: &regex::Captures<'_>| match c.get(2) {
+            Some(offset) => format!(
+                ", {} offset {})",
+                ms(seconds(&c[1]) / s),
+                ms(seconds(offset.as_str()) / s)
+            ),
+            None => format!(", {})", ms(seconds(&c[1]) / s)),
         });
         slo["expr"] = json!(scaled);
     }

@@ -35,6 +35,9 @@ pub struct Truth {
     /// From when the regression is due to be caught (its start, or for a drift the moment it
     /// reached the 20 % the regression SLOs are written for); `None`: nothing is injected.
     pub due: Option<f64>,
+    /// When it began: a drift is a regression from its start, so failing between its start
+    /// and its due time is an early catch, not a false change (`None`: at `due`).
+    pub begun: Option<f64>,
     /// When it ended; `None`: it lasted until the end of the run.
     pub end: Option<f64>,
     /// The end of the run.
@@ -114,23 +117,25 @@ pub fn score(changes: &[&Change], role: Role, truth: &Truth) -> Score {
         return score;
     };
     let until = truth.end.unwrap_or(truth.run_end);
+    let begun = truth.begun.map_or(due, |b| b.min(due));
     let after_first = |c: &&Change| first.is_some_and(|i| c.at > changes[i].at);
-    // Failing when it became due (a flap before it), or the first change to fail after: the
-    // SLO's first verdict itself, when the regression came before it had one.
+    // Failing when it began (a flap before it), or the first change to fail after: the SLO's
+    // first verdict itself, when the regression came before it had one. A catch before the
+    // regression is due counts as at its due time.
     let to_fail = changes
         .iter()
-        .find(|c| c.at >= due && c.new == SloState::Fail);
-    let detected_at = if state_at(changes, due) == SloState::Fail {
+        .find(|c| c.at >= begun && c.new == SloState::Fail);
+    let detected_at = if state_at(changes, begun) == SloState::Fail {
         Some(due)
     } else {
-        to_fail.map(|c| c.at)
+        to_fail.map(|c| c.at.max(due))
     };
     let caught = detected_at.is_some_and(|t| t <= until);
     score.caught = Some(caught);
     score.detection = detected_at.map(|t| t - due);
     // The changes the truth calls for, among those after the first verdict.
     let mut expected = usize::from(
-        state_at(changes, due) != SloState::Fail
+        state_at(changes, begun) != SloState::Fail
             && to_fail.is_some_and(|c| c.at <= until && after_first(c)),
     );
     if let (true, Some(end)) = (caught, truth.end) {

@@ -16,10 +16,33 @@ use crate::measure::stats::Interval;
 /// page then needs that mode's first two runs in a row.
 pub const MIN_BASELINE_RUNS: usize = 8;
 
+/// How much worse than a run a past run may be and still count as no worse in
+/// [`BaselineStore::nearest`], as a share of the run's value: more than a mode's own jitter
+/// from run to run (±3 % in the steady deployments measured, docs/SLO.md), much less than a
+/// regression the SLOs are written for (10–20 %).
+pub const NO_WORSE_SLACK: f64 = 0.05;
+
 /// Entries older than this are dropped: the longest baseline span anyone should need.
 const MAX_AGE_SECONDS: f64 = 8.0 * 86_400.0;
 /// Cap on the entries kept per term (a 1-minute cycle for 8 days would be 11 520).
 const MAX_ENTRIES: usize = 4096;
+
+/// Which way of a baseline term's value is a regression: the side of the comparison it is on
+/// says (`p50 <= 1.1 * baseline(p50, 24h)`: a higher p50).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Worse {
+    Higher,
+    Lower,
+}
+
+impl Worse {
+    pub fn flipped(self) -> Worse {
+        match self {
+            Worse::Higher => Worse::Lower,
+            Worse::Lower => Worse::Higher,
+        }
+    }
+}
 
 /// One cycle's value of a baseline term.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -134,7 +157,15 @@ impl BaselineStore {
     /// - two episodes vouch: one stray run (a restart's, one taken while too few runs were known
     ///   to judge it) never hides a regression, and a regression, however long, never vouches
     ///   for itself while it lasts. A slowness that went away and came back in two episodes is
-    ///   a mode of the deployment, and its third return does not page.
+    ///   a mode of the deployment, and its third return does not page;
+    /// - from the runs no worse than this one, where the comparison says which way is worse
+    ///   (`worse`; all runs when none is): a run is judged against the closest run it did not
+    ///   regress from. Without that, a slow drift or a regression of the fast mode that brings
+    ///   runs about halfway to the slow mode is judged against the slow mode and passes; with
+    ///   it, each mode is held to its own runs however far it moves. A run worse by less than
+    ///   [`NO_WORSE_SLACK`] counts as no worse: the first run of a mode at the better end of
+    ///   its jitter is still judged against its mode. When no run is that good (the best run
+    ///   yet), the closest of all.
     pub fn nearest(
         &self,
         key: &str,
@@ -142,6 +173,7 @@ impl BaselineStore {
         span_seconds: f64,
         run_end_unix: f64,
         now_value: f64,
+        worse: Option<Worse>,
     ) -> Option<(Entry, usize)> {
         let entries = self.terms.get(key)?;
         // Entries are kept in time order: those before the run are a prefix.
@@ -163,6 +195,15 @@ impl BaselineStore {
             if in_span(e) && e.estimate.is_finite() {
                 candidates.push((episode, e));
             }
+        }
+        let slack = NO_WORSE_SLACK * now_value.abs();
+        let no_worse = |e: &Entry| match worse {
+            Some(Worse::Higher) => e.estimate <= now_value + slack,
+            Some(Worse::Lower) => e.estimate >= now_value - slack,
+            None => true,
+        };
+        if candidates.iter().any(|(_, e)| no_worse(e)) {
+            candidates.retain(|(_, e)| no_worse(e));
         }
         candidates.sort_by(|(_, a), (_, b)| {
             (a.estimate - now_value)
@@ -279,7 +320,7 @@ mod tests {
     #[test]
     fn a_run_is_judged_against_the_second_closest_episode() {
         let mut store = BaselineStore::in_memory();
-        assert_eq!(store.nearest("k", 0.0, 86_400.0, 0.0, 1.0), None);
+        assert_eq!(store.nearest("k", 0.0, 86_400.0, 0.0, 1.0, None), None);
         // A bimodal deployment: 160 or 230 ms from run to run; one 300 ms run failed, one
         // stray 400 ms run passed.
         let runs = [0.162, 0.234, 0.165, 0.300, 0.231, 0.400, 0.160, 0.228];
@@ -293,7 +334,11 @@ mod tests {
             );
         }
         // A run that ended at 8500 s, after every cycle.
-        let near = |v: f64| store.nearest("k", 9000.0, 86_400.0, 8500.0, v).unwrap();
+        let near = |v: f64| {
+            store
+                .nearest("k", 9000.0, 86_400.0, 8500.0, v, None)
+                .unwrap()
+        };
         // Each mode is judged against its own runs, a run between them against the closer.
         assert_eq!(near(0.1615).0.estimate, 0.160);
         assert_eq!(near(0.233).0.estimate, 0.231);
@@ -305,17 +350,53 @@ mod tests {
         assert_eq!(near(0.1605).1, 8);
         // The cycle that holds the run (it ended at 7500 s, inside the cycle that ended at
         // 8000 s) is left out.
-        let inside = store.nearest("k", 9000.0, 86_400.0, 7500.0, 0.228).unwrap();
+        let inside = store
+            .nearest("k", 9000.0, 86_400.0, 7500.0, 0.228, None)
+            .unwrap();
         assert_eq!((inside.0.estimate, inside.1), (0.234, 7));
         // A span that ended an offset ago: the 3 000 s up to 5 000 s.
-        let offset = store.nearest("k", 5000.0, 3000.0, 8500.0, 0.228).unwrap();
+        let offset = store
+            .nearest("k", 5000.0, 3000.0, 8500.0, 0.228, None)
+            .unwrap();
         assert_eq!((offset.0.estimate, offset.1), (0.234, 4));
         // Runs older than the span leave it; one passing run is its own best.
-        assert_eq!(store.nearest("k", 1e9, 86_400.0, 1e9, 0.2), None);
+        assert_eq!(store.nearest("k", 1e9, 86_400.0, 1e9, 0.2, None), None);
         let last = store
-            .nearest("k", 7500.0 + 86_400.0, 86_400.0, 1e9, 0.2)
+            .nearest("k", 7500.0 + 86_400.0, 86_400.0, 1e9, 0.2, None)
             .unwrap();
         assert_eq!((last.0.estimate, last.1), (0.228, 1));
+    }
+
+    #[test]
+    fn a_run_is_judged_against_the_closest_run_it_did_not_regress_from() {
+        let mut store = BaselineStore::in_memory();
+        // Bimodal: 160 or 230 ms from run to run.
+        for (i, v) in [0.160, 0.231, 0.165, 0.228, 0.162, 0.234]
+            .into_iter()
+            .enumerate()
+        {
+            store.record("k", entry(1000.0 * (i + 1) as f64, v));
+        }
+        let near = |v: f64, worse: Option<Worse>| {
+            store
+                .nearest("k", 1e4, 86_400.0, 1e4, v, worse)
+                .unwrap()
+                .0
+                .estimate
+        };
+        // The fast mode 20 % slower is nearer the slow mode than the fast one; held to the
+        // runs no slower than it, it is judged against the fast mode, which it fails.
+        assert_eq!(near(0.199, None), 0.231);
+        assert_eq!(near(0.199, Some(Worse::Higher)), 0.162);
+        // Where lower is worse (a throughput), against the runs no lower.
+        assert_eq!(near(0.199, Some(Worse::Lower)), 0.231);
+        // A steady run of either mode is judged against its own mode, the fastest run of the
+        // slow mode yet too: runs worse by less than a mode's jitter count as no worse.
+        assert_eq!(near(0.2305, Some(Worse::Higher)), 0.228);
+        assert_eq!(near(0.1615, Some(Worse::Higher)), 0.160);
+        assert_eq!(near(0.226, Some(Worse::Higher)), 0.231);
+        // The best run yet has no run it did not regress from: the closest of all.
+        assert_eq!(near(0.150, Some(Worse::Higher)), 0.162);
     }
 
     #[test]
@@ -332,7 +413,7 @@ mod tests {
                 },
             );
         };
-        let near = |store: &BaselineStore| store.nearest("k", 1e6, 1e6, 1e6, 0.2).unwrap().0;
+        let near = |store: &BaselineStore| store.nearest("k", 1e6, 1e6, 1e6, 0.2, None).unwrap().0;
         for _ in 0..5 {
             add(&mut store, 0.16, false);
         }
@@ -366,7 +447,7 @@ mod tests {
                 ..entry(2.0, 0.2)
             },
         );
-        assert_eq!(lone.nearest("k", 3.0, 10.0, 3.0, 0.2), None);
+        assert_eq!(lone.nearest("k", 3.0, 10.0, 3.0, 0.2, None), None);
     }
 
     #[test]

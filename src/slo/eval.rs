@@ -2,7 +2,7 @@
 //! that carries every value's 95 % confidence interval through functions, arithmetic and fits
 //! conservatively.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,7 +12,7 @@ pub use crate::measure::stats::{Interval, wilson};
 use crate::measure::stats::{Z_95, poisson_rate, r2_interval, samples_to_bound, slope_interval};
 
 use super::ast::*;
-use super::baseline::{BaselineStore, MIN_BASELINE_RUNS};
+use super::baseline::{BaselineStore, MIN_BASELINE_RUNS, Worse};
 pub use super::store::{
     Folding, RequestSample, StepRecord, StepSamples, Store, Totals, Want, label_value,
     labels_match, objectives_key,
@@ -49,6 +49,10 @@ pub struct Ctx<'a> {
     /// Why a value or comparison decided less than its numbers suggest (an unbounded quantile,
     /// a run inside its baseline's run-to-run range), for the status's reason.
     pub notes: RefCell<Vec<String>>,
+    /// Which way the value being computed regresses, from the comparison it is a side of (and
+    /// the signs on the way down): a rolling baseline inside it is the closest past run no
+    /// worse than this run (`BaselineStore::nearest`).
+    worse: Cell<Option<Worse>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -80,7 +84,21 @@ impl<'a> Ctx<'a> {
             now,
             now_unix,
             notes: RefCell::new(Vec::new()),
+            worse: Cell::new(None),
         }
+    }
+
+    /// `f` with `worse` as the direction a regression moves the value it computes.
+    fn judging<T>(&self, worse: Option<Worse>, f: impl FnOnce() -> T) -> T {
+        let outer = self.worse.replace(worse);
+        let out = f();
+        self.worse.set(outer);
+        out
+    }
+
+    /// `f` over an operand whose sign is flipped (negated, subtracted, divided by).
+    fn flipped<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.judging(self.worse.get().map(Worse::flipped), f)
     }
 
     fn note(&self, note: String) {
@@ -164,13 +182,20 @@ pub fn condition(ctx: &Ctx<'_>, c: &Cond) -> Result<(Truth, Vec<Side>), Insuffic
 fn cond_inner(ctx: &Ctx<'_>, c: &Cond, sides: &mut Vec<Side>) -> Result<Truth, Insufficient> {
     match c {
         Cond::Cmp(op, a, b) => {
-            let lhs = value(ctx, a)?;
-            let rhs = value(ctx, b)?;
+            // `a <= b` fails when `a` rises or `b` falls: a baseline in `b` is held against the
+            // past runs no higher than this one, a baseline in `a` against those no lower.
+            let (worse_a, worse_b) = match op {
+                CmpOp::Lt | CmpOp::Le => (Some(Worse::Lower), Some(Worse::Higher)),
+                CmpOp::Gt | CmpOp::Ge => (Some(Worse::Higher), Some(Worse::Lower)),
+                CmpOp::Eq | CmpOp::Ne => (None, None),
+            };
+            let lhs = ctx.judging(worse_a, || value(ctx, a))?;
+            let rhs = ctx.judging(worse_b, || value(ctx, b))?;
             let mut verdict = compare(*op, lhs, rhs);
-            if verdict == Truth::False && !knows_its_runs(ctx, a)? {
+            if verdict == Truth::False && !ctx.judging(worse_a, || knows_its_runs(ctx, a))? {
                 verdict = Truth::Unknown;
             }
-            if verdict == Truth::False && !knows_its_runs(ctx, b)? {
+            if verdict == Truth::False && !ctx.judging(worse_b, || knows_its_runs(ctx, b))? {
                 verdict = Truth::Unknown;
             }
             sides.push(Side {
@@ -212,7 +237,14 @@ fn knows_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
             let now = value(ctx, inner)?.estimate;
             let runs = ctx
                 .cycle_baselines
-                .nearest(&key, ctx.now_unix - off, *span, ctx.run_end_unix, now)
+                .nearest(
+                    &key,
+                    ctx.now_unix - off,
+                    *span,
+                    ctx.run_end_unix,
+                    now,
+                    ctx.worse.get(),
+                )
                 .map_or(0, |(_, runs)| runs);
             if runs < MIN_BASELINE_RUNS {
                 ctx.note(format!(
@@ -228,8 +260,13 @@ fn knows_its_runs(ctx: &Ctx<'_>, v: &Value) -> Result<bool, Insufficient> {
         | Value::Agg(..)
         | Value::Scalar(_)
         | Value::Goodput(..) => Ok(true),
-        Value::Fit(_, inner, _) | Value::Neg(inner) => knows_its_runs(ctx, inner),
-        Value::Binary(_, a, b) => Ok(knows_its_runs(ctx, a)? && knows_its_runs(ctx, b)?),
+        Value::Fit(_, inner, _) => ctx.judging(None, || knows_its_runs(ctx, inner)),
+        Value::Neg(inner) => ctx.flipped(|| knows_its_runs(ctx, inner)),
+        Value::Binary(op, a, b) => Ok(knows_its_runs(ctx, a)?
+            && match op {
+                BinOp::Sub | BinOp::Div => ctx.flipped(|| knows_its_runs(ctx, b))?,
+                BinOp::Add | BinOp::Mul => knows_its_runs(ctx, b)?,
+            }),
     }
 }
 
@@ -252,9 +289,13 @@ fn reads_rolling_baseline(v: &Value) -> bool {
 pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
     match v {
         Value::Number(n) | Value::Duration(n) => Ok(Interval::point(*n)),
-        Value::Neg(a) => Ok(-value(ctx, a)?),
+        Value::Neg(a) => Ok(-ctx.flipped(|| value(ctx, a))?),
         Value::Binary(op, a, b) => {
-            let (a, b) = (value(ctx, a)?, value(ctx, b)?);
+            let a = value(ctx, a)?;
+            let b = match op {
+                BinOp::Sub | BinOp::Div => ctx.flipped(|| value(ctx, b))?,
+                BinOp::Add | BinOp::Mul => value(ctx, b)?,
+            };
             Ok(match op {
                 BinOp::Add => a + b,
                 BinOp::Sub => a + -b,
@@ -287,7 +328,8 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
             let mut ys = Vec::with_capacity(groups.len());
             for (text, x) in &groups {
                 xs.push(*x);
-                ys.push(value(ctx, &pin_label(inner, label, text))?);
+                // A fit's points have no worse side of their own.
+                ys.push(ctx.judging(None, || value(ctx, &pin_label(inner, label, text)))?);
             }
             if xs.len() < 3 {
                 return insufficient(format!("{v}: fewer than 3 groups"));
@@ -302,8 +344,9 @@ pub fn value(ctx: &Ctx<'_>, v: &Value) -> Result<Interval, Insufficient> {
             match past {
                 BaselineRef::Span(span, off) => {
                     let now = value(ctx, inner)?.estimate;
+                    let worse = ctx.worse.get();
                     ctx.cycle_baselines
-                        .nearest(&key, ctx.now_unix - off, *span, ctx.run_end_unix, now)
+                        .nearest(&key, ctx.now_unix - off, *span, ctx.run_end_unix, now, worse)
                         .map(|(run, _)| run.interval())
                         .ok_or_else(|| Insufficient {
                         reason: format!(
