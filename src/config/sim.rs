@@ -54,6 +54,10 @@ pub struct SimSpec {
     pub overlap_weight: f64,
     /// Model id served on `/v1/models` and echoed in responses.
     pub model: String,
+    /// The model's context length: reported as `max_model_len` on `/v1/models` (as vLLM does),
+    /// and a completion whose prompt plus `max_tokens` is above it is answered 400 (as vLLM
+    /// answers it); absent = unbounded and not reported.
+    pub max_model_len: Option<u32>,
     /// KV footprint and weights; absent = the preset matching `model` (Qwen3-30B-A3B-FP8 if none).
     pub model_shape: Option<ModelShape>,
     pub cpu_tier: Option<TierSpec>,
@@ -106,6 +110,7 @@ impl Default for SimSpec {
             link_gbps: 64.0,
             overlap_weight: 1.0,
             model: "Qwen/Qwen3-30B-A3B-FP8".to_string(),
+            max_model_len: None,
             model_shape: None,
             cpu_tier: None,
             disk_tier: None,
@@ -257,6 +262,9 @@ impl SimSpec {
         }
         if !self.overlap_weight.is_finite() || self.overlap_weight < 0.0 {
             errors.push("overlap_weight must be a non-negative number".into());
+        }
+        if self.max_model_len == Some(0) {
+            errors.push("max_model_len must be at least 1".into());
         }
         if !(0.0..1.0).contains(&self.eos_probability) {
             errors.push(format!(
