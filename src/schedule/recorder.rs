@@ -152,6 +152,35 @@ impl Recorder {
             .record(&finished.sample);
     }
 
+    /// Records a request of target `target_index` that was built but not sent, for `reason`:
+    /// every sink hears of it and, in the steady window, the step's result counts it.
+    pub fn skipped(
+        &self,
+        target_index: usize,
+        labels: &RequestLabels,
+        phase: Phase,
+        reason: &'static str,
+    ) {
+        for s in &self.sinks {
+            s.skipped(labels, reason);
+        }
+        if phase == Phase::Warmup {
+            return;
+        }
+        let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
+        step.entry((target_index, labels.clone()))
+            .or_default()
+            .skip(reason);
+    }
+
+    /// Records a request sent outside every step (the probe stream) that was built but not
+    /// sent, for `reason`: every sink hears of it, no step result counts it.
+    pub fn skipped_outside_steps(&self, labels: &RequestLabels, reason: &'static str) {
+        for s in &self.sinks {
+            s.skipped(labels, reason);
+        }
+    }
+
     /// Records a finished multi-turn conversation's whole time.
     pub fn record_conversation(&self, target_index: usize, labels: &RequestLabels, secs: f64) {
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
