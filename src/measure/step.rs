@@ -414,7 +414,8 @@ pub struct StepMeasurements {
     /// Requests the canary abandoned on purpose (a workload's `cancel`); counted apart.
     pub cancelled: u64,
     /// Requests built but never sent, by reason: `context_length`, a prompt plus `max_tokens`
-    /// above the target's context bound. Neither requests nor errors of the server.
+    /// above the target's context bound (warmup included). Neither requests nor errors of the
+    /// server.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub skipped: BTreeMap<&'static str, u64>,
     /// Requests per outcome (`ok`, an error kind, or `cancelled`).

@@ -202,14 +202,7 @@ impl Runner {
                 return;
             };
             let labels = self.labels_for(&ctx, &base, &built);
-            if self.skip_too_long(
-                &ctx,
-                t,
-                &labels,
-                Instant::now(),
-                u64::from(built.isl),
-                built.osl,
-            ) {
+            if self.skip_too_long(t, &labels, u64::from(built.isl), built.osl) {
                 // No later request can fit either when the step's shortest one does not: the
                 // worker ends rather than count the same skip as fast as it can build them.
                 if !target.fits(fewest_tokens(&ctx.plan).unwrap_or(0), 0) {
@@ -288,7 +281,7 @@ impl Runner {
             let labels = self.labels_for(&ctx, &base, &built);
             // A skipped arrival is never sent: it is not one of the arrivals the server is
             // judged on either.
-            if self.skip_too_long(&ctx, t, &labels, intended, u64::from(built.isl), built.osl) {
+            if self.skip_too_long(t, &labels, u64::from(built.isl), built.osl) {
                 continue;
             }
             let at = window_offset(&ctx, intended);
@@ -400,7 +393,7 @@ impl Runner {
                 let prompt_tokens =
                     u64::from(turn) * u64::from(isl) + u64::from(turn - 1) * u64::from(osl);
                 let labels = base.clone().with_turn(turn);
-                if self.skip_too_long(&ctx, t, &labels, Instant::now(), prompt_tokens, osl) {
+                if self.skip_too_long(t, &labels, prompt_tokens, osl) {
                     // The conversation ends at its first turn above the bound; when that is its
                     // first, every conversation would, and the worker ends.
                     if turn == 1 {

@@ -153,19 +153,11 @@ impl Recorder {
     }
 
     /// Records a request of target `target_index` that was built but not sent, for `reason`:
-    /// every sink hears of it and, in the steady window, the step's result counts it.
-    pub fn skipped(
-        &self,
-        target_index: usize,
-        labels: &RequestLabels,
-        phase: Phase,
-        reason: &'static str,
-    ) {
+    /// every sink hears of it, and the step's result counts it, warmup included (a skip
+    /// measures nothing, and a step whose requests cannot fit skips them from its start).
+    pub fn skipped(&self, target_index: usize, labels: &RequestLabels, reason: &'static str) {
         for s in &self.sinks {
             s.skipped(labels, reason);
-        }
-        if phase == Phase::Warmup {
-            return;
         }
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
         step.entry((target_index, labels.clone()))

@@ -221,10 +221,8 @@ impl Session {
             let r = &replay.trace.rows[row];
             // A row above the bound is skipped, and ends its session: a later turn holds more.
             if self.runner.skip_too_long(
-                ctx,
                 self.t,
                 &labels,
-                intended,
                 u64::from(r.input_length),
                 r.output_length.max(1),
             ) {

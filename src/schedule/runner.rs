@@ -617,27 +617,20 @@ impl Runner {
         Some(rec)
     }
 
-    /// Whether a request of `prompt_tokens` asking for `osl` tokens, intended at `intended`, is
-    /// above target `t`'s context bound: then it is counted as skipped (reason
-    /// `context_length`), never sent, and this returns true.
+    /// Whether a request of `prompt_tokens` asking for `osl` tokens is above target `t`'s
+    /// context bound: then it is counted as skipped (reason `context_length`), never sent, and
+    /// this returns true.
     pub(super) fn skip_too_long(
         &self,
-        ctx: &StepCtx,
         t: usize,
         labels: &RequestLabels,
-        intended: Instant,
         prompt_tokens: u64,
         osl: u32,
     ) -> bool {
         if self.targets[t].fits(prompt_tokens, u64::from(osl)) {
             return false;
         }
-        let phase = if intended >= ctx.warmup_end {
-            crate::model::Phase::Steady
-        } else {
-            crate::model::Phase::Warmup
-        };
-        self.recorder.skipped(t, labels, phase, SKIP_CONTEXT_LENGTH);
+        self.recorder.skipped(t, labels, SKIP_CONTEXT_LENGTH);
         true
     }
 
