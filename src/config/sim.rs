@@ -178,6 +178,20 @@ impl SimSpec {
         }
     }
 
+    /// The counts that must be at least 1 and are 0 (`max_model_len` where written).
+    fn zero_counts(&self) -> Vec<String> {
+        let counts = [
+            ("max_batched_tokens", Some(self.max_batched_tokens)),
+            ("max_running", Some(self.max_running)),
+            ("max_model_len", self.max_model_len),
+        ];
+        counts
+            .iter()
+            .filter(|(_, n)| *n == Some(0))
+            .map(|(key, _)| format!("{key} must be at least 1"))
+            .collect()
+    }
+
     /// Every problem with the spec, as sentences naming the field.
     pub fn validate(&self) -> Vec<String> {
         let mut errors = Vec::new();
@@ -248,12 +262,7 @@ impl SimSpec {
                 self.block_size
             ));
         }
-        if self.max_batched_tokens == 0 {
-            errors.push("max_batched_tokens must be at least 1".into());
-        }
-        if self.max_running == 0 {
-            errors.push("max_running must be at least 1".into());
-        }
+        errors.extend(self.zero_counts());
         if !self.link_gbps.is_finite() || self.link_gbps <= 0.0 {
             errors.push(format!(
                 "link_gbps must be positive, got {}",
@@ -262,9 +271,6 @@ impl SimSpec {
         }
         if !self.overlap_weight.is_finite() || self.overlap_weight < 0.0 {
             errors.push("overlap_weight must be a non-negative number".into());
-        }
-        if self.max_model_len == Some(0) {
-            errors.push("max_model_len must be at least 1".into());
         }
         if !(0.0..1.0).contains(&self.eos_probability) {
             errors.push(format!(
