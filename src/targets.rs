@@ -332,11 +332,26 @@ pub async fn resolve_at(
         crate::config::Dialect::Dynamo => Some(frontend_gauges(t, url, &lookup).await),
         _ => None,
     };
-    let model = resolve_model(t, url, lookup).await?;
-    let block_size = frontend.and_then(|text| {
-        gauge_of(&text, "dynamo_frontend_model_kv_cache_block_size", &model)
+    let (model, listed_context) = resolve_model(t, url, lookup).await?;
+    let block_size = frontend.as_ref().and_then(|text| {
+        gauge_of(text, "dynamo_frontend_model_kv_cache_block_size", &model)
             .and_then(|v| u32::try_from(v).ok())
     });
+    // The frontend's gauge says it where its model list does not.
+    let reported = listed_context.or_else(|| {
+        frontend
+            .as_ref()
+            .and_then(|text| gauge_of(text, "dynamo_frontend_model_context_length", &model))
+    });
+    let max_context_tokens = context_bound(reported, t.max_input_tokens.as_ref().map(|m| **m));
+    match max_context_tokens {
+        Some(bound) => {
+            tracing::info!(target = %*t.name, reported = ?reported, max_input_tokens = ?t.max_input_tokens.as_ref().map(|m| **m), bound, "requests above the context length are skipped");
+        }
+        None => {
+            tracing::debug!(target = %*t.name, "no context length known; no request is bounded")
+        }
+    }
     let mut endpoint = Endpoint::new(url, t.api, model, t.dialect)?
         .with_length_control(t.length_control())
         .with_nvext(t.dialect.supports_nvext())
@@ -361,6 +376,7 @@ pub async fn resolve_at(
         endpoint,
         cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
         goodput: t.goodput.as_ref().map(|g| g.limits()),
+        max_context_tokens,
     })
 }
 
@@ -438,16 +454,76 @@ struct ModelLookup<'a> {
     attempts: u32,
 }
 
-/// The model to ask for: as configured, or the first id of `GET /v1/models` for `auto`.
+/// The model to ask for (as configured, or the first id of `GET /v1/models` for `auto`) and
+/// the context length the list reports for it. A named model asks the list once, and a server
+/// that does not answer it (some have no `/v1/models`) only leaves the context length unknown.
 async fn resolve_model(
     t: &TargetConfig,
     base: &str,
     lookup: ModelLookup<'_>,
-) -> Result<String, TargetError> {
+) -> Result<(String, Option<u64>), TargetError> {
     let fail = |message: String| TargetError::of(t, message);
     if t.model != "auto" {
-        return Ok(t.model.clone());
+        let context = match list_models(t, base, &lookup, 1).await {
+            Ok(body) => context_of(&body, &t.model),
+            Err(e) => {
+                tracing::debug!(target = %*t.name, error = %e, "no model list; the context length is not known");
+                None
+            }
+        };
+        return Ok((t.model.clone(), context));
     }
+    let shown =
+        crate::config::display_url_text(&format!("{}/v1/models", base.trim_end_matches('/')));
+    let body = list_models(t, base, &lookup, lookup.attempts).await?;
+    let id = body["data"][0]["id"]
+        .as_str()
+        .ok_or_else(|| fail(format!("{shown} lists no models; set `model:` on the target to the served model name instead of `auto`")))?;
+    // The id goes into every request body and `/api/v1/status`: refuse what no real
+    // model name looks like rather than carry it around.
+    if id.is_empty() || id.len() > MODEL_ID_MAX_BYTES || id.chars().any(char::is_control) {
+        return Err(fail(format!(
+            "{shown} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
+        )));
+    }
+    Ok((id.to_owned(), context_of(&body, id)))
+}
+
+/// The fields of a `/v1/models` entry that say its context length (prompt and output tokens
+/// together): vLLM's `max_model_len`, Dynamo's frontend's `context_window`.
+const CONTEXT_FIELDS: [&str; 2] = ["max_model_len", "context_window"];
+
+/// The context length `GET /v1/models` (`body`) reports for `model`: its entry's, else the only
+/// entry's (a server serving one model under another name); `None` when it says none.
+fn context_of(body: &serde_json::Value, model: &str) -> Option<u64> {
+    let data = body["data"].as_array()?;
+    let entry = data
+        .iter()
+        .find(|m| m["id"].as_str() == Some(model))
+        .or_else(|| (data.len() == 1).then(|| &data[0]))?;
+    CONTEXT_FIELDS
+        .iter()
+        .find_map(|f| entry[*f].as_u64())
+        .filter(|&n| n > 0)
+}
+
+/// The bound on a request's prompt plus output tokens at `t`: the smaller of the context length
+/// its server reports and its `max_input_tokens`; `None` when neither says one.
+pub fn context_bound(reported: Option<u64>, configured: Option<u32>) -> Option<u64> {
+    match (reported, configured.map(u64::from)) {
+        (Some(r), Some(c)) => Some(r.min(c)),
+        (r, c) => r.or(c),
+    }
+}
+
+/// `GET /v1/models` as JSON, asked at most `attempts` times.
+async fn list_models(
+    t: &TargetConfig,
+    base: &str,
+    lookup: &ModelLookup<'_>,
+    attempts: u32,
+) -> Result<serde_json::Value, TargetError> {
+    let fail = |message: String| TargetError::of(t, message);
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
     // What the messages show: the same URL without any credentials in it.
     let shown = crate::config::display_url_text(&url);
@@ -458,7 +534,7 @@ async fn resolve_model(
     let http = builder.build().map_err(|e| fail(e.to_string()))?;
     // A deployment that is still starting answers after a while.
     let mut last = String::new();
-    for attempt in 0..lookup.attempts.max(1) {
+    for attempt in 0..attempts.max(1) {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
@@ -486,23 +562,9 @@ async fn resolve_model(
                     }
                     bytes.extend_from_slice(&chunk);
                 }
-                let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+                return serde_json::from_slice(&bytes).map_err(|e| {
                     fail(format!("{shown}: not JSON ({e}); set `model:` on the target to the served model name instead of `auto`"))
-                })?;
-                let id = body["data"][0]["id"]
-                    .as_str()
-                    .ok_or_else(|| fail(format!("{shown} lists no models; set `model:` on the target to the served model name instead of `auto`")))?;
-                // The id goes into every request body and `/api/v1/status`: refuse what no real
-                // model name looks like rather than carry it around.
-                if id.is_empty()
-                    || id.len() > MODEL_ID_MAX_BYTES
-                    || id.chars().any(char::is_control)
-                {
-                    return Err(fail(format!(
-                        "{shown} lists a model id that is empty, over {MODEL_ID_MAX_BYTES} bytes or has control characters; set `model:` on the target"
-                    )));
-                }
-                return Ok(id.to_owned());
+                });
             }
             // Up, but unable to list its models (`transformers serve` answers 500 when it serves
             // a model by path): waiting would not help. Only gateway and overload statuses of a
@@ -551,7 +613,45 @@ impl crate::client::TokenCounter for TokenModel {
 
 #[cfg(test)]
 mod tests {
-    use super::gauge_of;
+    use super::{context_bound, context_of, gauge_of};
+    use serde_json::json;
+
+    #[test]
+    fn the_context_length_is_read_from_the_models_entry() {
+        // vLLM reports `max_model_len` on each model object.
+        let vllm = json!({"object": "list", "data": [
+            {"id": "Qwen/Qwen3-0.6B", "object": "model", "max_model_len": 4096},
+            {"id": "lora-a", "object": "model", "max_model_len": 2048}
+        ]});
+        assert_eq!(context_of(&vllm, "Qwen/Qwen3-0.6B"), Some(4096));
+        assert_eq!(context_of(&vllm, "lora-a"), Some(2048));
+        assert_eq!(context_of(&vllm, "served-as"), None, "not one of several");
+        // Dynamo's frontend reports `context_window`, and leaves it out when unknown.
+        let dynamo = json!({"object": "list", "data": [
+            {"id": "tiny", "object": "model", "owned_by": "nvidia", "context_window": 32768}
+        ]});
+        assert_eq!(context_of(&dynamo, "tiny"), Some(32768));
+        assert_eq!(context_of(&dynamo, "alias"), Some(32768), "the only entry");
+        for body in [
+            json!({"data": [{"id": "m"}]}),
+            json!({"data": [{"id": "m", "max_model_len": 0}]}),
+            json!({"data": [{"id": "m", "max_model_len": "4096"}]}),
+            json!({"data": [{"id": "m", "max_model_len": -1}]}),
+            json!({"data": []}),
+            json!({"models": []}),
+        ] {
+            assert_eq!(context_of(&body, "m"), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn the_bound_is_the_smaller_of_reported_and_configured() {
+        assert_eq!(context_bound(None, None), None);
+        assert_eq!(context_bound(Some(4096), None), Some(4096));
+        assert_eq!(context_bound(None, Some(2048)), Some(2048));
+        assert_eq!(context_bound(Some(4096), Some(2048)), Some(2048));
+        assert_eq!(context_bound(Some(1024), Some(2048)), Some(1024));
+    }
 
     #[test]
     fn the_frontends_model_gauges_are_read_for_the_model() {

@@ -181,6 +181,13 @@ async fn the_four_workloads_against_vllm_are_exact_to_the_token() {
     let target = Arc::clone(&deployment.targets[0]);
     // `model: auto` took the first id of vLLM's /v1/models: the served folder name.
     assert_eq!(target.endpoint.model(), "qwen3-tiny");
+    // vLLM reports its `--max-model-len` on each /v1/models entry as `max_model_len`
+    // (serve-vllm.sh: 4096 unless VLLM_MAX_MODEL_LEN says otherwise), kept as the bound.
+    let max_model_len = std::env::var("VLLM_MAX_MODEL_LEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096u64);
+    assert_eq!(target.max_context_tokens, Some(max_model_len));
     assert!(
         deployment.tokens.is_exact(),
         "the model's tokenizer.json is used"

@@ -170,6 +170,11 @@ pub struct TargetConfig {
     pub server_metrics: Vec<At<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_per_hour_usd: Option<At<f64>>,
+    /// The most tokens one request may hold, prompt plus `max_tokens`, for a server whose
+    /// `/v1/models` does not report its context length (or to lower it): the smaller of both
+    /// bounds the requests; one above it is skipped, never sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<At<u32>>,
     /// Instead of `url`: an embedded simulator started in-process on loopback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simulated: Option<At<super::sim::SimSpec>>,

@@ -54,6 +54,10 @@ pub struct SimSpec {
     pub overlap_weight: f64,
     /// Model id served on `/v1/models` and echoed in responses.
     pub model: String,
+    /// The model's context length: reported as `max_model_len` on `/v1/models` (as vLLM does),
+    /// and a completion whose prompt plus `max_tokens` is above it is answered 400 (as vLLM
+    /// answers it); absent = unbounded and not reported.
+    pub max_model_len: Option<u32>,
     /// KV footprint and weights; absent = the preset matching `model` (Qwen3-30B-A3B-FP8 if none).
     pub model_shape: Option<ModelShape>,
     pub cpu_tier: Option<TierSpec>,
@@ -106,6 +110,7 @@ impl Default for SimSpec {
             link_gbps: 64.0,
             overlap_weight: 1.0,
             model: "Qwen/Qwen3-30B-A3B-FP8".to_string(),
+            max_model_len: None,
             model_shape: None,
             cpu_tier: None,
             disk_tier: None,
@@ -171,6 +176,20 @@ impl SimSpec {
             decode: pool("l40s", 2),
             ..SimSpec::default()
         }
+    }
+
+    /// The counts that must be at least 1 and are 0 (`max_model_len` where written).
+    fn zero_counts(&self) -> Vec<String> {
+        let counts = [
+            ("max_batched_tokens", Some(self.max_batched_tokens)),
+            ("max_running", Some(self.max_running)),
+            ("max_model_len", self.max_model_len),
+        ];
+        counts
+            .iter()
+            .filter(|(_, n)| *n == Some(0))
+            .map(|(key, _)| format!("{key} must be at least 1"))
+            .collect()
     }
 
     /// Every problem with the spec, as sentences naming the field.
@@ -243,12 +262,7 @@ impl SimSpec {
                 self.block_size
             ));
         }
-        if self.max_batched_tokens == 0 {
-            errors.push("max_batched_tokens must be at least 1".into());
-        }
-        if self.max_running == 0 {
-            errors.push("max_running must be at least 1".into());
-        }
+        errors.extend(self.zero_counts());
         if !self.link_gbps.is_finite() || self.link_gbps <= 0.0 {
             errors.push(format!(
                 "link_gbps must be positive, got {}",

@@ -50,6 +50,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     validate_client(&mut c, cfg);
     validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
+    super::validate_workloads::validate_context(&mut c, cfg);
     if let Some(r) = &cfg.workloads.trace_replay {
         c.trace_replay(r, base_dir);
     }
@@ -180,6 +181,18 @@ fn validate_targets(c: &mut Check, cfg: &Config, base_dir: &Path) {
         }
         if let Some(cost) = &t.cost_per_hour_usd {
             c.finite_in(cost, "cost_per_hour_usd", 0.0, 1e6, false);
+        }
+        if let Some(m) = &t.max_input_tokens
+            && **m < 2
+        {
+            c.err(
+                m.pos,
+                format!(
+                    "`targets[{}].max_input_tokens` is {}: no request fits, each holds at least 2 tokens (ISL and OSL are at least 1)",
+                    *t.name, **m
+                ),
+                Some("set the model's context length, or remove the key to use the one its /v1/models reports".into()),
+            );
         }
         target_files(c, t, base_dir);
     }

@@ -1,6 +1,7 @@
 //! Semantic validation of the `workloads` section: at least one workload, and each one's
 //! levels, lengths, shapes, ratios, steps, rate and cancellation in range.
 
+use super::At;
 use super::check::Check;
 use super::limits::*;
 use super::workloads::*;
@@ -199,4 +200,83 @@ fn validate_prefix_cache(c: &mut Check, p: &PrefixCache) {
     c.step_and_warmup(&p.step, &p.warmup, "prefix_cache");
     c.rate(&p.rate, "prefix_cache");
     c.cancel(&p.cancel, "prefix_cache");
+}
+
+/// Each target's `max_input_tokens` against the lengths the workloads ask for where the config
+/// alone tells them: a request whose prompt plus `max_tokens` is above it would be skipped at
+/// run time (never sent), so a workload that asks for such requests is refused here with the
+/// key to change.
+pub(super) fn validate_context(c: &mut Check, cfg: &super::Config) {
+    for t in &cfg.targets {
+        let Some(bound) = &t.max_input_tokens else {
+            continue;
+        };
+        let key = format!("targets[{}].max_input_tokens", *t.name);
+        for (pos, what, tokens, fix) in asked_lengths(cfg) {
+            if tokens > u64::from(**bound) {
+                c.err(
+                    pos,
+                    format!(
+                        "{what} asks for {tokens} tokens (prompt + max_tokens), above `{key}` ({}): such requests would be skipped on `{}`, never sent",
+                        **bound, *t.name
+                    ),
+                    Some(format!("lower {fix}, or raise `{key}` if the model's context allows it")),
+                );
+            }
+        }
+    }
+}
+
+/// The longest request (prompt + output tokens) of a workload, where the config tells it: its
+/// place, the workload's name, the tokens and the keys that set them.
+type Asked = (Option<(u64, u64)>, String, u64, String);
+
+/// The longest requests each configured workload asks for.
+fn asked_lengths(cfg: &super::Config) -> Vec<Asked> {
+    let w = &cfg.workloads;
+    let sum = |a: &At<u32>, b: &At<u32>| u64::from(**a) + u64::from(**b);
+    let mut out = Vec::new();
+    if let Some(s) = &w.concurrency_sweep {
+        out.push((
+            s.isl.pos,
+            "`concurrency_sweep`".to_owned(),
+            sum(&s.isl, &s.osl),
+            "`concurrency_sweep.isl` or `osl`".to_owned(),
+        ));
+    }
+    if let Some(m) = &w.multi_turn {
+        out.push((
+            m.turns.pos,
+            "`multi_turn`'s last turn".to_owned(),
+            u64::from(*m.turns) * sum(&m.isl, &m.osl),
+            "`multi_turn.turns`, `isl` or `osl` (the last turn holds turns × (isl + osl))"
+                .to_owned(),
+        ));
+    }
+    if let Some(d) = &w.sequence_distribution {
+        out.push((
+            d.isl.max.pos,
+            "`sequence_distribution` at its longest".to_owned(),
+            sum(&d.isl.max, &d.osl.max),
+            "`sequence_distribution.isl.max` or `osl.max`".to_owned(),
+        ));
+    }
+    if let Some(p) = &w.prefix_cache {
+        out.push((
+            p.isl.pos,
+            "`prefix_cache`".to_owned(),
+            sum(&p.isl, &p.osl),
+            "`prefix_cache.isl` or `osl`".to_owned(),
+        ));
+    }
+    let ps = &cfg.probe_stream;
+    if ps.enabled {
+        out.push((
+            ps.isl.pos,
+            "`probe_stream`".to_owned(),
+            sum(&ps.isl, &ps.osl),
+            "`probe_stream.isl` or `osl`".to_owned(),
+        ));
+    }
+    out
 }

@@ -43,6 +43,15 @@ pub struct ModeLabels {
     pub workload: String,
 }
 
+/// `target`, `serving_mode`, `workload` and `reason`: requests built but not sent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    pub target: String,
+    pub serving_mode: String,
+    pub workload: String,
+    pub reason: String,
+}
+
 /// `target`, `serving_mode`: the server's own per-request timing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetModeLabels {

@@ -66,6 +66,7 @@ pub(super) struct TargetSeries {
     pub(super) requests: HashSet<RequestLabels>,
     pub(super) outcomes: HashSet<OutcomeLabels>,
     pub(super) modes: HashSet<ModeLabels>,
+    pub(super) skips: HashSet<SkipLabels>,
     pub(super) lags: HashSet<TargetWorkloadLabels>,
     pub(super) budget_steps: HashSet<BudgetStepLabels>,
     pub(super) server_timing: HashSet<TargetModeLabels>,
@@ -100,6 +101,8 @@ pub struct Metrics {
     pub(super) server_queue: Family<TargetModeLabels, AtomicHistogram, SharedBuckets>,
     pub(super) server_prefill: Family<TargetModeLabels, AtomicHistogram, SharedBuckets>,
     pub(super) requests: Family<OutcomeLabels, Counter>,
+    /// Requests built but not sent (`reason`: `context_length`), never errors of the server.
+    pub(super) requests_skipped: Family<SkipLabels, Counter>,
     pub(super) prompt_tokens: Family<RequestLabels, Counter>,
     pub(super) cached_tokens: Family<RequestLabels, Counter>,
     pub(super) output_tokens: Family<RequestLabels, Counter>,
@@ -206,6 +209,7 @@ impl Metrics {
             server_queue: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
             server_prefill: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
             requests: Family::default(),
+            requests_skipped: Family::default(),
             prompt_tokens: Family::default(),
             cached_tokens: Family::default(),
             output_tokens: Family::default(),
@@ -373,6 +377,22 @@ impl Metrics {
                 family.get_or_create(&key).observe(v);
             }
         }
+    }
+
+    /// Counts a request of a step with `labels` that was built but not sent, for `reason`.
+    pub fn record_skipped(&self, labels: &RequestLabels, reason: &str) {
+        let key = SkipLabels {
+            target: labels.target.clone(),
+            serving_mode: labels.serving_mode.clone(),
+            workload: labels.workload.clone(),
+            reason: reason.to_owned(),
+        };
+        if self.requests_skipped.get(&key).is_none() {
+            self.track(&key.target, |s| {
+                s.skips.insert(key.clone());
+            });
+        }
+        self.requests_skipped.get_or_create(&key).inc();
     }
 
     /// Counts a request whose completion tokens missed the requested OSL.
@@ -621,6 +641,9 @@ impl Metrics {
         }
         for labels in &series.outcomes {
             self.requests.remove(labels);
+        }
+        for labels in &series.skips {
+            self.requests_skipped.remove(labels);
         }
         for labels in &series.modes {
             self.osl_mismatch.remove(labels);

@@ -54,6 +54,10 @@ impl Sink for Metrics {
         }
     }
 
+    fn skipped(&self, labels: &crate::request::RequestLabels, reason: &'static str) {
+        self.record_skipped(labels, reason);
+    }
+
     fn targets(&self, change: &TargetChange<'_>) {
         for gone in change.removed {
             self.remove_target(gone);

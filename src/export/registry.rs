@@ -57,6 +57,11 @@ impl Metrics {
             self.requests.clone(),
         );
         r.register(
+            "llm_canary_requests_skipped",
+            "Requests built but not sent, by reason (context_length: prompt plus max_tokens above the target's context bound); never errors of the server",
+            self.requests_skipped.clone(),
+        );
+        r.register(
             "llm_canary_prompt_tokens",
             "Prompt tokens reported in usage",
             self.prompt_tokens.clone(),

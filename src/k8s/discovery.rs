@@ -105,6 +105,7 @@ impl DiscoveredTarget {
                 .map(|u| At::dflt(u.clone()))
                 .collect(),
             cost_per_hour_usd: self.cost_per_hour_usd.map(At::dflt),
+            max_input_tokens: None,
             simulated: None,
             tls: None,
             budget: Default::default(),

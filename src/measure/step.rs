@@ -231,6 +231,7 @@ pub struct StepAccumulator {
     good_requests: u64,
     good_output_tokens: u64,
     cancelled: u64,
+    skipped: BTreeMap<&'static str, u64>,
 }
 
 impl Default for StepAccumulator {
@@ -250,6 +251,7 @@ impl Default for StepAccumulator {
             good_requests: 0,
             good_output_tokens: 0,
             cancelled: 0,
+            skipped: BTreeMap::new(),
         }
     }
 }
@@ -317,6 +319,9 @@ impl StepAccumulator {
         self.server.merge(&other.server);
         self.good_requests += other.good_requests;
         self.cancelled += other.cancelled;
+        for (k, v) in &other.skipped {
+            *self.skipped.entry(k).or_default() += v;
+        }
         self.good_output_tokens = self
             .good_output_tokens
             .saturating_add(other.good_output_tokens);
@@ -325,6 +330,16 @@ impl StepAccumulator {
     /// Requests recorded, cancelled ones included (a step's label set exists when it sent any).
     pub fn requests(&self) -> u64 {
         self.counts.requests + self.cancelled
+    }
+
+    /// Counts a request that was built but not sent, for `reason` (`context_length`).
+    pub fn skip(&mut self, reason: &'static str) {
+        *self.skipped.entry(reason).or_default() += 1;
+    }
+
+    /// Requests not sent, all reasons together.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.values().sum()
     }
 
     /// The step result over a steady window of `window`.
@@ -351,6 +366,7 @@ impl StepAccumulator {
             ok_requests: ok,
             errors: c.errors,
             cancelled: self.cancelled,
+            skipped: self.skipped.clone(),
             outcomes: self.outcomes.clone(),
             ttft: Spread::of(&self.ttft),
             itl: Spread::of(&self.itl),
@@ -397,6 +413,11 @@ pub struct StepMeasurements {
     pub errors: u64,
     /// Requests the canary abandoned on purpose (a workload's `cancel`); counted apart.
     pub cancelled: u64,
+    /// Requests built but never sent, by reason: `context_length`, a prompt plus `max_tokens`
+    /// above the target's context bound (warmup included). Neither requests nor errors of the
+    /// server.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped: BTreeMap<&'static str, u64>,
     /// Requests per outcome (`ok`, an error kind, or `cancelled`).
     pub outcomes: BTreeMap<Outcome, u64>,
     pub ttft: Option<Spread>,

@@ -236,4 +236,8 @@ pub trait Sink: Send + Sync {
 
     /// The traffic budget after a step (and before it, when it skipped or changed the step).
     fn budget(&self, _report: &BudgetReport) {}
+
+    /// A request of a step with these labels was built but not sent, for `reason`
+    /// (`context_length`: its prompt plus `max_tokens` is above the target's context bound).
+    fn skipped(&self, _labels: &RequestLabels, _reason: &'static str) {}
 }

@@ -20,7 +20,7 @@ use crate::workload::sampler::{
 };
 
 use super::context::{Runner, StepCtx, as_prompt};
-use super::runner::{CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN};
+use super::runner::{CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, fewest_tokens};
 use super::target::Target;
 use crate::workload::prompt::PromptBuilder;
 use tokio_util::sync::CancellationToken;
@@ -202,6 +202,16 @@ impl Runner {
                 return;
             };
             let labels = self.labels_for(&ctx, &base, &built);
+            if self.skip_too_long(t, &labels, u64::from(built.isl), built.osl) {
+                // No later request can fit either when the step's shortest one does not: the
+                // worker ends rather than count the same skip as fast as it can build them.
+                if !target.fits(fewest_tokens(&ctx.plan).unwrap_or(0), 0) {
+                    return;
+                }
+                k += 1;
+                tokio::task::yield_now().await;
+                continue;
+            }
             let req = StreamRequest {
                 request_id: ctx.request_id(self.run_salt, t, worker, k),
                 prompt: built.prompt,
@@ -268,6 +278,12 @@ impl Runner {
             let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
                 break;
             };
+            let labels = self.labels_for(&ctx, &base, &built);
+            // A skipped arrival is never sent: it is not one of the arrivals the server is
+            // judged on either.
+            if self.skip_too_long(t, &labels, u64::from(built.isl), built.osl) {
+                continue;
+            }
             let at = window_offset(&ctx, intended);
             count(&arrivals, |a| a.intended(at));
             // Waiting for a slot does not move the intended instant: the wait is latency, and the
@@ -293,7 +309,6 @@ impl Runner {
             };
             let slot_at = Instant::now();
             count(&arrivals, |a| a.sent(at));
-            let labels = self.labels_for(&ctx, &base, &built);
             let req = StreamRequest {
                 request_id: ctx.request_id(self.run_salt, t, 0, k as u64),
                 prompt: built.prompt,
@@ -374,6 +389,19 @@ impl Runner {
                     complete = false;
                     break;
                 }
+                // The turn's prompt: its user messages of `isl` and the replies of `osl` so far.
+                let prompt_tokens =
+                    u64::from(turn) * u64::from(isl) + u64::from(turn - 1) * u64::from(osl);
+                let labels = base.clone().with_turn(turn);
+                if self.skip_too_long(t, &labels, prompt_tokens, osl) {
+                    // The conversation ends at its first turn above the bound; when that is its
+                    // first, every conversation would, and the worker ends.
+                    if turn == 1 {
+                        return;
+                    }
+                    complete = false;
+                    break;
+                }
                 let user = match ctx
                     .builder
                     .user_message(isl as usize, stream, u64::from(turn))
@@ -396,7 +424,6 @@ impl Runner {
                 };
                 let intended = Instant::now();
                 started.get_or_insert(intended);
-                let labels = base.clone().with_turn(turn);
                 let Some(rec) = self
                     .send_and_record(&ctx, t, req, intended, None, &labels, 0, None)
                     .await

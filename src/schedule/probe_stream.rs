@@ -123,6 +123,11 @@ impl ProbeStream {
             osl: *self.config.osl,
         };
         let labels = RequestLabels::new(&target.name, target.mode, PROBE_WORKLOAD);
+        if !target.fits(u64::from(*self.config.isl), u64::from(request.osl)) {
+            self.recorder
+                .skipped_outside_steps(&labels, super::runner::SKIP_CONTEXT_LENGTH);
+            return;
+        }
         // Paced to `max_rps` with every other send, and booked on the probe stream's own
         // allowance: a spent hour pauses the steps, never the probes.
         let grant = tokio::select! {

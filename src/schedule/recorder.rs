@@ -152,6 +152,27 @@ impl Recorder {
             .record(&finished.sample);
     }
 
+    /// Records a request of target `target_index` that was built but not sent, for `reason`:
+    /// every sink hears of it, and the step's result counts it, warmup included (a skip
+    /// measures nothing, and a step whose requests cannot fit skips them from its start).
+    pub fn skipped(&self, target_index: usize, labels: &RequestLabels, reason: &'static str) {
+        for s in &self.sinks {
+            s.skipped(labels, reason);
+        }
+        let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);
+        step.entry((target_index, labels.clone()))
+            .or_default()
+            .skip(reason);
+    }
+
+    /// Records a request sent outside every step (the probe stream) that was built but not
+    /// sent, for `reason`: every sink hears of it, no step result counts it.
+    pub fn skipped_outside_steps(&self, labels: &RequestLabels, reason: &'static str) {
+        for s in &self.sinks {
+            s.skipped(labels, reason);
+        }
+    }
+
     /// Records a finished multi-turn conversation's whole time.
     pub fn record_conversation(&self, target_index: usize, labels: &RequestLabels, secs: f64) {
         let mut step = self.step.lock().unwrap_or_else(PoisonError::into_inner);

@@ -219,6 +219,15 @@ impl Session {
         let mut turn = 1u64;
         loop {
             let r = &replay.trace.rows[row];
+            // A row above the bound is skipped, and ends its session: a later turn holds more.
+            if self.runner.skip_too_long(
+                self.t,
+                &labels,
+                u64::from(r.input_length),
+                r.output_length.max(1),
+            ) {
+                return;
+            }
             let estimate = ctx.estimates.get(&self.target.name).copied();
             let body = body_tokens(estimate, r.input_length as usize);
             let prompt = match self.prompts.prompt(r, body, row as u64) {

@@ -39,6 +39,22 @@ pub const CALIBRATION_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// The `reason` of a request skipped because its prompt plus `max_tokens` is above the target's
+/// context bound.
+pub const SKIP_CONTEXT_LENGTH: &str = "context_length";
+
+/// The fewest tokens (prompt + output) a request of `plan` can hold, where its lengths are
+/// fixed or bounded below by the config; `None` for a trace, whose rows say theirs.
+pub(super) fn fewest_tokens(plan: &StepPlan) -> Option<u64> {
+    match &plan.kind {
+        StepKind::Sweep { isl, osl, .. }
+        | StepKind::Prefix { isl, osl, .. }
+        | StepKind::MultiTurn { isl, osl, .. } => Some(u64::from(*isl) + u64::from(*osl)),
+        StepKind::Distribution { isl, osl, .. } => Some(u64::from(isl.0) + u64::from(osl.0)),
+        StepKind::Trace { .. } => None,
+    }
+}
+
 /// Domain tag of the cancellation draws, so they never share a random stream with prompts.
 const CANCEL_DOMAIN: u64 = 0x6361_6e63; // "canc"
 
@@ -473,9 +489,19 @@ impl Runner {
             let mut total = StepAccumulator::default();
             for (labels, acc) in &mine {
                 total.merge(acc);
-                if acc.requests() > 0 {
+                if acc.requests() > 0 || acc.skipped() > 0 {
                     out.push(make((*labels).clone(), acc, false));
                 }
+            }
+            // Once per step and target, not per request.
+            if total.skipped() > 0 {
+                tracing::warn!(
+                    target = %target.name,
+                    step = %plan.name(),
+                    skipped = total.skipped(),
+                    bound = ?target.max_context_tokens,
+                    "requests above the target's context length were skipped, not sent"
+                );
             }
             if several || mine.is_empty() {
                 out.push(make(plan.labels(&target.name, target.mode), &total, true));
@@ -589,6 +615,23 @@ impl Runner {
             &rec,
         );
         Some(rec)
+    }
+
+    /// Whether a request of `prompt_tokens` asking for `osl` tokens is above target `t`'s
+    /// context bound: then it is counted as skipped (reason `context_length`), never sent, and
+    /// this returns true.
+    pub(super) fn skip_too_long(
+        &self,
+        t: usize,
+        labels: &RequestLabels,
+        prompt_tokens: u64,
+        osl: u32,
+    ) -> bool {
+        if self.targets[t].fits(prompt_tokens, u64::from(osl)) {
+            return false;
+        }
+        self.recorder.skipped(t, labels, SKIP_CONTEXT_LENGTH);
+        true
     }
 
     /// Whether request `k` of `worker` is one the client abandons, and where: drawn from the step

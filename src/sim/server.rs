@@ -199,12 +199,15 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Sim
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => completion(state, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => completion(state, req, Endpoint::Completions).await,
-        (&Method::GET, "/v1/models") => json_response(
-            StatusCode::OK,
-            &json!({"object": "list", "data": [{
+        (&Method::GET, "/v1/models") => {
+            let mut model = json!({
                 "id": state.model, "object": "model", "created": state.created, "owned_by": "llm-canary-sim"
-            }]}),
-        ),
+            });
+            if let Some(len) = state.max_model_len {
+                model["max_model_len"] = json!(len);
+            }
+            json_response(StatusCode::OK, &json!({"object": "list", "data": [model]}))
+        }
         (&Method::GET, "/health") => {
             let instances: Vec<Value> = state
                 .cluster
@@ -273,7 +276,19 @@ async fn completion(
         Ok(p) => p,
         Err(message) => return reject(&state, endpoint, request_type, &message),
     };
-    let mut stream = state.cluster.submit(generate_request(&body, prompt));
+    let request = generate_request(&body, prompt);
+    if let Some(len) = state.max_model_len {
+        let asked = request.prompt.len() as u64 + u64::from(request.max_tokens);
+        if asked > u64::from(len) {
+            let message = format!(
+                "This model's maximum context length is {len} tokens. However, you requested {asked} tokens ({} in the messages, {} in the completion).",
+                request.prompt.len(),
+                request.max_tokens
+            );
+            return reject(&state, endpoint, request_type, &message);
+        }
+    }
+    let mut stream = state.cluster.submit(request);
     if let Some(StreamEvent::Rejected(message)) = stream.try_next() {
         return reject(&state, endpoint, request_type, &message);
     }

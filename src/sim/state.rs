@@ -20,6 +20,8 @@ use crate::config::sim::{FaultSpec, SimSpec};
 #[derive(Debug)]
 pub struct ServerState {
     pub model: String,
+    /// The context length reported and enforced (`SimSpec::max_model_len`).
+    pub max_model_len: Option<u32>,
     pub mode: ServingMode,
     pub tokenizer: PromptTokenizer,
     pub cluster: Cluster,
@@ -51,6 +53,7 @@ impl ServerState {
     ) -> Self {
         ServerState {
             model: spec.model.clone(),
+            max_model_len: spec.max_model_len,
             mode,
             tokenizer,
             cluster,
