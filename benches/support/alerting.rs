@@ -88,9 +88,10 @@ pub fn score(changes: &[&Change], role: Role, truth: &Truth) -> Score {
     let (learning, later): (Vec<&Change>, Vec<&Change>) =
         after_first.iter().partition(|c| c.at <= truth.learned);
     // A change to fail after the first verdict is an alert; so is a first verdict of fail that
-    // came with the regression (the SLO had not settled before it).
+    // came with the regression (the SLO had not settled before it; a drift's from its start).
+    let begun = truth.begun.or(truth.due);
     let late_first_fail = first.is_some_and(|i| {
-        changes[i].new == SloState::Fail && truth.due.is_some_and(|due| changes[i].at >= due)
+        changes[i].new == SloState::Fail && begun.is_some_and(|b| changes[i].at >= b)
     });
     let alerts =
         later.iter().filter(|c| c.new == SloState::Fail).count() + usize::from(late_first_fail);
