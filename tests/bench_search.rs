@@ -2,12 +2,17 @@
 //! finds a higher concurrency for the larger one, names the level whose p99 crossed the bound,
 //! reports goodput there, lands on the same ladder level (within one) when run again, and
 //! refuses a condition it cannot decide; a ladder above the traffic budget's `max_inflight` stops
-//! there.
+//! there; off a terminal its progress is log lines, one as each probe starts and ends and one
+//! per target found.
 
+use std::io::Write;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use llm_canary::report::ReportError;
-use llm_canary::report::search::{LADDER, SearchOptions, SearchResult, parse_search, run_search};
+use llm_canary::report::search::{
+    LADDER, SearchOptions, SearchResult, parse_search, probes_at_most, run_search,
+};
 use llm_canary::setup::Setup;
 use llm_canary::shutdown::Shutdown;
 
@@ -29,6 +34,7 @@ async fn search() -> SearchResult {
             condition: "p99(ttft) < 200ms".into(),
             max_level: 64,
             out: None,
+            live_progress: false,
         },
         &Shutdown::new(),
     )
@@ -128,6 +134,7 @@ async fn a_ladder_above_the_budgets_max_inflight_is_held_to_it() {
             condition: "p99(ttft) < 2s".into(),
             max_level: 256,
             out: None,
+            live_progress: false,
         },
         &Shutdown::new(),
     )
@@ -142,4 +149,104 @@ async fn a_ladder_above_the_budgets_max_inflight_is_held_to_it() {
     }
     let text = result.tables()[0].to_text();
     assert!(text.contains("the budget's max_inflight"), "{text}");
+}
+
+/// The log records written while it is the default subscriber, as text.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `[probe K/≤N] TARGET: REST` as (K, N, TARGET, REST).
+fn probe_line(line: &str) -> Option<(usize, usize, &str, &str)> {
+    let rest = &line[line.find("[probe ")? + "[probe ".len()..];
+    let (k, rest) = rest.split_once("/≤")?;
+    let (n, rest) = rest.split_once("] ")?;
+    let (target, rest) = rest.split_once(": ")?;
+    Some((k.parse().ok()?, n.parse().ok()?, target, rest))
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_a_terminal_each_probe_is_logged_as_it_starts_and_ends() {
+    let log = Capture::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let result = {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        // While a single subscriber exists, tracing asks the default subscriber of whichever
+        // thread logs first from a line whether it wants that line, once: another test's
+        // thread, which has none, would answer no for every thread. With a second one it asks
+        // all that exist.
+        let _second = tracing::Dispatch::new(tracing_subscriber::registry());
+        tracing::callsite::rebuild_interest_cache();
+        search().await
+    };
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    // Up to 64 the ladder has 7 levels: a bisection takes at most 3 probes.
+    let bound = probes_at_most(7);
+    assert_eq!(bound, 3);
+    for t in &result.targets {
+        let lines: Vec<(usize, usize, &str)> = text
+            .lines()
+            .filter_map(probe_line)
+            .filter(|(_, _, target, _)| *target == t.target)
+            .map(|(k, n, _, rest)| (k, n, rest))
+            .collect();
+        let starts: Vec<_> = lines
+            .iter()
+            .filter(|(.., rest)| rest.starts_with("concurrency "))
+            .collect();
+        let ends: Vec<_> = lines
+            .iter()
+            .filter(|(.., rest)| rest.starts_with("c="))
+            .collect();
+        assert_eq!(lines.len(), 2 * t.probes.len(), "{text}");
+        assert_eq!(starts.len(), t.probes.len(), "{text}");
+        assert_eq!(ends.len(), t.probes.len(), "{text}");
+        for (i, ((k, n, start), (k2, n2, end))) in starts.iter().zip(&ends).enumerate() {
+            // Numbered from 1, never past the bound, which never grows past the ladder's.
+            assert_eq!((*k, *k2, *n), (i + 1, i + 1, *n2), "{text}");
+            assert!(*k <= *n && *n <= bound, "{text}");
+            // `concurrency C; 1s elapsed, about 12s left`, then `c=C: …, met` or `not met`.
+            let c: u32 = start["concurrency ".len()..]
+                .split(';')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                start.contains(" elapsed, about ") && start.ends_with(" left"),
+                "{start}"
+            );
+            let probe = t.probes.iter().find(|p| p.concurrency == c).unwrap();
+            assert!(end.starts_with(&format!("c={c}: p99(ttft) ")), "{end}");
+            let verdict = if probe.meets { ", met" } else { ", not met" };
+            assert!(end.ends_with(verdict), "{end} for {probe:?}");
+        }
+        let found = format!(
+            "{}: found max concurrency {} ",
+            t.target,
+            t.max_concurrency.unwrap()
+        );
+        let found: Vec<&str> = text.lines().filter(|l| l.contains(&found)).collect();
+        assert_eq!(found.len(), 1, "{text}");
+        let probes = format!("; {} probes in ", t.probes.len());
+        assert!(found[0].contains(&probes), "{}", found[0]);
+    }
+    let probes: usize = result.targets.iter().map(|t| t.probes.len()).sum();
+    assert!(
+        text.contains(&format!("search: {probes} probes on 2 targets in ")),
+        "{text}"
+    );
 }

@@ -466,7 +466,6 @@ async fn run(args: RunArgs) -> ExitCode {
 /// Exit 0 when the plan ran to the end, 1 when it failed, was interrupted or a target could not
 /// be measured (the others were, and the files are written), 2 for bad options.
 async fn bench(args: BenchArgs) -> ExitCode {
-    use std::io::IsTerminal;
     let setup = match load(args.config.as_deref()) {
         Ok(s) => s,
         Err(code) => return code,
@@ -480,7 +479,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
         time_scale: args.time_scale,
         out: args.out,
         record_tokens: args.record_tokens,
-        live_progress: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+        live_progress: crate::report::live_on_terminal(),
     };
     let stop = Shutdown::new();
     stop.on_signals(OnSignal::StopThenCut);
@@ -544,6 +543,7 @@ async fn search(setup: crate::setup::Setup, condition: String, args: BenchArgs) 
         condition,
         max_level: args.search_max,
         out: args.out,
+        live_progress: crate::report::live_on_terminal(),
     };
     let stop = Shutdown::new();
     stop.on_signals(OnSignal::StopThenCut);

@@ -1,9 +1,10 @@
 //! The configuration: typed schema, strict parsing with source locations, validation that reports
 //! every error as `FILE:LINE:COL: message`, and the defaults of the benchmark plan (docs/DESIGN.md §11).
 //!
-//! A file that is YAML at all has every problem reported together: an entry that cannot be read
-//! (a misspelt key, a wrong type, a repeated key) is reported and left out so the rest is read
-//! (`read`), and what was read is then checked value by value.
+//! A file that is not a config at all (empty, binary, a list, a trace, a page of text) is one
+//! problem saying so (`shape`). A config has every problem reported together: an entry that
+//! cannot be read (a misspelt key, a wrong type, a repeated key) is reported and left out so the
+//! rest is read (`read`), and what was read is then checked value by value.
 
 mod at;
 mod check;
@@ -13,6 +14,7 @@ mod limits;
 mod outline;
 mod read;
 mod schema;
+mod shape;
 pub mod sim;
 mod summary;
 mod target;
@@ -39,23 +41,24 @@ pub const DEMO_YAML: &str = include_str!("../../examples/demo.yaml");
 /// Largest config file accepted; a config is a few KB, so anything near this is a mistake.
 pub use crate::files::MAX_CONFIG_BYTES;
 
-fn empty_file() -> Diagnostic {
-    Diagnostic::new(None, "the file is empty").hint("start from examples/seed-plan.yaml")
-}
-
 /// Reads a config file: a regular file of at most [`MAX_CONFIG_BYTES`], as UTF-8 (a device such
-/// as `/dev/zero`, a FIFO or a huge file is refused, never read until memory runs out).
+/// as `/dev/zero`, a FIFO or a huge file is refused, never read until memory runs out; a file
+/// that is not UTF-8 is said to be so at its first byte that is not).
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
-    match crate::files::read_text(path, MAX_CONFIG_BYTES) {
-        Ok(text) => Ok(text),
+    let invalid = |d: Diagnostic| ConfigError::Invalid {
+        file: path.display().to_string(),
+        diagnostics: vec![d],
+    };
+    match crate::files::read_bounded(path, MAX_CONFIG_BYTES) {
+        Ok(bytes) => String::from_utf8(bytes).map_err(|e| {
+            let valid = e.utf8_error().valid_up_to();
+            invalid(shape::not_utf8(e.as_bytes(), valid))
+        }),
         Err(crate::files::FileError::Io(source)) => Err(ConfigError::Io {
             path: path.to_owned(),
             source,
         }),
-        Err(e) => Err(ConfigError::Invalid {
-            file: path.display().to_string(),
-            diagnostics: vec![Diagnostic::new(None, e.to_string())],
-        }),
+        Err(e) => Err(invalid(Diagnostic::new(None, e.to_string()))),
     }
 }
 
@@ -80,9 +83,10 @@ impl Config {
     }
 
     /// [`Config::parse`] with `more` checks of the config read (the SLO expressions, which
-    /// `crate::setup` compiles), reported with the rest. Every problem comes at once: the entries
-    /// that could not be read (each left out so the rest is read, `read`), then what validation
-    /// finds in the rest.
+    /// `crate::setup` compiles), reported with the rest. A text that is not a config at all is
+    /// one problem saying so (`shape`); a config has every problem at once: the entries that
+    /// could not be read (each left out so the rest is read, `read`), then what validation finds
+    /// in the rest.
     pub fn parse_checked(
         text: &str,
         file: &str,
@@ -93,8 +97,8 @@ impl Config {
             file: file.to_owned(),
             diagnostics,
         };
-        if text.trim().is_empty() {
-            return Err(invalid(vec![empty_file()]));
+        if let Some(d) = shape::not_a_config(text) {
+            return Err(invalid(vec![d]));
         }
         let mut reading = read::read(text);
         let Some(mut cfg) = reading.config.take() else {
@@ -118,8 +122,8 @@ impl Config {
             file: file.to_owned(),
             diagnostics,
         };
-        if text.trim().is_empty() {
-            return Err(invalid(vec![empty_file()]));
+        if let Some(d) = shape::not_a_config(text) {
+            return Err(invalid(vec![d]));
         }
         let reading = read::read(text);
         match reading.config {

@@ -138,6 +138,32 @@ pub(super) struct Found {
     pub(super) first_same_key: Option<(u64, u64)>,
 }
 
+/// What a document is at its top (a config is a mapping); places are 1-based lines and columns.
+#[derive(Debug)]
+pub(super) enum Top<'a> {
+    /// No value: only comments, or `~`.
+    Nothing,
+    /// A value alone (`hello`), as written.
+    Value {
+        written: &'a str,
+        place: (u64, u64),
+    },
+    List {
+        place: (u64, u64),
+    },
+    Mapping(Vec<TopKey<'a>>),
+}
+
+/// A key of the top mapping.
+#[derive(Debug)]
+pub(super) struct TopKey<'a> {
+    /// As written (a quoted key with its quotes).
+    pub(super) key: &'a str,
+    pub(super) place: (u64, u64),
+    /// Its value as written, when that is a single value.
+    pub(super) value: Option<&'a str>,
+}
+
 /// The document read as [`Node`]s, with its source.
 pub(super) struct Outline<'a> {
     text: &'a str,
@@ -157,6 +183,28 @@ impl<'a> Outline<'a> {
         let mut chars: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
         chars.push(text.len());
         Some(Outline { text, chars, root })
+    }
+
+    /// What the document is at its top.
+    pub(super) fn top(&self) -> Top<'a> {
+        let place = at(self.root.referenced);
+        match &self.root.value {
+            Node::Scalar => match self.source(self.root.referenced).trim() {
+                "" | "~" | "null" | "Null" | "NULL" => Top::Nothing,
+                written => Top::Value { written, place },
+            },
+            Node::Seq(_) => Top::List { place },
+            Node::Map(entries) => Top::Mapping(
+                entries
+                    .iter()
+                    .map(|(k, v)| TopKey {
+                        key: self.source(k.referenced),
+                        place: at(k.referenced),
+                        value: matches!(v.value, Node::Scalar).then(|| self.source(v.referenced)),
+                    })
+                    .collect(),
+            ),
+        }
     }
 
     /// The source text of the node at `loc` (a scalar as written, quotes included).
@@ -354,7 +402,7 @@ impl Example {
 const SHOWN_CHARS: usize = 48;
 
 /// `text` on one line (runs of blanks and line breaks made one space), cut at [`SHOWN_CHARS`].
-fn one_line(text: &str) -> String {
+pub(super) fn one_line(text: &str) -> String {
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if joined.chars().count() <= SHOWN_CHARS {
         joined

@@ -10,6 +10,25 @@ use super::at::{At, Dur};
 use super::target::{Api, Dialect, LengthControl, ServingMode};
 use super::workloads::{Workloads, s0};
 
+/// The keys a config file may have at its top, in the order of [`Config`]'s fields (a test
+/// holds the two together).
+pub const TOP_LEVEL_KEYS: [&str; 14] = [
+    "targets",
+    "discovery",
+    "tokenizer",
+    "time_scale",
+    "seed",
+    "client",
+    "budget",
+    "goodput",
+    "probe_stream",
+    "workloads",
+    "schedule",
+    "slos",
+    "export",
+    "alerting",
+];
+
 /// The whole file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -14,6 +14,7 @@ mod progress;
 mod questions;
 pub mod records;
 pub mod search;
+mod search_progress;
 mod svg;
 pub mod table;
 mod traces;
@@ -26,6 +27,7 @@ use serde::Serialize;
 use crate::model::StepResult;
 pub use analysis::{Fit, Report};
 pub use bench::{BenchOptions, BenchOutcome, run_bench};
+pub use progress::live_on_terminal;
 pub use table::{Cell, Column, Table};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,8 +1,13 @@
-//! The bench's progress display: on a terminal, one live bar per target for the running step
-//! (workload and step, elapsed / scheduled duration, requests, errors) under a bar of the whole
-//! plan (its scheduled time done, the time elapsed and about how long is left); otherwise one
-//! plain log line when a step starts, with the plan's share done and the time left, and one per
-//! target when it ends.
+//! The progress displays of `bench` and `bench --search`, and what they share: where the
+//! progress goes ([`Display`]: live bars on a terminal, plain log lines otherwise), the clock of
+//! the time elapsed and about how long is left ([`PlanClock`]), the ticker that refreshes live
+//! bars.
+//!
+//! The bench's display ([`Progress`]): on a terminal, one live bar per target for the running
+//! step (workload and step, elapsed / scheduled duration, requests, errors) under a bar of the
+//! whole plan (its scheduled time done, the time elapsed and about how long is left); otherwise
+//! one plain log line when a step starts, with the plan's share done and the time left, and one
+//! per target when it ends. The search's display is `search_progress`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -18,9 +23,63 @@ use crate::model::{Finished, Sink, StepInfo, StepResult};
 /// How often the live bars are refreshed.
 const TICK: Duration = Duration::from_millis(200);
 
-/// How far the plan is and how long it has left. A step takes longer than its scheduled length
-/// (its drain, the server-metric samples and calibration around it), so the time left is the
-/// scheduled time left scaled by how much longer the finished steps took than scheduled.
+/// Whether a command's progress is drawn as live bars: both stdout (its result) and stderr (the
+/// bars) are terminals. Otherwise it is plain log lines, which a log or a pipe keeps readable.
+pub fn live_on_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
+}
+
+/// Where a progress display goes: live bars drawn on stderr, or plain log lines.
+pub(crate) struct Display {
+    live: Option<MultiProgress>,
+}
+
+impl Display {
+    /// `live`: bars on stderr (see [`live_on_terminal`]); else log lines.
+    pub(crate) fn new(live: bool) -> Display {
+        Display {
+            live: live.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr())),
+        }
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// A bar of `length` in `template` below the ones shown so far; `None` when logging.
+    pub(crate) fn bar(&self, length: u64, template: &str) -> Option<ProgressBar> {
+        let bar = self.live.as_ref()?.add(ProgressBar::new(length));
+        bar.set_style(style(template));
+        Some(bar)
+    }
+
+    /// A line of text: below the bars shown so far when live (wrapped, not cut, where it is
+    /// wider than the terminal), a log record otherwise.
+    pub(crate) fn line(&self, text: String) {
+        match self.bar(0, "{msg}") {
+            Some(bar) => bar.finish_with_message(text),
+            None => tracing::info!("{text}"),
+        }
+    }
+}
+
+/// Calls `refresh` every [`TICK`], for as long as the handle lives (it is aborted when dropped).
+pub(crate) fn ticker(mut refresh: impl FnMut() + Send + 'static) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut every = tokio::time::interval(TICK);
+        loop {
+            every.tick().await;
+            refresh();
+        }
+    }))
+}
+
+/// How far a plan of steps (a bench's, a search's probes) is and how long it has left. A step
+/// takes longer than its scheduled length (its drain, the server-metric samples and calibration
+/// around it), so the time left is the scheduled time left scaled by how much longer the
+/// finished steps took than scheduled: with steps of one length, the steps left times the
+/// measured length of one.
 #[derive(Debug, Clone)]
 pub(crate) struct PlanClock {
     /// Each step's scheduled length (warmup and steady window), in plan order.
@@ -43,6 +102,13 @@ impl PlanClock {
             last_finish: None,
             running: None,
         }
+    }
+
+    /// Replaces the schedule from `position` on with `rest` (a search learns its probes' lengths
+    /// and how many more there can be as it goes). The steps before `position` are kept.
+    pub(crate) fn replan(&mut self, position: usize, rest: impl IntoIterator<Item = Duration>) {
+        self.lengths.truncate(position);
+        self.lengths.extend(rest);
     }
 
     pub(crate) fn started(&mut self, position: usize, now: Instant) {
@@ -105,9 +171,6 @@ impl PlanClock {
 
     /// `1m 5s elapsed, about 4m 20s left` (whole seconds).
     pub(crate) fn times(&self, now: Instant) -> String {
-        let whole = |d: Duration| {
-            crate::config::duration::format(Duration::from_secs(d.as_secs_f64().round() as u64))
-        };
         format!(
             "{} elapsed, about {} left",
             whole(self.elapsed(now)),
@@ -116,8 +179,13 @@ impl PlanClock {
     }
 }
 
+/// A duration in whole seconds, as the config writes it (`1m 5s`).
+pub(crate) fn whole(d: Duration) -> String {
+    crate::config::duration::format(Duration::from_secs(d.as_secs_f64().round() as u64))
+}
+
 pub(crate) struct Progress {
-    live: Option<MultiProgress>,
+    display: Display,
     plan_bar: Option<ProgressBar>,
     clock: Arc<Mutex<PlanClock>>,
     targets: Vec<String>,
@@ -137,12 +205,18 @@ fn style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
+}
+
+/// `3.1s/5.0s` into a step of `length`, ` draining` past it.
+pub(crate) fn step_time(elapsed: Duration, length: Duration) -> String {
+    let phase = if elapsed > length { " draining" } else { "" };
+    format!("{}/{}{phase}", secs(elapsed.min(length)), secs(length))
 }
 
 fn summary(m: &StepMeasurements) -> String {
@@ -166,16 +240,10 @@ impl Progress {
         sink: Arc<BenchSink>,
     ) -> Progress {
         let clock = PlanClock::new(lengths);
-        let (live, plan_bar) = if live {
-            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-            let bar = multi.add(ProgressBar::new(millis(clock.total())));
-            bar.set_style(style("plan [{bar:24}] {wide_msg}"));
-            (Some(multi), Some(bar))
-        } else {
-            (None, None)
-        };
+        let display = Display::new(live);
+        let plan_bar = display.bar(millis(clock.total()), "plan [{bar:24}] {wide_msg}");
         Progress {
-            live,
+            display,
             plan_bar,
             clock: Arc::new(Mutex::new(clock)),
             targets,
@@ -193,8 +261,8 @@ impl Progress {
         let length = plan.warmup + plan.steady;
         let now = Instant::now();
         self.clock().started(plan.position, now);
-        let Some(multi) = &self.live else {
-            tracing::info!(
+        if !self.display.is_live() {
+            self.display.line(format!(
                 "[{}/{}] {}: {} warmup + {} steady on {} targets; {}",
                 plan.position + 1,
                 plan.steps,
@@ -203,21 +271,22 @@ impl Progress {
                 secs(plan.steady),
                 self.targets.len(),
                 self.clock().describe(now)
-            );
+            ));
             return StepProgress {
                 bars: Vec::new(),
                 ticker: None,
             };
-        };
+        }
         let step_of = format!("step {}/{}", plan.position + 1, plan.steps);
         let bars: Vec<ProgressBar> = self
             .targets
             .iter()
-            .map(|t| {
-                let bar = multi.add(ProgressBar::new(millis(length).max(1)));
-                bar.set_style(style("{prefix} [{bar:24}] {msg}"));
+            .filter_map(|t| {
+                let bar = self
+                    .display
+                    .bar(millis(length).max(1), "{prefix} [{bar:24}] {msg}")?;
                 bar.set_prefix(format!("{} [{t}]", plan.name));
-                bar
+                Some(bar)
             })
             .collect();
         let start_counts: Vec<(u64, u64)> = (0..self.targets.len())
@@ -228,33 +297,27 @@ impl Progress {
         let plan_bar = self.plan_bar.clone();
         let clock = Arc::clone(&self.clock);
         let started = now;
-        let ticker = AbortOnDropHandle::new(tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK);
-            loop {
-                every.tick().await;
-                let elapsed = started.elapsed();
-                if let Some(bar) = &plan_bar {
-                    let clock = clock.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                    let now = Instant::now();
-                    bar.set_position(millis(clock.scheduled_done(now)));
-                    // The bar shows the share done; the line is kept short for it.
-                    bar.set_message(format!("{step_of}, {}", clock.times(now)));
-                }
-                for (i, bar) in tick_bars.iter().enumerate() {
-                    let (r, e) = sink.counts(i);
-                    let (r0, e0) = start_counts[i];
-                    let phase = if elapsed > length { " draining" } else { "" };
-                    bar.set_position(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
-                    bar.set_message(format!(
-                        "{}/{}{phase}  requests {}  errors {}",
-                        secs(elapsed.min(length)),
-                        secs(length),
-                        r - r0,
-                        e - e0
-                    ));
-                }
+        let ticker = ticker(move || {
+            let elapsed = started.elapsed();
+            if let Some(bar) = &plan_bar {
+                let clock = clock.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let now = Instant::now();
+                bar.set_position(millis(clock.scheduled_done(now)));
+                // The bar shows the share done; the line is kept short for it.
+                bar.set_message(format!("{step_of}, {}", clock.times(now)));
             }
-        }));
+            for (i, bar) in tick_bars.iter().enumerate() {
+                let (r, e) = sink.counts(i);
+                let (r0, e0) = start_counts[i];
+                bar.set_position(millis(elapsed));
+                bar.set_message(format!(
+                    "{}  requests {}  errors {}",
+                    step_time(elapsed, length),
+                    r - r0,
+                    e - e0
+                ));
+            }
+        });
         StepProgress {
             bars,
             ticker: Some(ticker),
@@ -283,7 +346,7 @@ impl Progress {
             };
             match step.bars.get(i) {
                 Some(bar) => bar.finish_with_message(text),
-                None => tracing::info!("  {t}: {text}"),
+                None => self.display.line(format!("  {t}: {text}")),
             }
         }
     }
@@ -305,7 +368,7 @@ impl Progress {
                 b.set_position(millis(self.clock().scheduled_done(Instant::now())));
                 b.finish_with_message(text);
             }
-            None => tracing::info!("plan: {text}"),
+            None => self.display.line(format!("plan: {text}")),
         }
     }
 }
@@ -359,5 +422,26 @@ mod tests {
         c.finished(at(255));
         assert_eq!(c.left(at(255)), Duration::ZERO);
         assert_eq!(c.scheduled_done(at(255)), c.total());
+    }
+
+    #[test]
+    fn a_plan_learnt_as_it_goes_keeps_what_finished() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // A search: up to three probes of 10 s.
+        let mut c = PlanClock::new(vec![Duration::from_secs(10); 3]);
+        c.started(0, at(0));
+        c.finished(at(12));
+        // The next probe is longer, and at most one more follows it.
+        c.replan(1, [Duration::from_secs(20); 2]);
+        c.started(1, at(12));
+        assert_eq!(c.total(), Duration::from_secs(50));
+        // 12 s per 10 s scheduled: 40 s scheduled left take 48 s.
+        assert_eq!(c.left(at(12)), Duration::from_secs(48));
+        c.finished(at(36));
+        // The bisection ended: nothing more is planned.
+        c.replan(2, []);
+        assert_eq!(c.left(at(36)), Duration::ZERO);
+        assert_eq!(c.scheduled_done(at(36)), c.total());
     }
 }

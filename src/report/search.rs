@@ -11,10 +11,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::ReportError;
+use super::search_progress::{ProbeCounts, ProbeStart, SearchProgress};
 use super::table::{Cell, Column, Table};
 use crate::config::ConcurrencySweep;
 use crate::measure::step::{Spread, StepMeasurements};
-use crate::model::StepResult;
+use crate::model::{Sink, StepResult};
 use crate::request::GoodputLimits;
 use crate::schedule::{Scheduler, StepKind, StepPlan, TargetSet, TargetSource};
 use crate::setup::Setup;
@@ -28,6 +29,8 @@ use crate::targets::Deployment;
 /// can settle in either of two values from one run to the next (its requests batched in one
 /// prefill pass or two), measured on the embedded simulator at 128 to 256 streams.
 pub const LADDER: [u32; 13] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+
+pub use super::search_progress::probes_at_most;
 
 /// The highest level a search tries unless told otherwise.
 pub const DEFAULT_SEARCH_MAX: u32 = 256;
@@ -260,6 +263,8 @@ pub struct SearchOptions {
     /// The highest level to try (the ladder is cut there).
     pub max_level: u32,
     pub out: Option<PathBuf>,
+    /// Draw the progress as live bars on stderr (`report::live_on_terminal`); else log lines.
+    pub live_progress: bool,
 }
 
 /// Runs the search against every target of the setup, one target after another (a target's
@@ -268,7 +273,7 @@ pub struct SearchOptions {
 /// one level of [`LADDER`]; a binary search over the ladder needs at most four probes up to 256.
 /// The targets, runner and budget are assembled as for a bench, and every probe runs through the
 /// scheduler: the ladder stops at the traffic budget's `max_inflight`, and a probe the budget
-/// refuses is not sent.
+/// refuses is not sent. The progress shows on stderr (`search_progress`).
 pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchResult, ReportError> {
     let limits = parse_search(&opts.condition)?;
     let ladder: Vec<u32> = LADDER
@@ -289,12 +294,32 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
     for f in &failed {
         tracing::error!(target = %f.name, error = %f.error, "target not searched");
     }
-    let base = deployment.assemble(cfg, Vec::new());
+    let counts = Arc::new(ProbeCounts::default());
+    let base = deployment.assemble(cfg, vec![Arc::clone(&counts) as Arc<dyn Sink>]);
     // Good requests are those within the condition's own TTFT and ITL bounds (per request),
     // where it sets them; the config's goodput otherwise.
     let goodput = goodput_of(&limits, base.goodput);
+    // Each target's ladder, held to its budget's `max_inflight`.
+    let caps: Vec<Option<u32>> = deployment
+        .targets
+        .iter()
+        .map(|t| base.budget.max_streams(&t.name))
+        .collect();
+    let ladders: Vec<Vec<u32>> = caps
+        .iter()
+        .map(|cap| {
+            let held = ladder.iter().copied();
+            held.filter(|&c| cap.is_none_or(|m| c <= m)).collect()
+        })
+        .collect();
+    let mut progress = SearchProgress::new(
+        opts.live_progress,
+        ladders.iter().map(|l| probes_at_most(l.len())).collect(),
+        shape.warmup + shape.steady,
+        counts,
+    );
     let mut targets = Vec::new();
-    for target in &deployment.targets {
+    for (i, target) in deployment.targets.iter().enumerate() {
         let mut runner = base.with_targets(vec![Arc::clone(target)]);
         runner.goodput = goodput;
         let mut scheduler = Scheduler::new(
@@ -306,21 +331,24 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
             None,
             cfg.export.server_metrics_interval.0,
         );
-        let cap = base.budget.max_streams(&target.name);
-        let held: Vec<u32> = ladder
-            .iter()
-            .copied()
-            .filter(|&c| cap.is_none_or(|m| c <= m))
-            .collect();
+        let (cap, held) = (caps[i], &ladders[i]);
         if held.len() < ladder.len() {
             tracing::warn!(target = %target.name, max_inflight = cap, "the search's ladder stops at the traffic budget's max_inflight");
         }
-        let mut found = search_target(&mut scheduler, &held, &limits, &shape, stop).await;
-        found.target = target.name.clone();
+        progress.target_started(i);
+        let probe = Probing {
+            ladder: held,
+            limits: &limits,
+            shape: &shape,
+        };
+        let (mut found, finished) =
+            search_target(&mut scheduler, &target.name, &probe, &mut progress, stop).await;
         found.serving_mode = target.mode.as_str().to_owned();
         found.budget_max_inflight = cap.filter(|_| held.len() < ladder.len());
+        progress.target_finished(found_text(&found, finished), found.probes.len());
         targets.push(found);
     }
+    progress.done(targets.len());
     deployment.stop().await;
     let result = SearchResult {
         condition: opts.condition.clone(),
@@ -361,34 +389,58 @@ impl ProbeShape {
     }
 }
 
-/// The bisection over `ladder` for the one target of `scheduler` (name and mode left for the
-/// caller). Invariant: `ladder[..=lo]` met (`lo` = `None`: none known), `ladder[hi..]` did not.
+/// What one target's probes are made of: the levels to search, the condition, the step.
+struct Probing<'a> {
+    ladder: &'a [u32],
+    limits: &'a [Limit],
+    shape: &'a ProbeShape,
+}
+
+/// The bisection over the ladder for `target`, the one target of `scheduler` (its mode left for
+/// the caller), and whether it ended (not stopped, nor refused by the budget). Invariant:
+/// `ladder[..=lo]` met (`lo` = `None`: none known), `ladder[hi..]` did not.
 async fn search_target(
     scheduler: &mut Scheduler,
-    ladder: &[u32],
-    limits: &[Limit],
-    shape: &ProbeShape,
+    target: &str,
+    p: &Probing<'_>,
+    progress: &mut SearchProgress,
     stop: &Shutdown,
-) -> TargetSearch {
+) -> (TargetSearch, bool) {
+    let (ladder, shape) = (p.ladder, p.shape);
     let mut probes: Vec<Probe> = Vec::new();
     let mut latency: Option<Spread> = None;
     let (mut lo, mut hi): (Option<usize>, usize) = (None, ladder.len());
-    while lo.map_or(0, |l| l + 1) < hi && !stop.stopping() {
+    let undecided = |lo: Option<usize>, hi: usize| hi.saturating_sub(lo.map_or(0, |l| l + 1));
+    while undecided(lo, hi) > 0 && !stop.stopping() {
         let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
         let (warmup, steady) = probe_windows(shape.warmup, shape.steady, latency.as_ref());
         let plan = probe_plan(&shape.sweep, ladder[mid], probes.len(), warmup, steady);
-        tracing::info!(concurrency = ladder[mid], "search probe");
+        progress.probe_started(&ProbeStart {
+            target,
+            number: probes.len() + 1,
+            at_most: probes.len() + probes_at_most(undecided(lo, hi)),
+            concurrency: ladder[mid],
+            length: warmup + steady,
+        });
         // `None`: cut short by a stop, or refused by the budget (its hour's tokens spent).
         let Some(results) = scheduler.step(&plan, 0, stop).await else {
+            let why = if stop.stopping() {
+                "stopped"
+            } else {
+                "refused by the traffic budget"
+            };
+            progress.probe_finished(why.to_owned());
             break;
         };
         let Some(total) = step_total(&results) else {
+            progress.probe_finished("no result".to_owned());
             break;
         };
         latency = total.measurements.latency.or(latency);
-        let mut probe = probe_of(limits, ladder[mid], &total.measurements);
+        let mut probe = probe_of(p.limits, ladder[mid], &total.measurements);
         probe.warmup_seconds = warmup.as_secs_f64();
         probe.steady_seconds = total.steady_seconds;
+        progress.probe_finished(result_text(p.limits, &probe));
         if probe.meets {
             lo = Some(mid);
         } else {
@@ -397,13 +449,65 @@ async fn search_target(
         probes.push(probe);
     }
     probes.sort_by_key(|p| p.concurrency);
-    TargetSearch {
-        target: String::new(),
+    let found = TargetSearch {
+        target: target.to_owned(),
         serving_mode: String::new(),
         max_concurrency: lo.map(|l| ladder[l]),
         first_failing: ladder.get(hi).copied(),
         budget_max_inflight: None,
         probes,
+    };
+    (found, undecided(lo, hi) == 0)
+}
+
+/// A finished probe as the progress shows it: `p99(ttft) 412.3 ms < 500ms, met`, or what
+/// crossed (`p99(ttft) < 500ms was 612.0 ms, not met`).
+fn result_text(limits: &[Limit], p: &Probe) -> String {
+    if let Some(crossed) = p.crossed.as_deref().filter(|_| !p.meets) {
+        return format!("{crossed}, not met");
+    }
+    let bounds: Vec<String> = limits
+        .iter()
+        .zip(&p.values)
+        .map(|(l, v)| {
+            let op = if l.inclusive { "<=" } else { "<" };
+            let value = v.map_or("-".into(), |v| format!("{:.1} ms", v * 1e3));
+            format!(
+                "p{}({}) {value} {op} {}",
+                l.quantile,
+                l.measure.name(),
+                format_duration(l.seconds)
+            )
+        })
+        .collect();
+    let few = if p.estimated { " (few samples)" } else { "" };
+    format!("{}{few}, met", bounds.join(" and "))
+}
+
+/// What a target's search found, as the progress says it.
+fn found_text(t: &TargetSearch, finished: bool) -> String {
+    let name = &t.target;
+    if !finished {
+        let so_far = t
+            .max_concurrency
+            .map(|c| format!(" ({c} met so far)"))
+            .unwrap_or_default();
+        return format!("{name}: the search stopped before it found the max concurrency{so_far}");
+    }
+    match (t.max_concurrency, t.first_failing, t.budget_max_inflight) {
+        (Some(c), Some(f), _) => {
+            format!("{name}: found max concurrency {c} ({f} does not meet the condition)")
+        }
+        (Some(c), None, Some(_)) => format!(
+            "{name}: found max concurrency {c} (every level up to the budget's max_inflight meets the condition)"
+        ),
+        (Some(c), None, None) => format!(
+            "{name}: found max concurrency {c} (every level up to --search-max meets the condition)"
+        ),
+        (None, Some(f), _) => {
+            format!("{name}: found no level that meets the condition ({f} does not)")
+        }
+        (None, None, _) => format!("{name}: found no level to probe"),
     }
 }
 
