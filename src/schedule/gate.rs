@@ -460,6 +460,10 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
+        // With a single subscriber, a line first logged from another test's thread (which has
+        // none) is cached as unwanted for every thread; a second one keeps tracing asking all.
+        let _second = tracing::Dispatch::new(tracing_subscriber::registry());
+        tracing::callsite::rebuild_interest_cache();
         let gate = Gate::new(Arc::new(TokioClock::starting_at(ts(
             "2026-12-02T11:58:00Z",
         ))));
