@@ -1064,3 +1064,83 @@ fn a_target_that_cannot_start_is_reported_and_the_others_measured() {
         "{summary}"
     );
 }
+
+/// A rate ladder: each rung is a step of its own, labelled `rate`, and the request-rate sweep
+/// table lists them in ascending order beside what the server answered.
+#[test]
+fn a_rate_ladder_runs_a_step_per_rate_and_tables_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "ladder.yaml",
+        "targets:\n  - { name: agg, serving_mode: aggregated, simulated: { profile: fast } }\n\
+         workloads:\n  concurrency_sweep:\n    levels: [1]\n    isl: 32\n    osl: 4\n    \
+         step: 4s\n    warmup: 1s\n    rate: { rps: [20, 5], arrival: constant }\n",
+    );
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let steps: Vec<(&str, &str)> = s["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["step"].as_str().unwrap(),
+                r["labels"]["rate"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("concurrency_sweep concurrency=1 rate=20", "20"),
+            ("concurrency_sweep concurrency=1 rate=5", "5")
+        ],
+        "the rungs run in the order written"
+    );
+    let t = table(&s, "rate_sweep");
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{t}");
+    let rate: Vec<f64> = rows
+        .iter()
+        .map(|r| r[col(t, "rate")].as_f64().unwrap())
+        .collect();
+    assert_eq!(rate, [5.0, 20.0], "ascending rates");
+    assert!(
+        rows.iter()
+            .all(|r| r[col(t, "step")] == "concurrency_sweep concurrency=1")
+    );
+    // Constant arrivals over the same 3 s window: four times the rate sends four times the
+    // requests (every one of them sent, however slow the machine; a bound no healthy run misses).
+    let requests: Vec<f64> = rows
+        .iter()
+        .map(|r| r[col(t, "requests")].as_f64().unwrap())
+        .collect();
+    assert!(
+        requests[0] >= 5.0 && requests[1] >= 2.0 * requests[0],
+        "{requests:?}"
+    );
+    // Each request's record names its rung.
+    let jsonl = std::fs::read_to_string(out.join("requests.jsonl")).unwrap();
+    let rates: std::collections::BTreeSet<String> = jsonl
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["rate"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(rates.into_iter().collect::<Vec<_>>(), ["20", "5"]);
+}

@@ -181,6 +181,7 @@ async fn open_loop_step(rps: f64, max_inflight: u32) -> llm_canary::model::StepR
             poisson: false,
             rps,
             max_inflight,
+            ladder: false,
         }),
         cancel: None,
     };

@@ -105,7 +105,41 @@ impl Check {
 
     pub(super) fn rate(&mut self, rate: &Option<Rate>, workload: &str) {
         if let Some(r) = rate {
-            self.finite_in(&r.rps, &format!("{workload}.rate.rps"), 0.0, MAX_RPS, true);
+            let key = format!("{workload}.rate.rps");
+            let rates = r.rps.rates();
+            if rates.is_empty() {
+                self.err(
+                    r.rps.pos,
+                    format!("`{key}` is an empty ladder"),
+                    Some("write at least one rate, e.g. `rps: [1, 2, 4, 8]`".into()),
+                );
+            }
+            for (i, &x) in rates.iter().enumerate() {
+                let key = if r.rps.is_ladder() {
+                    format!("{key}[{i}]")
+                } else {
+                    key.clone()
+                };
+                self.finite_in(
+                    &At {
+                        value: x,
+                        pos: r.rps.pos,
+                    },
+                    &key,
+                    0.0,
+                    MAX_RPS,
+                    true,
+                );
+            }
+            for (j, x) in rates.iter().enumerate() {
+                if let Some(i) = rates[..j].iter().position(|y| y == x) {
+                    self.err(
+                        r.rps.pos,
+                        format!("`{key}` names the rate {x} twice ([{i}] and [{j}])"),
+                        Some("each rate is one step, labelled by its rate: list each once".into()),
+                    );
+                }
+            }
             self.range_u32(
                 &r.max_inflight,
                 &format!("{workload}.rate.max_inflight"),

@@ -5,6 +5,34 @@ use std::time::Duration;
 
 use super::at::Dur;
 use super::schema::Config;
+use super::workloads::{Arrival, Rate, Rps};
+
+/// How many steps each shape of a workload runs: one per rate of its ladder, else one.
+fn rungs(rate: &Option<Rate>) -> usize {
+    rate.as_ref().map_or(1, |r| r.rps.rates().len().max(1))
+}
+
+/// A workload's open-loop arrivals in its summary line; empty for closed-loop workers.
+fn open_loop(rate: &Option<Rate>) -> String {
+    let Some(r) = rate else {
+        return String::new();
+    };
+    let rps = match &*r.rps {
+        Rps::One(x) => format!("{x} rps"),
+        Rps::Ladder(xs) => {
+            let xs: Vec<String> = xs.iter().map(f64::to_string).collect();
+            format!("rate ladder [{}] rps, a step per rate", xs.join(", "))
+        }
+    };
+    let arrival = match r.arrival {
+        Arrival::Poisson => "poisson",
+        Arrival::Constant => "constant",
+    };
+    format!(
+        ", open loop: {arrival} {rps}, at most {} in flight",
+        *r.max_inflight
+    )
+}
 
 impl Config {
     /// Steps of each configured workload with their (time-scaled) durations, in cycle order.
@@ -18,16 +46,16 @@ impl Config {
                     "concurrency_sweep" => w
                         .concurrency_sweep
                         .as_ref()
-                        .map(|s| (s.levels.len(), s.step.0)),
+                        .map(|s| (s.levels.len() * rungs(&s.rate), s.step.0)),
                     "multi_turn" => w.multi_turn.as_ref().map(|m| (1, m.duration.0)),
                     "sequence_distribution" => w
                         .sequence_distribution
                         .as_ref()
-                        .map(|d| (d.distributions.len(), d.step.0)),
+                        .map(|d| (d.distributions.len() * rungs(&d.rate), d.step.0)),
                     "prefix_cache" => w
                         .prefix_cache
                         .as_ref()
-                        .map(|p| (p.hit_ratios.len(), p.step.0)),
+                        .map(|p| (p.hit_ratios.len() * rungs(&p.rate), p.step.0)),
                     "trace_replay" => w.trace_replay.as_ref().map(|r| (r.traces.len(), r.step.0)),
                     _ => None,
                 }
@@ -140,8 +168,13 @@ impl Config {
         match name {
             "concurrency_sweep" => w.concurrency_sweep.as_ref().map(|s| {
                 format!(
-                    "levels {:?}, ISL {} / OSL {}, step {}, warmup {}",
-                    *s.levels, *s.isl, *s.osl, *s.step, *s.warmup
+                    "levels {:?}, ISL {} / OSL {}, step {}, warmup {}{}",
+                    *s.levels,
+                    *s.isl,
+                    *s.osl,
+                    *s.step,
+                    *s.warmup,
+                    open_loop(&s.rate)
                 )
             }),
             "multi_turn" => w.multi_turn.as_ref().map(|m| {
@@ -152,7 +185,7 @@ impl Config {
             }),
             "sequence_distribution" => w.sequence_distribution.as_ref().map(|d| {
                 format!(
-                    "{:?}, ISL {}-{} / OSL {}-{}, concurrency {}, step {}",
+                    "{:?}, ISL {}-{} / OSL {}-{}, concurrency {}, step {}{}",
                     d.distributions
                         .iter()
                         .map(|k| k.as_str())
@@ -162,13 +195,20 @@ impl Config {
                     *d.osl.min,
                     *d.osl.max,
                     *d.concurrency,
-                    *d.step
+                    *d.step,
+                    open_loop(&d.rate)
                 )
             }),
             "prefix_cache" => w.prefix_cache.as_ref().map(|p| {
                 format!(
-                    "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}",
-                    *p.hit_ratios, *p.isl, *p.osl, *p.concurrency, *p.step, *p.block_size
+                    "hit ratios {:?}, ISL {} / OSL {}, concurrency {}, step {}, block {}{}",
+                    *p.hit_ratios,
+                    *p.isl,
+                    *p.osl,
+                    *p.concurrency,
+                    *p.step,
+                    *p.block_size,
+                    open_loop(&p.rate)
                 )
             }),
             "trace_replay" => w.trace_replay.as_ref().map(|r| {

@@ -97,11 +97,84 @@ fn one() -> At<f64> {
 pub struct Rate {
     #[serde(default)]
     pub arrival: Arrival,
-    /// Requests per second.
-    pub rps: At<f64>,
+    /// Requests per second: one rate, or a ladder of them (one step per rate).
+    pub rps: At<Rps>,
     /// Cap on requests in flight per target; arrivals beyond it still count from their intended time.
     #[serde(default = "max_inflight")]
     pub max_inflight: At<u32>,
+}
+
+/// An open-loop workload's arrival rate: `rps: 12`, or a ladder `rps: [2, 4, 8]` that runs each
+/// of the workload's steps once per rate, in the order written, labelled `rate` (docs/DESIGN.md
+/// §5), as AIPerf's and GuideLLM's request-rate sweeps do. A ladder of one rate is still a
+/// ladder: its steps carry the label.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rps {
+    One(f64),
+    Ladder(Vec<f64>),
+}
+
+impl Rps {
+    /// The rates, in the order the steps run them.
+    pub fn rates(&self) -> &[f64] {
+        match self {
+            Rps::One(r) => std::slice::from_ref(r),
+            Rps::Ladder(rs) => rs,
+        }
+    }
+
+    pub fn is_ladder(&self) -> bool {
+        matches!(self, Rps::Ladder(_))
+    }
+}
+
+impl Serialize for Rps {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Rps::One(r) => s.serialize_f64(*r),
+            Rps::Ladder(rs) => rs.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Rps {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Rps;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "`rate.rps` as requests per second or a list of them (`rps: 4`, `rps: [1, 2, 4]`)",
+                )
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Rps, E> {
+                Ok(Rps::One(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Rps, E> {
+                Ok(Rps::One(v as f64))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Rps, E> {
+                Ok(Rps::One(v as f64))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Rps, A::Error> {
+                let mut rates = Vec::new();
+                while let Some(r) = seq.next_element::<f64>()? {
+                    // Bounded like `levels`: `check` names a longer ladder; reading stops here so
+                    // a runaway list costs no memory.
+                    if rates.len() > crate::config::limits::MAX_LEVELS {
+                        let most = crate::config::limits::MAX_LEVELS;
+                        return Err(serde::de::Error::invalid_length(
+                            rates.len() + 1,
+                            &format!("a ladder of at most {most} rates").as_str(),
+                        ));
+                    }
+                    rates.push(r);
+                }
+                Ok(Rps::Ladder(rates))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
 }
 
 fn max_inflight() -> At<u32> {

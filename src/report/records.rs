@@ -34,6 +34,7 @@ struct Line<'a> {
     isl_bucket: Option<&'a str>,
     prefix_ratio: Option<&'a str>,
     trace: Option<&'a str>,
+    rate: Option<&'a str>,
     /// `warmup` (not measured) or `steady`.
     phase: &'static str,
     intended_start_mono_ns: u64,
@@ -211,6 +212,7 @@ impl BenchSink {
             isl_bucket: label(&l.isl_bucket),
             prefix_ratio: label(&l.prefix_ratio),
             trace: label(&l.trace),
+            rate: label(&l.rate),
             phase: match req.phase {
                 Phase::Warmup => "warmup",
                 Phase::Steady => "steady",

@@ -1,4 +1,4 @@
-//! The label set of every per-request and per-step series: its nine names, spelled once, and the
+//! The label set of every per-request and per-step series: its ten names, spelled once, and the
 //! serving mode its `serving_mode` label names.
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
@@ -39,6 +39,9 @@ pub struct RequestLabels {
     pub prefix_ratio: String,
     /// `trace_replay`: the trace's configured name (never anything from its rows).
     pub trace: String,
+    /// An open-loop workload's rate ladder (`rate.rps: [..]`): the step's arrivals per second,
+    /// as written. Empty for a single rate, so a workload without a ladder keeps its series.
+    pub rate: String,
 }
 
 /// A step is identified by the same labels as its requests.
@@ -91,6 +94,13 @@ impl RequestLabels {
         self
     }
 
+    /// A rate-ladder step's label: its arrivals per second, formatted as Rust's shortest
+    /// round-trip form (`0.5`, `4`), as `prefix_ratio` is.
+    pub fn with_rate(mut self, rps: f64) -> Self {
+        self.rate = rps.to_string();
+        self
+    }
+
     /// `prefix_cache` step label, formatted as Rust's shortest round-trip form (`0`, `0.25`, `1`).
     pub fn with_prefix_ratio(mut self, prefix_ratio: f64) -> Self {
         self.prefix_ratio = prefix_ratio.to_string();
@@ -101,9 +111,9 @@ impl RequestLabels {
 /// The `workload` label of the probe stream's requests (they belong to no step).
 pub const PROBE_WORKLOAD: &str = "probe";
 
-/// The nine request-label names, in the order of [`RequestLabels`]' fields (and so of its
+/// The ten request-label names, in the order of [`RequestLabels`]' fields (and so of its
 /// derived encoding): the one place they are spelled.
-pub const REQUEST_LABELS: [&str; 9] = [
+pub const REQUEST_LABELS: [&str; 10] = [
     "target",
     "serving_mode",
     "workload",
@@ -113,23 +123,25 @@ pub const REQUEST_LABELS: [&str; 9] = [
     "isl_bucket",
     "prefix_ratio",
     "trace",
+    "rate",
 ];
 
 /// The step labels: the request labels after `target`, `serving_mode` and `workload`.
-pub const STEP_LABELS: [&str; 6] = [
+pub const STEP_LABELS: [&str; 7] = [
     REQUEST_LABELS[3],
     REQUEST_LABELS[4],
     REQUEST_LABELS[5],
     REQUEST_LABELS[6],
     REQUEST_LABELS[7],
     REQUEST_LABELS[8],
+    REQUEST_LABELS[9],
 ];
 
 /// The labels a whole step is known by: the request labels without the two that vary per request
 /// within a step (`turn`, `isl_bucket`). The standard export keeps the per-request families by
 /// these (docs/METRICS.md, "Series budget"), and a step's flags (`llm_canary_step_degraded`) are
 /// matched to its sub-steps' gauges by them.
-pub const STEP_LEVEL_LABELS: [&str; 7] = [
+pub const STEP_LEVEL_LABELS: [&str; 8] = [
     REQUEST_LABELS[0],
     REQUEST_LABELS[1],
     REQUEST_LABELS[2],
@@ -137,11 +149,12 @@ pub const STEP_LEVEL_LABELS: [&str; 7] = [
     REQUEST_LABELS[5],
     REQUEST_LABELS[7],
     REQUEST_LABELS[8],
+    REQUEST_LABELS[9],
 ];
 
 impl RequestLabels {
     /// Every label as (name, value), in [`REQUEST_LABELS`] order.
-    pub fn pairs(&self) -> [(&'static str, &str); 9] {
+    pub fn pairs(&self) -> [(&'static str, &str); 10] {
         let values = [
             &self.target,
             &self.serving_mode,
@@ -152,6 +165,7 @@ impl RequestLabels {
             &self.isl_bucket,
             &self.prefix_ratio,
             &self.trace,
+            &self.rate,
         ];
         std::array::from_fn(|i| (REQUEST_LABELS[i], values[i].as_str()))
     }
@@ -178,6 +192,7 @@ impl RequestLabels {
                 "isl_bucket" => &mut l.isl_bucket,
                 "prefix_ratio" => &mut l.prefix_ratio,
                 "trace" => &mut l.trace,
+                "rate" => &mut l.rate,
                 _ => continue,
             };
             *field = value.to_owned();

@@ -119,16 +119,51 @@ pub struct RatePlan {
     pub poisson: bool,
     pub rps: f64,
     pub max_inflight: u32,
+    /// The rate is a rung of a ladder (`rps: [..]`): the step is labelled `rate` with it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ladder: bool,
 }
 
-impl From<&Rate> for RatePlan {
-    fn from(r: &Rate) -> Self {
-        RatePlan {
-            poisson: r.arrival == crate::config::Arrival::Poisson,
-            rps: *r.rps,
-            max_inflight: *r.max_inflight,
+impl RatePlan {
+    /// One step's rate per rate of the workload's `rate` (one, or each rung of a ladder); a
+    /// closed-loop workload (no `rate`) has one step of no rate.
+    fn each(rate: Option<&Rate>) -> Vec<Option<RatePlan>> {
+        let Some(r) = rate else { return vec![None] };
+        r.rps
+            .rates()
+            .iter()
+            .map(|&rps| {
+                Some(RatePlan {
+                    poisson: r.arrival == crate::config::Arrival::Poisson,
+                    rps,
+                    max_inflight: *r.max_inflight,
+                    ladder: r.rps.is_ladder(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The steps of one workload: each of its `shapes` (a level, a distribution, a prefix ratio)
+/// once per rate of its ladder (the rates innermost, so a shape's rates run back to back), with
+/// indices numbered through, so each step has seeds of its own. Without a ladder the indices are
+/// the shapes' own, as before ladders.
+fn with_rates<T>(
+    shapes: impl IntoIterator<Item = T>,
+    rate: Option<&Rate>,
+    mut step: impl FnMut(usize, T, Option<RatePlan>) -> StepPlan,
+) -> Vec<StepPlan>
+where
+    T: Copy,
+{
+    let rates = RatePlan::each(rate);
+    let mut steps = Vec::new();
+    for shape in shapes {
+        for &r in &rates {
+            steps.push(step(steps.len(), shape, r));
         }
     }
+    steps
 }
 
 impl StepPlan {
@@ -146,16 +181,21 @@ impl StepPlan {
             StepKind::Prefix { ratio, .. } => l = l.with_prefix_ratio(*ratio),
             StepKind::Trace { name, .. } => l.trace = name.clone(),
         }
+        if let Some(r) = self.rate.filter(|r| r.ladder) {
+            l = l.with_rate(r.rps);
+        }
         l
     }
 
-    /// A short human name: `concurrency_sweep concurrency=32`.
+    /// A short human name: `concurrency_sweep concurrency=32`, and a ladder's rung after it
+    /// (`concurrency_sweep concurrency=1 rate=4`).
     pub fn name(&self) -> String {
         let labels = self.labels("", ServingMode::Other);
-        match labels.step_pairs().next() {
-            Some((k, v)) => format!("{} {k}={v}", self.workload),
-            None => self.workload.to_owned(),
+        let mut name = self.workload.to_owned();
+        for (k, v) in labels.step_pairs() {
+            name.push_str(&format!(" {k}={v}"));
         }
+        name
     }
 
     /// A `trace_replay` step's trace as the step replays it: loaded, sampled (whole sessions,
@@ -216,8 +256,10 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                 let Some(s) = &w.concurrency_sweep else {
                     continue;
                 };
-                for (index, &c) in s.levels.iter().enumerate() {
-                    steps.push(StepPlan {
+                steps.extend(with_rates(
+                    s.levels.iter().copied(),
+                    s.rate.as_ref(),
+                    |index, c, rate| StepPlan {
                         workload,
                         index,
                         kind: StepKind::Sweep {
@@ -227,10 +269,10 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         },
                         warmup: scaled(s.warmup.0),
                         steady: scaled(s.step.saturating_sub(s.warmup.0)),
-                        rate: s.rate.as_ref().map(RatePlan::from),
+                        rate,
                         cancel: CancelPlan::of(&s.cancel),
-                    });
-                }
+                    },
+                ));
             }
             "multi_turn" => {
                 let Some(m) = &w.multi_turn else { continue };
@@ -254,8 +296,10 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                 let Some(d) = &w.sequence_distribution else {
                     continue;
                 };
-                for (index, &dist) in d.distributions.iter().enumerate() {
-                    steps.push(StepPlan {
+                steps.extend(with_rates(
+                    d.distributions.iter().copied(),
+                    d.rate.as_ref(),
+                    |index, dist, rate| StepPlan {
                         workload,
                         index,
                         kind: StepKind::Distribution {
@@ -270,15 +314,17 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         },
                         warmup: scaled(d.warmup.0),
                         steady: scaled(d.step.saturating_sub(d.warmup.0)),
-                        rate: d.rate.as_ref().map(RatePlan::from),
+                        rate,
                         cancel: CancelPlan::of(&d.cancel),
-                    });
-                }
+                    },
+                ));
             }
             "prefix_cache" => {
                 let Some(p) = &w.prefix_cache else { continue };
-                for (index, &ratio) in p.hit_ratios.iter().enumerate() {
-                    steps.push(StepPlan {
+                steps.extend(with_rates(
+                    p.hit_ratios.iter().copied(),
+                    p.rate.as_ref(),
+                    |index, ratio, rate| StepPlan {
                         workload,
                         index,
                         kind: StepKind::Prefix {
@@ -291,10 +337,10 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         },
                         warmup: scaled(p.warmup.0),
                         steady: scaled(p.step.saturating_sub(p.warmup.0)),
-                        rate: p.rate.as_ref().map(RatePlan::from),
+                        rate,
                         cancel: CancelPlan::of(&p.cancel),
-                    });
-                }
+                    },
+                ));
             }
             "trace_replay" => {
                 let Some(r) = &w.trace_replay else { continue };
@@ -366,6 +412,47 @@ mod tests {
         // Warmup is part of the step's 120 s, not added to it.
         assert_eq!(steps[0].warmup, Duration::from_secs(10));
         assert_eq!(steps[0].steady, Duration::from_secs(110));
+    }
+
+    #[test]
+    fn a_rate_ladder_runs_each_shape_once_per_rate_labelled_by_its_rate() {
+        let yaml = "targets:\n  - { name: agg, serving_mode: aggregated, simulated: { profile: fast } }\n\
+                    workloads:\n  concurrency_sweep:\n    levels: [1, 8]\n    step: 10s\n    \
+                    warmup: 2s\n    rate: { rps: [2, 0.5, 16], arrival: constant }\n  \
+                    prefix_cache:\n    hit_ratios: [0, 1]\n    rate: { rps: 4 }\n";
+        let cfg = Config::from_yaml(yaml, "ladder.yaml").unwrap();
+        let steps = plan_cycle(&cfg);
+        let names: Vec<String> = steps.iter().map(StepPlan::name).collect();
+        assert_eq!(
+            names,
+            [
+                "concurrency_sweep concurrency=1 rate=2",
+                "concurrency_sweep concurrency=1 rate=0.5",
+                "concurrency_sweep concurrency=1 rate=16",
+                "concurrency_sweep concurrency=8 rate=2",
+                "concurrency_sweep concurrency=8 rate=0.5",
+                "concurrency_sweep concurrency=8 rate=16",
+                // A single rate is no ladder: the steps keep the labels they always had.
+                "prefix_cache prefix_ratio=0",
+                "prefix_cache prefix_ratio=1",
+            ]
+        );
+        // Each step has seeds of its own; the rung's rate is what the arrivals run at.
+        let indices: Vec<usize> = steps.iter().map(|s| s.index).collect();
+        assert_eq!(indices, [0, 1, 2, 3, 4, 5, 0, 1]);
+        let rates: Vec<f64> = steps.iter().map(|s| s.rate.unwrap().rps).collect();
+        assert_eq!(rates, [2.0, 0.5, 16.0, 2.0, 0.5, 16.0, 4.0, 4.0]);
+        assert!(steps[..6].iter().all(|s| s.rate.unwrap().ladder));
+        assert!(!steps[6].rate.unwrap().ladder);
+        let l = steps[4].labels("agg", ServingMode::Aggregated);
+        assert_eq!((l.get("concurrency"), l.get("rate")), ("8", "0.5"));
+        assert_eq!(
+            steps[6].labels("agg", ServingMode::Aggregated).get("rate"),
+            ""
+        );
+        // `check`'s cycle length counts every rung.
+        let sweep = cfg.cycle_plan()[0];
+        assert_eq!((sweep.1, sweep.2), (6, Duration::from_secs(60)));
     }
 
     #[test]

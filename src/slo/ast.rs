@@ -4,10 +4,10 @@
 use std::fmt;
 
 /// The label names a selector may match on: the request and step labels of docs/DESIGN.md §5.
-pub const LABELS: [&str; 9] = crate::request::REQUEST_LABELS;
+pub const LABELS: [&str; 10] = crate::request::REQUEST_LABELS;
 
 /// Step labels whose values are numbers, so `by (...)` fits and numeric matchers can use them.
-pub const NUMERIC_LABELS: [&str; 4] = ["concurrency", "turn", "isl_bucket", "prefix_ratio"];
+pub const NUMERIC_LABELS: [&str; 5] = ["concurrency", "turn", "isl_bucket", "prefix_ratio", "rate"];
 
 /// What a selector measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
