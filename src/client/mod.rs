@@ -3,10 +3,12 @@
 //! every failure becomes an [`Outcome`] with its error latency.
 //!
 //! One connection pool of the client's own HTTP/1.1 transport ([`transport`], TCP or TLS,
-//! `TCP_NODELAY`) serves every request. Each network read is stamped with `Instant::now()` the
-//! moment it arrives and before anything parses it; every SSE event in that read shares the
-//! stamp.
+//! `TCP_NODELAY`) serves every request. Each network read is stamped with the arrival of its
+//! bytes, the kernel's receive time of the newest segment it took ([`arrival`]; where the kernel
+//! gives none, the moment the read returns), before anything parses it; every SSE event in that
+//! read shares the stamp.
 
+mod arrival;
 mod body;
 mod chunk;
 mod endpoint;
@@ -410,7 +412,7 @@ impl StreamClient {
                 return;
             }
         };
-        let at = Instant::now();
+        let at = arrival(&response, rec.sent);
         rec.first_byte = Some(at);
         rec.connect = response.connect_time();
         let status = response.status();
@@ -535,8 +537,11 @@ impl StreamClient {
                 self.time_out(rec, read_deadline, ex.deadline);
                 return;
             };
-            // Stamped before anything looks at the bytes.
-            let at = Instant::now();
+            // Stamped before anything looks at the bytes: when they arrived.
+            let at = match &read {
+                Ok(_) => arrival(response, rec.sent),
+                Err(_) => Instant::now(),
+            };
             last_read = at;
             let flow = match read {
                 Ok(Some(bytes)) => {
@@ -634,6 +639,15 @@ impl StreamClient {
             ),
         }
     }
+}
+
+/// When the bytes `response` read last arrived: the kernel's stamp where it gives one
+/// ([`arrival`]), never before the request was `sent` (a wall-clock step must not put an answer
+/// before its question), else now.
+fn arrival(response: &transport::Response, sent: Instant) -> Instant {
+    response
+        .arrived()
+        .map_or_else(Instant::now, |at| at.max(sent))
 }
 
 #[cfg(test)]

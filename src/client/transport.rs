@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use url::Url;
 
+use super::arrival::StampedTcp;
 use super::record::Outcome;
 use super::tls::TargetTls;
 use super::wire::{self, BodyDecoder, ResponseHead, WireError};
@@ -164,11 +165,19 @@ impl Origin {
 /// One connection: TCP, or TLS over TCP.
 #[derive(Debug)]
 enum Conn {
-    Tcp(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Tcp(StampedTcp),
+    Tls(Box<tokio_rustls::client::TlsStream<StampedTcp>>),
 }
 
 impl Conn {
+    /// When the bytes of the connection's newest read arrived (client::arrival).
+    fn arrived(&self) -> Option<Instant> {
+        match self {
+            Conn::Tcp(tcp) => tcp.arrived(),
+            Conn::Tls(tls) => tls.get_ref().0.arrived(),
+        }
+    }
+
     /// Whether an idle connection can take a request: nothing to read yet. Asked of the socket
     /// itself (a peek that never blocks), not of the runtime's readiness, which may not have
     /// seen the server's FIN yet; a close, an error or bytes nobody asked for make it unusable.
@@ -181,7 +190,11 @@ impl Conn {
             Conn::Tcp(tcp) => {
                 let mut probe = [0u8; 1];
                 matches!(
-                    rustix::net::recv(&*tcp, &mut probe[..], RecvFlags::PEEK | RecvFlags::DONTWAIT),
+                    rustix::net::recv(
+                        tcp.tcp(),
+                        &mut probe[..],
+                        RecvFlags::PEEK | RecvFlags::DONTWAIT
+                    ),
                     Err(Errno::AGAIN)
                 )
             }
@@ -199,7 +212,7 @@ impl Conn {
                     if !quiet(session) {
                         return false;
                     }
-                    match rustix::net::recv(&*tcp, &mut records[..], RecvFlags::DONTWAIT) {
+                    match rustix::net::recv(tcp.tcp(), &mut records[..], RecvFlags::DONTWAIT) {
                         Err(Errno::AGAIN) => return true,
                         // The server closed, or the socket failed.
                         Ok((_, 0)) | Err(_) => return false,
@@ -381,6 +394,7 @@ impl Pool {
             })?;
             // Tokens are small writes: never let Nagle hold the request's tail.
             tcp.set_nodelay(true)?;
+            let tcp = StampedTcp::new(tcp);
             let Some((tls, name)) = &origin.tls else {
                 return Ok(Conn::Tcp(tcp));
             };
@@ -471,6 +485,7 @@ pub async fn post(
         keep_alive: head.persistent && !closes,
         headers: head.headers,
         body: head.body,
+        arrived: conn.arrived(),
         stream: Some(conn),
         buf,
         pool: Arc::clone(pool),
@@ -583,6 +598,8 @@ pub struct Response {
     content_length: Option<u64>,
     /// `None` once the body ended and the connection went back to the pool.
     stream: Option<Conn>,
+    /// When the bytes of the newest read arrived: the head's, then each body read's.
+    arrived: Option<Instant>,
     buf: BytesMut,
     body: BodyDecoder,
     /// Whether the connection may carry another request once the body is read.
@@ -594,6 +611,14 @@ pub struct Response {
 }
 
 impl Response {
+    /// When the bytes of the newest read arrived, the kernel's receive time where it gives one
+    /// (client::arrival): the head's until the body is read, then the read that completed the
+    /// piece [`Response::chunk`] returned last (a piece is handed out as soon as its last byte is
+    /// read, so its bytes end in the newest read).
+    pub fn arrived(&self) -> Option<Instant> {
+        self.arrived
+    }
+
     /// How long opening the connection took, when this request found none idle and opened it.
     pub fn connect_time(&self) -> Option<Duration> {
         self.connect
@@ -629,7 +654,9 @@ impl Response {
             if self.buf.capacity() - self.buf.len() < READ_BUF_BYTES / 4 {
                 self.buf.reserve(READ_BUF_BYTES);
             }
-            if stream.read_buf(&mut self.buf).await? == 0 {
+            let n = stream.read_buf(&mut self.buf).await?;
+            self.arrived = stream.arrived().or(self.arrived);
+            if n == 0 {
                 self.stream = None;
                 if self.body.closed() {
                     return Ok(None);
@@ -1050,14 +1077,17 @@ mod tests {
             .unwrap();
         let (_kept, _) = listener.accept().await.unwrap();
         let open_port = open.local_addr().unwrap().port();
-        let (mut closed, mut open) = (Conn::Tcp(closed), Conn::Tcp(open));
+        let (mut closed, mut open) = (
+            Conn::Tcp(StampedTcp::new(closed)),
+            Conn::Tcp(StampedTcp::new(open)),
+        );
         assert!(closed.still_open() && open.still_open());
         // The server closes one, as its keep-alive timeout would; readable once its FIN is in.
         drop(server_side);
         let Conn::Tcp(tcp) = &closed else {
             unreachable!()
         };
-        tcp.readable().await.unwrap();
+        tcp.tcp().readable().await.unwrap();
         assert!(!closed.still_open());
         // The closed one is the newest idle connection: it is passed over, the open one is taken.
         pool.checkin(&origin, open);
@@ -1065,7 +1095,7 @@ mod tests {
         let Some(Conn::Tcp(taken)) = pool.checkout(&origin) else {
             panic!("the open connection")
         };
-        assert_eq!(taken.local_addr().unwrap().port(), open_port);
+        assert_eq!(taken.tcp().local_addr().unwrap().port(), open_port);
         assert!(pool.checkout(&origin).is_none());
     }
 }

@@ -1,0 +1,255 @@
+//! When a response's bytes reached this host: the kernel's receive timestamp of each read of a
+//! measurement connection (`SO_TIMESTAMPNS`, read through `recvmsg`). A read's stamp is the
+//! arrival of the newest segment it took, so a token's time is when it came off the network, not
+//! when the canary's runtime got round to reading it: a canary busy with a thousand streams on
+//! two cores delays its reads, never its measurements (docs/METRICS.md, "Clocks"). Where the
+//! kernel gives no stamp (it does not support it, or the socket refused the option), a read is
+//! stamped when it returns, as before. The kernel stamps in `CLOCK_REALTIME`; the stamp becomes a
+//! monotonic [`Instant`] by its age against the wall clock read beside the monotonic one, and a
+//! stamp that a wall-clock step would put in the future, or more than [`MAX_AGE`] back, is
+//! replaced by the read's own time, so a clock step can only make a stamp as late as before.
+
+use std::cell::RefCell;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::transport::READ_BUF_BYTES;
+
+/// The oldest a kernel stamp may be against the read that returns it: beyond it the wall clock
+/// more likely stepped than the bytes waited, and the read's own time is used.
+pub const MAX_AGE: Duration = Duration::from_secs(10);
+
+thread_local! {
+    /// Where a stamped read lands before it is copied into the caller's buffer: `recvmsg` wants
+    /// initialised memory, a response buffer's spare capacity is not, and zeroing it for every
+    /// read would cost more than copying the bytes that came. One per runtime thread: a read
+    /// begins and ends within one poll.
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; READ_BUF_BYTES].into_boxed_slice());
+}
+
+/// Room for one `SCM_TIMESTAMPNS` control message (`CMSG_SPACE(sizeof(struct timespec))` is 32
+/// bytes on 64-bit Linux), aligned as control messages must be.
+#[repr(C, align(8))]
+struct ControlBuf([u8; 64]);
+
+/// A TCP connection whose reads are stamped with the arrival of what they took.
+#[derive(Debug)]
+pub struct StampedTcp {
+    tcp: TcpStream,
+    /// Whether the kernel was asked to stamp this socket's segments (and accepted).
+    kernel: bool,
+    /// The newest read's arrival; never earlier than the read before it.
+    arrived: Option<Instant>,
+}
+
+impl StampedTcp {
+    /// `tcp`, with the kernel asked to stamp what it receives.
+    pub fn new(tcp: TcpStream) -> StampedTcp {
+        let kernel = match setsockopt(&tcp, sockopt::ReceiveTimestampns, &true) {
+            Ok(()) => true,
+            Err(err) => {
+                static TOLD: std::sync::Once = std::sync::Once::new();
+                TOLD.call_once(|| {
+                    tracing::warn!(
+                        error = %err,
+                        "the kernel does not stamp received segments (SO_TIMESTAMPNS): token arrival is stamped when each read returns, which a busy canary delays"
+                    );
+                });
+                false
+            }
+        };
+        StampedTcp {
+            tcp,
+            kernel,
+            arrived: None,
+        }
+    }
+
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// When the bytes of the newest read arrived; `None` before the first read.
+    pub fn arrived(&self) -> Option<Instant> {
+        self.arrived
+    }
+
+    /// Whether reads carry the kernel's stamps (else each read's own return time).
+    #[cfg(test)]
+    pub fn kernel_stamps(&self) -> bool {
+        self.kernel
+    }
+
+    fn note(&mut self, at: Instant) {
+        self.arrived = Some(self.arrived.map_or(at, |before| before.max(at)));
+    }
+
+    /// One `recvmsg` into `buf`: the number of bytes and the kernel's stamp of them, if any.
+    fn recv_stamped(&self, buf: &mut ReadBuf<'_>) -> std::io::Result<(usize, Option<SystemTime>)> {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let room = buf.remaining().min(scratch.len());
+            let mut control = ControlBuf([0; 64]);
+            let mut iov = [std::io::IoSliceMut::new(&mut scratch[..room])];
+            let msg = recvmsg::<()>(
+                self.tcp.as_raw_fd(),
+                &mut iov,
+                Some(&mut control.0[..]),
+                MsgFlags::empty(),
+            )
+            .map_err(std::io::Error::from)?;
+            let n = msg.bytes;
+            let stamp = msg.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::ScmTimestampns(ts) => {
+                        let secs = u64::try_from(ts.tv_sec()).ok()?;
+                        let nanos = u32::try_from(ts.tv_nsec()).ok()?;
+                        UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+                    }
+                    _ => None,
+                })
+            });
+            buf.put_slice(&scratch[..n]);
+            Ok((n, stamp))
+        })
+    }
+}
+
+/// The monotonic instant of a kernel stamp `stamp`, read now: `now` less the stamp's age on the
+/// wall clock `wall`; `now` itself when the age is negative or over [`MAX_AGE`] (a clock step).
+pub fn instant_of(stamp: SystemTime, now: Instant, wall: SystemTime) -> Instant {
+    match wall.duration_since(stamp) {
+        Ok(age) if age <= MAX_AGE => now.checked_sub(age).unwrap_or(now),
+        _ => now,
+    }
+}
+
+impl AsyncRead for StampedTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.kernel {
+            ready!(Pin::new(&mut this.tcp).poll_read(cx, buf))?;
+            this.note(Instant::now());
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            ready!(this.tcp.poll_read_ready(cx))?;
+            // `try_io` clears the socket's readiness on `WouldBlock`, so the next
+            // `poll_read_ready` waits for the kernel to say there is more.
+            match this
+                .tcp
+                .try_io(Interest::READABLE, || this.recv_stamped(buf))
+            {
+                Ok((n, stamp)) => {
+                    let now = Instant::now();
+                    let at = match stamp {
+                        Some(stamp) if n > 0 => instant_of(stamp, now, SystemTime::now()),
+                        _ => now,
+                    };
+                    this.note(at);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for StampedTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn a_stamp_is_placed_by_its_age_and_a_clock_step_never_makes_it_earlier_than_now() {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let ms = Duration::from_millis;
+        assert_eq!(instant_of(wall - ms(7), now, wall), now - ms(7));
+        assert_eq!(instant_of(wall, now, wall), now);
+        // The wall clock stepped back after the segment came: the stamp is "in the future".
+        assert_eq!(instant_of(wall + ms(3), now, wall), now);
+        // Stepped forward by more than any read waits: not believed.
+        assert_eq!(instant_of(wall - MAX_AGE - ms(1), now, wall), now);
+    }
+
+    /// Bytes that wait in the socket while the reader is busy keep the time they arrived.
+    #[tokio::test]
+    async fn a_late_read_keeps_the_arrival_of_its_bytes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let mut client = StampedTcp::new(client.unwrap());
+        let (mut server, _) = server.unwrap();
+        assert!(
+            client.kernel_stamps(),
+            "the kernel refused SO_TIMESTAMPNS on a TCP socket"
+        );
+        let written = Instant::now();
+        server.write_all(b"first token").await.unwrap();
+        // The reader is late on purpose: what is measured is that its lateness does not count.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut buf = Vec::new();
+        let n = client.read_buf(&mut buf).await.unwrap();
+        let read = Instant::now();
+        assert_eq!(&buf[..n], b"first token");
+        let arrived = client.arrived().unwrap();
+        // (The two clocks are read a few nanoseconds apart: a millisecond covers it.)
+        assert!(
+            arrived + Duration::from_millis(1) >= written,
+            "stamped before it was written"
+        );
+        assert!(
+            arrived < written + Duration::from_millis(200),
+            "stamped {:?} after the write: the read's own time, not the arrival",
+            arrived - written
+        );
+        assert!(read - arrived >= Duration::from_millis(300));
+        // A second read without new bytes never moves the stamp back.
+        server.write_all(b"second").await.unwrap();
+        let mut more = Vec::new();
+        client.read_buf(&mut more).await.unwrap();
+        assert!(client.arrived().unwrap() >= arrived);
+    }
+}
