@@ -209,3 +209,44 @@ schedule: { drain_grace: 5s }
     assert_eq!(rows.len(), 1, "the reasoning target's step only: {table}");
     assert_eq!(rows[0][3], 4.0, "{table}");
 }
+
+/// A server that answers a non-streaming request with `reply`.
+async fn unary_from(reply: support::RawReply) -> RequestRecord {
+    let reply = std::sync::Mutex::new(Some(reply));
+    let (addr, _) = support::raw_server(move |_| reply.lock().unwrap().take().unwrap()).await;
+    let client = StreamClient::new(ClientConfig::default()).unwrap();
+    let endpoint = Endpoint::new(&format!("http://{addr}"), Api::Chat, "m", Dialect::Vllm).unwrap();
+    let req = StreamRequest {
+        request_id: "r-1".into(),
+        prompt: Prompt::Text("hi".into()),
+        osl: 4,
+    };
+    let never = std::future::pending();
+    client
+        .send_cancelling(&endpoint, &req, Instant::now(), never, None, false)
+        .await
+}
+
+#[tokio::test]
+async fn a_non_streaming_body_is_bounded_and_must_be_an_answer() {
+    // Endless: cut at the bound a stream has (OSL 4: 1 MiB and 16 KiB), never read to the end.
+    let rec = unary_from(support::RawReply::Endless {
+        head: b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[".to_vec(),
+        chunk: vec![b' '; 64 << 10],
+    })
+    .await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+    assert!(
+        rec.error.as_deref().unwrap().contains("over"),
+        "{:?}",
+        rec.error
+    );
+    // A server that streams anyway: not the JSON answer asked for.
+    let rec = unary_from(support::RawReply::Bytes(support::sse_ok("m", 3))).await;
+    assert_eq!(rec.outcome, Outcome::BadResponse, "{:?}", rec.error);
+    assert!(
+        rec.error.as_deref().unwrap().contains("unparseable"),
+        "{:?}",
+        rec.error
+    );
+}
