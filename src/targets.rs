@@ -182,6 +182,10 @@ impl Deployment {
             pairing: cfg.schedule.pairing,
             budget: Arc::new(crate::schedule::budget::Budget::of(cfg)),
             goodput: cfg.goodput.limits(),
+            stream_by_workload: crate::config::WORKLOAD_NAMES
+                .into_iter()
+                .filter_map(|w| Some((w, **cfg.workloads.request(w)?.stream.as_ref()?)))
+                .collect(),
         }
     }
 
@@ -377,6 +381,7 @@ pub async fn resolve_at(
         cost_per_hour_usd: t.cost_per_hour_usd.as_ref().map(|c| c.value),
         goodput: t.goodput.as_ref().map(|g| g.limits()),
         max_context_tokens,
+        stream: t.request.stream.as_ref().is_none_or(|s| **s),
     })
 }
 

@@ -206,6 +206,10 @@ pub struct SimArgs {
     /// Dynamo's frontends do; by default the events already waiting share a write.
     #[arg(long)]
     pub write_per_event: bool,
+    /// Stream the first N output tokens of each chat completion as reasoning
+    /// (`delta.reasoning_content`, as vLLM with a reasoning parser does), the rest as the answer.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub reasoning_tokens: u32,
     /// Runtime threads (default: one per core). One makes the cheapest zero-delay server: its
     /// connections write what a pass produced together, instead of a second thread writing each
     /// token as the engine emits it; more answer requests sooner when many arrive at once.
@@ -614,6 +618,7 @@ async fn sim(args: SimArgs) -> ExitCode {
         request_log: args.request_log.clone(),
         send_log: args.send_log.clone(),
         write_per_event: args.write_per_event,
+        reasoning_tokens: args.reasoning_tokens,
         faults,
         variability,
         ..crate::sim::SimSpec::default()

@@ -90,7 +90,9 @@ struct Body<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt: Option<std::borrow::Cow<'a, str>>,
     stream: bool,
-    stream_options: StreamOptions,
+    /// Only beside `"stream": true`: servers refuse stream options on a non-streaming request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +114,11 @@ struct Body<'a> {
 /// instead of sending a field the server may reject. `stop` is never sent: it would end outputs
 /// early and break the exact-length recipe.
 pub fn encode(spec: &BodySpec<'_>, prompt: &Prompt, osl: u32) -> Bytes {
+    encode_as(spec, prompt, osl, true)
+}
+
+/// [`encode`], streaming or not (`"stream": false`, without `stream_options`).
+pub fn encode_as(spec: &BodySpec<'_>, prompt: &Prompt, osl: u32, stream: bool) -> Bytes {
     let lc = spec.length_control;
     let (messages, text, max_tokens, max_completion_tokens) = match spec.api {
         Api::Chat => {
@@ -153,10 +160,10 @@ pub fn encode(spec: &BodySpec<'_>, prompt: &Prompt, osl: u32) -> Bytes {
         model: spec.model,
         messages,
         prompt: text,
-        stream: true,
-        stream_options: StreamOptions {
+        stream,
+        stream_options: stream.then_some(StreamOptions {
             include_usage: true,
-        },
+        }),
         max_tokens: max_tokens.then_some(osl),
         max_completion_tokens: max_completion_tokens.then_some(osl),
         min_tokens: lc.min_tokens.then_some(osl),
@@ -189,6 +196,18 @@ mod tests {
             nvext: dialect.supports_nvext(),
             user: Some("llm-canary"),
         }
+    }
+
+    #[test]
+    fn a_non_streaming_body_says_so_without_stream_options() {
+        let prompt = Prompt::Text("hi".into());
+        let spec = spec(Api::Chat, Dialect::Vllm);
+        let body: Value = serde_json::from_slice(&encode_as(&spec, &prompt, 8, false)).unwrap();
+        assert_eq!(body["stream"], json!(false));
+        assert!(body.get("stream_options").is_none(), "{body}");
+        assert_eq!(body["max_tokens"], json!(8));
+        let streamed = encode_json(&spec, &prompt, 8);
+        assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The shape of one streamed chunk's JSON, as both decoders fill it: the fast path of plain
-//! chunks ([`super::skim`]) and serde_json's full parse ([`super::stream`]). Strings are borrowed
+//! chunks ([`super::skim`]) and serde_json's full parse ([`super::stream`]); a non-streaming
+//! answer has the same shape with `message` for `delta` ([`super::unary`]). Strings are borrowed
 //! from the event data when they have no escapes.
 
 use std::borrow::Cow;
@@ -47,6 +48,10 @@ pub(super) struct ChoiceJson<'a> {
     /// The completions API streams `text` instead of `delta`.
     #[serde(borrow, default)]
     pub(super) text: Option<Cow<'a, str>>,
+    /// A non-streaming chat answer's `message`, of the delta's shape: `content`, and
+    /// `reasoning_content` or `reasoning`.
+    #[serde(borrow, default)]
+    pub(super) message: Option<DeltaJson<'a>>,
     #[serde(borrow, default)]
     pub(super) finish_reason: Option<Cow<'a, str>>,
 }

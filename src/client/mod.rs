@@ -20,6 +20,7 @@ mod sse;
 mod stream;
 mod tls;
 mod transport;
+mod unary;
 mod wire;
 
 use std::sync::Arc;
@@ -211,6 +212,8 @@ struct Exchange<'a> {
     body_bytes_sent: usize,
     /// Abandon the request once this many output tokens have arrived.
     cancel_after_tokens: Option<u64>,
+    /// `false`: a non-streaming request, whose one JSON body is read whole.
+    stream: bool,
 }
 
 impl Exchange<'_> {
@@ -322,12 +325,13 @@ impl StreamClient {
         intended: Instant,
         cutoff: impl std::future::Future<Output = ()>,
     ) -> RequestRecord {
-        self.send_cancelling(endpoint, request, intended, cutoff, None)
+        self.send_cancelling(endpoint, request, intended, cutoff, None, true)
             .await
     }
 
     /// Like [`StreamClient::send_until`], and abandoned as `cancel` says. A request that ends
-    /// before its cancellation point keeps its own outcome.
+    /// before its cancellation point keeps its own outcome. `stream: false` sends a
+    /// non-streaming request and reads its one JSON answer (a workload's `request.stream`).
     pub async fn send_cancelling(
         &self,
         endpoint: &Endpoint,
@@ -335,12 +339,15 @@ impl StreamClient {
         intended: Instant,
         cutoff: impl std::future::Future<Output = ()>,
         cancel: Option<Cancel>,
+        stream: bool,
     ) -> RequestRecord {
         let user = self.config.marker.user.as_deref();
-        let body = body::encode(&endpoint.body_spec(user), &request.prompt, request.osl);
+        let spec = endpoint.body_spec(user);
+        let body = body::encode_as(&spec, &request.prompt, request.osl, stream);
         let sent = Instant::now();
         let mut rec = RequestRecord::new(request.request_id.clone(), intended, sent);
         rec.kv_block_size = endpoint.kv_block_size();
+        rec.streamed = stream;
         let deadline = sent + self.config.request_timeout;
         let after_tokens = match cancel {
             Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),
@@ -388,13 +395,21 @@ impl StreamClient {
         cancel_after_tokens: Option<u64>,
         rec: &mut RequestRecord,
     ) {
+        // A non-streaming answer's first token is its whole answer: the request's own deadline
+        // bounds it, not the first-token limit.
+        let first_token_limit = if rec.streamed {
+            self.config.first_token_timeout
+        } else {
+            self.config.request_timeout
+        };
         let ex = Exchange {
             endpoint,
             request,
             deadline,
-            first_token_deadline: deadline.min(rec.sent + self.config.first_token_timeout),
+            first_token_deadline: deadline.min(rec.sent + first_token_limit),
             body_bytes_sent: body.len(),
             cancel_after_tokens,
+            stream: rec.streamed,
         };
         // The record learns of a retry as it begins: a timeout during it still counts it.
         let post = http::post(self, endpoint, &request.request_id, body, &mut rec.retried);
@@ -419,6 +434,10 @@ impl StreamClient {
         rec.http_status = Some(status.as_u16());
         if !status.is_success() {
             self.refused(&ex, &mut response, at, rec).await;
+            return;
+        }
+        if !ex.stream {
+            self.read_unary(&ex, &mut response, rec).await;
             return;
         }
         if let Some(message) = not_a_plain_event_stream(&response) {
@@ -617,6 +636,55 @@ impl StreamClient {
             drain(response, tail_deadline).await;
         }
         // A failed stream is dropped unread: its connection is closed, not reused.
+    }
+
+    /// Reads a successful non-streaming answer whole (at most the stream's body limit) until the
+    /// request's deadline, and settles the record from it as [`Self::finish_stream`] does a
+    /// stream's: the answer's instant is when its last byte came.
+    async fn read_unary(
+        &self,
+        ex: &Exchange<'_>,
+        response: &mut transport::Response,
+        rec: &mut RequestRecord,
+    ) {
+        let limit = response_limit(&self.config, ex.request.osl);
+        let mut body = bytes::BytesMut::new();
+        let failed = loop {
+            match response.chunk().await {
+                Ok(Some(bytes)) => {
+                    rec.first_body_byte.get_or_insert_with(Instant::now);
+                    if body.len().saturating_add(bytes.len()) > limit {
+                        let osl = ex.request.osl;
+                        let why = format!(
+                            "response body over {limit} bytes for {osl} requested tokens: cut off"
+                        );
+                        break Some((Outcome::BadResponse, why));
+                    }
+                    body.extend_from_slice(&bytes);
+                }
+                Ok(None) => break None,
+                Err(err) => break Some((err.outcome(), err.to_string())),
+            }
+        };
+        // Stamped when the last byte came, before anything parses it.
+        let at = Instant::now();
+        let secrets = &ex.endpoint.secrets;
+        let limit = self.config.max_error_bytes;
+        let (outcome, message) = match failed {
+            Some((outcome, why)) => (outcome, Some(sanitize(&why, limit, secrets))),
+            None => unary::UnaryReader {
+                counter: self.counter.as_deref(),
+                message_limit: limit,
+                secrets,
+                model: ex
+                    .endpoint
+                    .echoes_model
+                    .then_some(ex.endpoint.model.as_str()),
+            }
+            .read(rec, &body, at),
+        };
+        self.finish_stream(ex, response, rec, (outcome, message), at, body.len())
+            .await;
     }
 
     /// Why a request that went silent was given up, and since when it was silent.

@@ -170,8 +170,24 @@ pub struct RequestRecord {
     pub error: Option<String>,
     /// The target engine's KV block size, where known ([`RequestRecord::cached_tokens`]).
     pub kv_block_size: Option<u32>,
+    /// Whether the response was streamed: a non-streaming request's one JSON body is its only
+    /// "chunk", so it has no inter-token latency, no second token and no client token count.
+    pub streamed: bool,
     chunks: Vec<ChunkStamp>,
+    /// What a reasoning model's stream held apart ([`RequestRecord::push_chunk`]).
+    kinds: Kinds,
     settled: bool,
+}
+
+/// The reasoning (`delta.reasoning_content` or `delta.reasoning`) and answer (`delta.content`)
+/// parts of a stream: when each began, as microseconds after the actual send like the chunk
+/// stamps, and the reasoning tokens the client counted. The answer's tokens are the rest of the
+/// output ([`RequestRecord::answer_tokens`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Kinds {
+    first_reasoning_us: Option<u32>,
+    first_answer_us: Option<u32>,
+    reasoning_tokens: u64,
 }
 
 impl RequestRecord {
@@ -200,18 +216,81 @@ impl RequestRecord {
             worker_id: None,
             error: None,
             kv_block_size: None,
+            streamed: true,
             chunks: Vec::new(),
+            kinds: Kinds::default(),
             settled: false,
         }
     }
 
-    /// Records a content chunk that arrived at `at` carrying `tokens` tokens (at least 1: a chunk
-    /// with content holds a token even when a tokenizer splits it differently).
+    /// Records an answer chunk (`delta.content`) that arrived at `at` carrying `tokens` tokens
+    /// (at least 1: a chunk with content holds a token even when a tokenizer splits it
+    /// differently).
     pub fn push_content(&mut self, at: Instant, tokens: usize) {
+        self.push_chunk(at, 0, tokens.max(1));
+    }
+
+    /// Records a chunk that arrived at `at` carrying `reasoning` reasoning tokens and `answer`
+    /// answer tokens; a chunk with neither is no token. Each part present counts at least 1.
+    pub fn push_chunk(&mut self, at: Instant, reasoning: usize, answer: usize) {
+        if reasoning == 0 && answer == 0 {
+            return;
+        }
         let offset = at.saturating_duration_since(self.sent);
         let offset_us = u32::try_from(offset.as_micros()).unwrap_or(u32::MAX);
-        let tokens = u32::try_from(tokens.max(1)).unwrap_or(u32::MAX);
+        if reasoning > 0 {
+            self.kinds.first_reasoning_us.get_or_insert(offset_us);
+            self.kinds.reasoning_tokens =
+                self.kinds.reasoning_tokens.saturating_add(reasoning as u64);
+        }
+        if answer > 0 {
+            self.kinds.first_answer_us.get_or_insert(offset_us);
+        }
+        let tokens = u32::try_from(reasoning.saturating_add(answer)).unwrap_or(u32::MAX);
         self.chunks.push(ChunkStamp { offset_us, tokens });
+    }
+
+    /// Whether any reasoning came before or with the answer: only then do the reasoning measures
+    /// exist.
+    pub fn had_reasoning(&self) -> bool {
+        self.kinds.first_reasoning_us.is_some()
+    }
+
+    /// Reasoning tokens as the client counted them (1 per chunk with reasoning, or the token
+    /// counter's count): servers' usage does not report them apart.
+    pub fn reasoning_tokens(&self) -> u64 {
+        self.kinds.reasoning_tokens
+    }
+
+    /// Answer tokens: the output tokens ([`RequestRecord::output_tokens`]) less the reasoning
+    /// tokens, since `usage.completion_tokens` counts both.
+    pub fn answer_tokens(&self) -> u64 {
+        self.output_tokens()
+            .saturating_sub(self.kinds.reasoning_tokens)
+    }
+
+    fn offset_at(&self, offset_us: u32) -> Instant {
+        self.sent + Duration::from_micros(u64::from(offset_us))
+    }
+
+    /// Time to the first reasoning token, from the intended send (as TTFT).
+    pub fn time_to_first_reasoning_token(&self) -> Option<Duration> {
+        let at = self.offset_at(self.kinds.first_reasoning_us?);
+        Some(at.saturating_duration_since(self.intended))
+    }
+
+    /// Time to the first answer token (`delta.content`), from the intended send.
+    pub fn time_to_first_answer_token(&self) -> Option<Duration> {
+        let at = self.offset_at(self.kinds.first_answer_us?);
+        Some(at.saturating_duration_since(self.intended))
+    }
+
+    /// The reasoning time: first answer token − first reasoning token, when both came.
+    pub fn reasoning_time(&self) -> Option<Duration> {
+        let (reasoning, answer) = (self.kinds.first_reasoning_us?, self.kinds.first_answer_us?);
+        Some(Duration::from_micros(u64::from(
+            answer.saturating_sub(reasoning),
+        )))
     }
 
     /// Fixes the outcome and the instant it was decided. The first call wins: a later failure
@@ -233,7 +312,7 @@ impl RequestRecord {
     }
 
     fn chunk_at(&self, stamp: ChunkStamp) -> Instant {
-        self.sent + Duration::from_micros(u64::from(stamp.offset_us))
+        self.offset_at(stamp.offset_us)
     }
 
     /// Every content chunk: arrival instant and tokens carried.
@@ -263,6 +342,9 @@ impl RequestRecord {
     /// Time to second token − intended send: the arrival of the chunk holding the second token
     /// (the first chunk itself when it carried two or more).
     pub fn ttst(&self) -> Option<Duration> {
+        if !self.streamed {
+            return None;
+        }
         let mut seen = 0u64;
         for stamp in &self.chunks {
             seen += u64::from(stamp.tokens);
@@ -370,7 +452,12 @@ impl RequestRecord {
     pub fn implausible(&self, osl: u32, body_bytes: usize) -> Option<String> {
         let content = self.client_tokens();
         if content == 0 && osl > 0 {
-            return Some("the stream ended with [DONE] without any content".into());
+            let what = if self.streamed {
+                "the stream ended with [DONE]"
+            } else {
+                "the answer came"
+            };
+            return Some(format!("{what} without any content"));
         }
         let usage = self.usage?;
         let most = 2 * u64::from(osl) + 16;
@@ -413,10 +500,11 @@ impl RequestRecord {
     }
 
     /// Inter-token latency: (last content chunk − first content chunk) / (output tokens − 1), for
-    /// at least two output tokens.
+    /// at least two output tokens of a streamed response.
     pub fn itl(&self) -> Option<Duration> {
         let tokens = self.output_tokens();
-        if tokens < 2 {
+        // A non-streaming response arrives whole: there is no gap between its tokens to measure.
+        if tokens < 2 || !self.streamed {
             return None;
         }
         let span = self
@@ -470,6 +558,10 @@ impl RequestRecord {
 
     /// Client-side token count minus `usage.completion_tokens`, when the server sent usage.
     pub fn token_count_disagreement(&self) -> Option<i64> {
+        // A non-streaming body is one "chunk": the client counted no tokens to compare.
+        if !self.streamed {
+            return None;
+        }
         let usage = self.usage?;
         let client = i64::try_from(self.client_tokens()).unwrap_or(i64::MAX);
         let server = i64::try_from(usage.completion_tokens).unwrap_or(i64::MAX);

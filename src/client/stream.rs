@@ -228,23 +228,18 @@ impl<'c> StreamDecoder<'c> {
     }
 
     fn apply(&self, rec: &mut RequestRecord, chunk: &mut ChunkJson<'_>, at: Instant) {
-        if rec.response_id.is_none() {
-            // An id is an identifier, not a payload: a server's 900 KB id is kept cut, escaped.
-            rec.response_id = chunk
-                .id
-                .as_ref()
-                .map(|id| sanitize(id.as_ref(), MAX_RESPONSE_ID_BYTES, self.secrets));
-        }
         let mut finished_here = false;
         for choice in chunk.choices.iter().flatten() {
             let (content, reasoning) = texts(choice);
-            // A role-only or otherwise empty delta is not a token.
+            // A role-only or otherwise empty delta is not a token; reasoning and answer are
+            // counted apart (a part present holds a token even where a tokenizer says 0).
+            let count = |text: &str| match (text.is_empty(), self.counter) {
+                (true, _) => 0,
+                (false, Some(counter)) => counter.count(text).max(1),
+                (false, None) => 1,
+            };
             if !content.is_empty() || !reasoning.is_empty() {
-                let tokens = match self.counter {
-                    Some(counter) => counter.count(content) + counter.count(reasoning),
-                    None => 1,
-                };
-                rec.push_content(at, tokens);
+                rec.push_chunk(at, count(reasoning), count(content));
                 rec.reply.push_str(content);
             }
             if let Some(reason) = &choice.finish_reason {
@@ -252,41 +247,61 @@ impl<'c> StreamDecoder<'c> {
                 finished_here = true;
             }
         }
-        if let Some(usage) = chunk.usage.take() {
-            rec.usage = Some(Usage {
-                prompt_tokens: usage.prompt_tokens.unwrap_or(0),
-                completion_tokens: usage.completion_tokens.unwrap_or(0),
-                cached_tokens: usage
-                    .prompt_tokens_details
-                    .and_then(|d| d.cached_tokens)
-                    .unwrap_or(0),
-            });
-            rec.usage_at = Some(at);
-        }
-        let nvext = chunk
-            .nvext
-            .and_then(|raw| serde_json::from_str::<NvextJson>(raw.get()).ok());
-        if let Some(nvext) = nvext {
-            // Dynamo puts timing on the finish_reason chunk; a server that puts it elsewhere is
-            // still heard, but the finish_reason chunk's copy is never overwritten.
-            if finished_here || rec.server_timing.is_none() {
-                if let Some(timing) = nvext
-                    .timing
-                    .and_then(|t| serde_json::from_str::<ServerTiming>(t.get()).ok())
-                {
-                    rec.server_timing = Some(timing);
-                }
-            }
-            if let Some(mut worker) = nvext
-                .worker_id
-                .and_then(|w| serde_json::from_str::<WorkerId>(w.get()).ok())
+        apply_meta(rec, chunk, at, finished_here, self.secrets);
+    }
+}
+
+/// What a chunk (or a non-streaming body) says besides its tokens: the response id (the first
+/// one kept), usage, and `nvext`'s timing and worker; `finished_here`: it carried the
+/// `finish_reason`, whose timing wins.
+pub(super) fn apply_meta(
+    rec: &mut RequestRecord,
+    chunk: &mut ChunkJson<'_>,
+    at: Instant,
+    finished_here: bool,
+    secrets: &Secrets,
+) {
+    if rec.response_id.is_none() {
+        // An id is an identifier, not a payload: a server's 900 KB id is kept cut, escaped.
+        rec.response_id = chunk
+            .id
+            .as_ref()
+            .map(|id| sanitize(id.as_ref(), MAX_RESPONSE_ID_BYTES, secrets));
+    }
+    if let Some(usage) = chunk.usage.take() {
+        rec.usage = Some(Usage {
+            prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+            completion_tokens: usage.completion_tokens.unwrap_or(0),
+            cached_tokens: usage
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+        });
+        rec.usage_at = Some(at);
+    }
+    let nvext = chunk
+        .nvext
+        .and_then(|raw| serde_json::from_str::<NvextJson>(raw.get()).ok());
+    if let Some(nvext) = nvext {
+        // Dynamo puts timing on the finish_reason chunk; a server that puts it elsewhere is
+        // still heard, but the finish_reason chunk's copy is never overwritten.
+        if finished_here || rec.server_timing.is_none() {
+            if let Some(timing) = nvext
+                .timing
+                .and_then(|t| serde_json::from_str::<ServerTiming>(t.get()).ok())
             {
-                // A name is an identifier too, kept as a response id is.
-                if let WorkerId::Name(name) = &mut worker {
-                    *name = sanitize(name, MAX_RESPONSE_ID_BYTES, self.secrets);
-                }
-                rec.worker_id = Some(worker);
+                rec.server_timing = Some(timing);
             }
+        }
+        if let Some(mut worker) = nvext
+            .worker_id
+            .and_then(|w| serde_json::from_str::<WorkerId>(w.get()).ok())
+        {
+            // A name is an identifier too, kept as a response id is.
+            if let WorkerId::Name(name) = &mut worker {
+                *name = sanitize(name, MAX_RESPONSE_ID_BYTES, secrets);
+            }
+            rec.worker_id = Some(worker);
         }
     }
 }
@@ -299,7 +314,7 @@ impl StreamDecoder<'_> {
 }
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
-fn char_floor(text: &str, max: usize) -> usize {
+pub(super) fn char_floor(text: &str, max: usize) -> usize {
     let mut at = max.min(text.len());
     while !text.is_char_boundary(at) {
         at -= 1;
@@ -324,10 +339,10 @@ fn texts<'s>(choice: &'s ChoiceJson<'_>) -> (&'s str, &'s str) {
 }
 
 /// The most of a model name (or a `finish_reason`) a message quotes.
-const MAX_MODEL_BYTES: usize = 256;
+pub(super) const MAX_MODEL_BYTES: usize = 256;
 
 /// The human part of an `{"error": ...}` value: its `message`, or the value itself.
-fn error_message(error: &serde_json::Value) -> String {
+pub(super) fn error_message(error: &serde_json::Value) -> String {
     match error {
         serde_json::Value::String(text) => text.clone(),
         serde_json::Value::Object(fields) => match fields.get("message") {
@@ -558,6 +573,58 @@ mod tests {
         assert_eq!(rec.ttft(), Some(30 * MS));
         assert_eq!(rec.client_tokens(), 3);
         assert_eq!(rec.reply, "answer");
+        // Reasoning then content, each spelling counted as reasoning.
+        assert!(rec.had_reasoning());
+        assert_eq!((rec.reasoning_tokens(), rec.answer_tokens()), (2, 1));
+        assert_eq!(rec.time_to_first_reasoning_token(), Some(30 * MS));
+        assert_eq!(rec.time_to_first_answer_token(), Some(40 * MS));
+        assert_eq!(rec.reasoning_time(), Some(10 * MS));
+    }
+
+    #[test]
+    fn reasoning_and_answer_are_counted_apart() {
+        let reasoning = |field: &str, text: &str| {
+            format!("data: {{\"choices\":[{{\"delta\":{{\"{field}\":\"{text}\"}}}}]}}\n\n")
+        };
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":5}}\n\n";
+        let done = "data: [DONE]\n\n";
+        // Content only: no reasoning measures, every token an answer token.
+        let (a, b) = (content("a"), content("b"));
+        let plain = decode(&[(20, &a), (30, &b), (31, done)], None);
+        assert!(!plain.had_reasoning());
+        assert_eq!((plain.reasoning_tokens(), plain.answer_tokens()), (0, 2));
+        assert_eq!(plain.time_to_first_answer_token(), Some(20 * MS));
+        assert_eq!(plain.time_to_first_reasoning_token(), None);
+        assert_eq!(plain.reasoning_time(), None);
+        // Reasoning only (`reasoning`, newer vLLM's spelling): no answer, no reasoning time.
+        let (r1, r2) = (reasoning("reasoning", "x y"), reasoning("reasoning", "z"));
+        let only = decode(&[(10, &r1), (15, &r2), (16, done)], Some(&Words));
+        assert!(only.had_reasoning());
+        assert_eq!((only.reasoning_tokens(), only.answer_tokens()), (3, 0));
+        assert_eq!(only.time_to_first_reasoning_token(), Some(10 * MS));
+        assert_eq!(only.time_to_first_answer_token(), None);
+        assert_eq!(only.reasoning_time(), None);
+        assert_eq!(only.ttft(), Some(10 * MS));
+        // Usage counts both: the answer is what is left of it after the reasoning.
+        let r = reasoning("reasoning_content", "hm");
+        let (c1, c2) = (content("a"), content("b"));
+        let both = decode(
+            &[
+                (10, &r),
+                (11, &r),
+                (12, &r),
+                (50, &c1),
+                (60, &c2),
+                (61, usage),
+                (62, done),
+            ],
+            None,
+        );
+        assert_eq!((both.reasoning_tokens(), both.answer_tokens()), (3, 2));
+        assert_eq!(both.output_tokens(), 5);
+        assert_eq!(both.reasoning_time(), Some(40 * MS));
+        assert_eq!(both.ttft(), both.time_to_first_reasoning_token());
     }
 
     #[test]

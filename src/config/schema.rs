@@ -205,6 +205,9 @@ pub struct TargetConfig {
     /// This target's goodput definition, instead of the top-level `goodput`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goodput: Option<Goodput>,
+    /// How its requests are sent (`stream`); a workload's `request:` wins.
+    #[serde(default, skip_serializing_if = "super::RequestSettings::is_empty")]
+    pub request: super::RequestSettings,
 }
 
 /// A ceiling on the canary's own load (docs/DESIGN.md §5), any subset of the three. The scheduler

@@ -87,6 +87,10 @@ pub struct SimSpec {
     /// chunk, the usage chunk and `[DONE]`, each one HTTP chunk and one write), as vLLM's and
     /// Dynamo's frontends write them; by default the events already waiting share a write.
     pub write_per_event: bool,
+    /// Stream the first this many output tokens of a chat completion as reasoning
+    /// (`delta.reasoning_content`, as vLLM's reasoning parsers and Dynamo send a reasoning
+    /// model's thinking), the rest as the answer (`delta.content`); 0 (the default) reasons none.
+    pub reasoning_tokens: u32,
 }
 
 impl Default for SimSpec {
@@ -123,6 +127,7 @@ impl Default for SimSpec {
             request_log: None,
             send_log: None,
             write_per_event: false,
+            reasoning_tokens: 0,
         }
     }
 }

@@ -135,6 +135,9 @@ impl Config {
             if let Some(c) = &t.cost_per_hour_usd {
                 let _ = write!(out, " cost=${:.2}/h", **c);
             }
+            if t.request.stream.as_ref().is_some_and(|s| !**s) {
+                out.push_str(" stream=false");
+            }
             out.push('\n');
         }
     }

@@ -51,6 +51,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
     super::validate_workloads::validate_context(&mut c, cfg);
+    super::validate_workloads::validate_streams(&mut c, cfg);
     if let Some(r) = &cfg.workloads.trace_replay {
         c.trace_replay(r, base_dir);
     }

@@ -206,6 +206,59 @@ fn validate_prefix_cache(c: &mut Check, p: &PrefixCache) {
 /// alone tells them: a request whose prompt plus `max_tokens` is above it would be skipped at
 /// run time (never sent), so a workload that asks for such requests is refused here with the
 /// key to change.
+/// A non-streaming request has no tokens to count until it ends, so a workload that abandons
+/// its requests after some tokens (`cancel.after_tokens`) must stream on every target; the
+/// `stream: false` that stops it (the workload's, else a target's) is reported.
+pub(super) fn validate_streams(c: &mut Check, cfg: &super::Config) {
+    let w = &cfg.workloads;
+    let cancelling = [
+        (
+            "concurrency_sweep",
+            w.concurrency_sweep
+                .as_ref()
+                .map(|s| (&s.cancel, &s.request)),
+        ),
+        (
+            "sequence_distribution",
+            w.sequence_distribution
+                .as_ref()
+                .map(|s| (&s.cancel, &s.request)),
+        ),
+        (
+            "prefix_cache",
+            w.prefix_cache.as_ref().map(|s| (&s.cancel, &s.request)),
+        ),
+    ];
+    for (name, settings) in cancelling {
+        let Some((cancel, request)) = settings else {
+            continue;
+        };
+        if cancel.after_tokens.is_none() || *cancel.share <= 0.0 {
+            continue;
+        }
+        let off = |s: &&At<bool>| !***s;
+        let (pos, key) = match &request.stream {
+            Some(own) if off(&own) => (own.pos, format!("{name}.request.stream")),
+            Some(_) => continue,
+            None => match cfg.targets.iter().find_map(|t| {
+                t.request
+                    .stream
+                    .as_ref()
+                    .filter(off)
+                    .map(|s| (s.pos, &t.name))
+            }) {
+                Some((pos, target)) => (pos, format!("targets[{}].request.stream", **target)),
+                None => continue,
+            },
+        };
+        c.err(
+            pos,
+            format!("`{key}: false` with `{name}.cancel.after_tokens`: a request that does not stream has no tokens to count before its answer ends"),
+            Some(format!("abandon by time (`{name}.cancel.after: 500ms`), or set `{name}.request.stream: true`")),
+        );
+    }
+}
+
 pub(super) fn validate_context(c: &mut Check, cfg: &super::Config) {
     for t in &cfg.targets {
         let Some(bound) = &t.max_input_tokens else {

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::at::{At, Dur};
+use super::request::RequestSettings;
 
 /// The four workloads; a workload left out of a written `workloads:` map does not run.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -69,6 +70,9 @@ pub struct TraceReplay {
     /// Cap on requests in flight per target; rows beyond it still count from their timestamps.
     #[serde(default = "max_inflight")]
     pub max_inflight: At<u32>,
+    /// How its requests are sent (`stream`), over the target's `request:`.
+    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
+    pub request: RequestSettings,
 }
 
 /// One trace file.
@@ -237,6 +241,9 @@ pub struct ConcurrencySweep {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// How its requests are sent (`stream`), over the target's `request:`.
+    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
+    pub request: RequestSettings,
 }
 
 fn sweep_levels() -> At<Vec<u32>> {
@@ -277,6 +284,7 @@ impl Default for ConcurrencySweep {
             warmup: s10(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestSettings::default(),
         }
     }
 }
@@ -298,6 +306,9 @@ pub struct MultiTurn {
     /// Pause between a reply and the next turn (a user reading).
     #[serde(default = "s0")]
     pub think_time: At<Dur>,
+    /// How its requests are sent (`stream`), over the target's `request:`.
+    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
+    pub request: RequestSettings,
 }
 
 fn turns() -> At<u32> {
@@ -319,6 +330,7 @@ impl Default for MultiTurn {
             osl: n256(),
             duration: s300(),
             think_time: s0(),
+            request: RequestSettings::default(),
         }
     }
 }
@@ -377,6 +389,9 @@ pub struct SequenceDistribution {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// How its requests are sent (`stream`), over the target's `request:`.
+    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
+    pub request: RequestSettings,
 }
 
 fn distributions() -> At<Vec<DistributionKind>> {
@@ -420,6 +435,7 @@ impl Default for SequenceDistribution {
             lognormal_sigma: lognormal_sigma(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestSettings::default(),
         }
     }
 }
@@ -449,6 +465,9 @@ pub struct PrefixCache {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// How its requests are sent (`stream`), over the target's `request:`.
+    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
+    pub request: RequestSettings,
 }
 
 fn hit_ratios() -> At<Vec<f64>> {
@@ -471,11 +490,24 @@ impl Default for PrefixCache {
             block_size: n16(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestSettings::default(),
         }
     }
 }
 
 impl Workloads {
+    /// The `request:` settings of workload `name`, where configured.
+    pub fn request(&self, name: &str) -> Option<&RequestSettings> {
+        match name {
+            "concurrency_sweep" => self.concurrency_sweep.as_ref().map(|w| &w.request),
+            "multi_turn" => self.multi_turn.as_ref().map(|w| &w.request),
+            "sequence_distribution" => self.sequence_distribution.as_ref().map(|w| &w.request),
+            "prefix_cache" => self.prefix_cache.as_ref().map(|w| &w.request),
+            "trace_replay" => self.trace_replay.as_ref().map(|w| &w.request),
+            _ => None,
+        }
+    }
+
     pub fn is_configured(&self, name: &str) -> bool {
         match name {
             "concurrency_sweep" => self.concurrency_sweep.is_some(),

@@ -97,6 +97,17 @@ const QUEUE_GRID: [f64; 7] = [0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0];
 /// SYN retransmissions (Linux retries after 1 s, then 3 s more).
 const CONNECT_GRID: [f64; 8] = [0.00025, 0.001, 0.0025, 0.01, 0.05, 0.25, 2.0, 5.0];
 
+/// The grid of per-request token counts (a reasoning model's reasoning and answer tokens), at
+/// every resolution: powers of two from a short answer to the longest thinking budgets.
+const TOKEN_GRID: [f64; 12] = [
+    16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+];
+
+/// The per-request token-count bucket bounds ([`TOKEN_GRID`]).
+pub fn token_buckets() -> Vec<f64> {
+    TOKEN_GRID.to_vec()
+}
+
 /// The connect-time bucket bounds ([`CONNECT_GRID`]).
 pub fn connect_buckets() -> Vec<f64> {
     CONNECT_GRID.to_vec()

@@ -93,6 +93,7 @@ pub struct Metrics {
     /// Coarser labels than the per-request histograms: the per-token gap distribution is read per
     /// target and workload, and per step it would add another ~126 series per step label set.
     pub(super) chunk_gap: Family<ModeLabels, AtomicHistogram, SharedBuckets>,
+    pub(super) reasoning: super::reasoning::ReasoningFamilies,
     /// The server's own timing of successful requests (Dynamo's `nvext.timing`): its TTFT, the
     /// wait for prefill and the prefill itself, on the TTFT grid, per target (and its serving
     /// mode): the series budget has no room for them per workload, and the steps carry their
@@ -205,6 +206,7 @@ impl Metrics {
                 bounds(Latency::RequestDuration),
             ),
             chunk_gap: Family::new_with_constructor(SharedBuckets(itl_bounds)),
+            reasoning: super::reasoning::ReasoningFamilies::new(resolution, latency_thresholds),
             server_ttft: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
             server_queue: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
             server_prefill: Family::new_with_constructor(SharedBuckets(latency_bounds.clone())),
@@ -649,6 +651,7 @@ impl Metrics {
             self.osl_mismatch.remove(labels);
             self.token_count_mismatch.remove(labels);
             self.chunk_gap.remove(labels);
+            self.reasoning.remove(labels);
         }
         for labels in &series.server_timing {
             self.server_ttft.remove(labels);

@@ -11,6 +11,7 @@ mod labels;
 mod limits;
 pub mod metrics;
 pub mod otlp;
+mod reasoning;
 mod record;
 mod refusals;
 mod registry;

@@ -5,14 +5,29 @@ use std::time::Duration;
 
 use prometheus_client::metrics::family::Family;
 
-use super::labels::{SloLabels, TargetLabels};
+use super::labels::{SloLabels, TargetLabels, mode_labels};
 use super::metrics::{CounterF64, Metrics};
 use crate::model::{
     BudgetReport, Finished, PauseState, Phase, ServerSnapshot, Sink, StepInfo, StepResult,
     TargetChange,
 };
+use crate::request::{Reasoning, RequestLabels};
 use crate::scrape::ServerMetricsSink;
 use crate::slo::{SloPublisher, SloReading, SloState};
+
+impl Metrics {
+    /// Observes a successful steady request's reasoning measures, by `target`, `serving_mode`
+    /// and `workload` (docs/METRICS.md, "Reasoning").
+    fn record_reasoning(&self, labels: &RequestLabels, r: &Reasoning) {
+        let key = mode_labels(labels);
+        if self.reasoning.first_reasoning_token.get(&key).is_none() {
+            self.track(&key.target, |s| {
+                s.modes.insert(key.clone());
+            });
+        }
+        self.reasoning.observe(&key, r);
+    }
+}
 
 impl Sink for Metrics {
     fn request(&self, req: &Finished<'_>) {
@@ -51,6 +66,9 @@ impl Sink for Metrics {
         }
         if s.token_count_mismatch {
             self.record_token_count_mismatch(labels);
+        }
+        if let Some(reasoning) = s.reasoning.filter(|_| s.outcome.is_ok()) {
+            self.record_reasoning(labels, &reasoning);
         }
     }
 

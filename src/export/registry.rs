@@ -51,6 +51,8 @@ impl Metrics {
             s(),
             self.server_prefill.clone(),
         );
+        self.register_reasoning();
+        let r = &mut self.registry;
         r.register(
             "llm_canary_requests",
             "Requests by outcome: ok or an error kind",
@@ -85,6 +87,41 @@ impl Metrics {
             "llm_canary_client_token_count_mismatch",
             "Requests whose client-side token count disagreed with usage.completion_tokens",
             self.token_count_mismatch.clone(),
+        );
+    }
+
+    /// A reasoning model's successful requests (docs/METRICS.md, "Reasoning"): the times to the
+    /// first token of each kind, the reasoning time between them, and the tokens of each kind.
+    fn register_reasoning(&mut self) {
+        let r = &mut self.registry;
+        let f = &self.reasoning;
+        r.register_with_unit(
+            "llm_canary_time_to_first_reasoning_token",
+            "Time from the intended send to the first reasoning token (delta.reasoning_content or delta.reasoning) of successful requests that reasoned",
+            Unit::Seconds,
+            f.first_reasoning_token.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_time_to_first_answer_token",
+            "Time from the intended send to the first answer token (delta.content) of successful requests that reasoned",
+            Unit::Seconds,
+            f.first_answer_token.clone(),
+        );
+        r.register_with_unit(
+            "llm_canary_reasoning_time",
+            "First answer token minus first reasoning token of successful requests that reasoned",
+            Unit::Seconds,
+            f.reasoning_time.clone(),
+        );
+        r.register(
+            "llm_canary_reasoning_tokens",
+            "Reasoning tokens per successful request that reasoned, as the client counted them",
+            f.reasoning_tokens.clone(),
+        );
+        r.register(
+            "llm_canary_answer_tokens",
+            "Answer tokens per successful request that reasoned: output tokens less reasoning tokens",
+            f.answer_tokens.clone(),
         );
     }
 

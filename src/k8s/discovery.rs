@@ -110,6 +110,7 @@ impl DiscoveredTarget {
             tls: None,
             budget: Default::default(),
             goodput: None,
+            request: Default::default(),
         }
     }
 }

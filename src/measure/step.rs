@@ -7,7 +7,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::request::{CacheSource, Outcome, Sample, ServerSplit};
+use crate::request::{CacheSource, Outcome, Reasoning, Sample, ServerSplit};
 
 /// Share of failed steady-window requests above which a step counts as faulted: its latencies and
 /// throughput describe the fault more than the service, so SLO verdicts leave them out (its
@@ -214,6 +214,85 @@ pub struct TtftBreakdown {
     pub kv_transfer: Option<f64>,
 }
 
+/// A step's successful requests that carried reasoning: their distributions and token sums.
+#[derive(Debug, Clone)]
+struct ReasoningSums {
+    requests: u64,
+    reasoning_tokens: u64,
+    answer_tokens: u64,
+    first_reasoning: Histogram<u64>,
+    first_answer: Histogram<u64>,
+    reasoning_time: Histogram<u64>,
+}
+
+impl Default for ReasoningSums {
+    fn default() -> Self {
+        ReasoningSums {
+            requests: 0,
+            reasoning_tokens: 0,
+            answer_tokens: 0,
+            first_reasoning: histogram(),
+            first_answer: histogram(),
+            reasoning_time: histogram(),
+        }
+    }
+}
+
+impl ReasoningSums {
+    fn add(&mut self, r: &Reasoning) {
+        self.requests += 1;
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(r.reasoning_tokens);
+        self.answer_tokens = self.answer_tokens.saturating_add(r.answer_tokens);
+        record_secs(&mut self.first_reasoning, r.time_to_first_reasoning_token);
+        if let Some(t) = r.time_to_first_answer_token {
+            record_secs(&mut self.first_answer, t);
+        }
+        if let Some(t) = r.reasoning_time {
+            record_secs(&mut self.reasoning_time, t);
+        }
+    }
+
+    fn merge(&mut self, o: &ReasoningSums) {
+        self.requests += o.requests;
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(o.reasoning_tokens);
+        self.answer_tokens = self.answer_tokens.saturating_add(o.answer_tokens);
+        for (mine, theirs) in [
+            (&mut self.first_reasoning, &o.first_reasoning),
+            (&mut self.first_answer, &o.first_answer),
+            (&mut self.reasoning_time, &o.reasoning_time),
+        ] {
+            mine.add(theirs).expect("histograms share bounds");
+        }
+    }
+
+    /// `None` for a step without reasoning: its results carry no reasoning columns.
+    fn summary(&self) -> Option<ReasoningStep> {
+        (self.requests > 0).then(|| ReasoningStep {
+            requests: self.requests,
+            reasoning_tokens: self.reasoning_tokens,
+            answer_tokens: self.answer_tokens,
+            time_to_first_reasoning_token: Spread::of(&self.first_reasoning),
+            time_to_first_answer_token: Spread::of(&self.first_answer),
+            reasoning_time: Spread::of(&self.reasoning_time),
+        })
+    }
+}
+
+/// What a step's successful requests that carried reasoning measured (docs/METRICS.md,
+/// "Reasoning"): their reasoning and answer tokens, and the distributions of the time to the
+/// first reasoning token, to the first answer token and of the reasoning time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ReasoningStep {
+    /// Successful steady requests whose stream carried reasoning.
+    pub requests: u64,
+    pub reasoning_tokens: u64,
+    pub answer_tokens: u64,
+    pub time_to_first_reasoning_token: Option<Spread>,
+    /// `None` when none of them reached an answer.
+    pub time_to_first_answer_token: Option<Spread>,
+    pub reasoning_time: Option<Spread>,
+}
+
 /// Accumulates one (target, label set) over a step's steady window.
 #[derive(Debug, Clone)]
 pub struct StepAccumulator {
@@ -228,6 +307,7 @@ pub struct StepAccumulator {
     osl_mismatches: u64,
     cache_sources: BTreeMap<CacheSource, u64>,
     server: SplitSums,
+    reasoning: ReasoningSums,
     good_requests: u64,
     good_output_tokens: u64,
     cancelled: u64,
@@ -248,6 +328,7 @@ impl Default for StepAccumulator {
             osl_mismatches: 0,
             cache_sources: BTreeMap::new(),
             server: SplitSums::default(),
+            reasoning: ReasoningSums::default(),
             good_requests: 0,
             good_output_tokens: 0,
             cancelled: 0,
@@ -285,6 +366,9 @@ impl StepAccumulator {
         if let Some(split) = &s.server {
             self.server.add(split);
         }
+        if let Some(reasoning) = &s.reasoning {
+            self.reasoning.add(reasoning);
+        }
         if s.good {
             self.good_requests += 1;
             self.good_output_tokens = self.good_output_tokens.saturating_add(s.output_tokens);
@@ -317,6 +401,7 @@ impl StepAccumulator {
             *self.cache_sources.entry(*k).or_default() += v;
         }
         self.server.merge(&other.server);
+        self.reasoning.merge(&other.reasoning);
         self.good_requests += other.good_requests;
         self.cancelled += other.cancelled;
         for (k, v) in &other.skipped {
@@ -395,6 +480,7 @@ impl StepAccumulator {
             osl_mismatches: self.osl_mismatches,
             cache_sources: self.cache_sources.clone(),
             ttft_breakdown: self.server.means(),
+            reasoning: self.reasoning.summary(),
             arrivals: None,
             degraded,
             faulted: error_ratio > FAULTED_ERROR_RATIO,
@@ -453,6 +539,9 @@ pub struct StepMeasurements {
     /// The mean TTFT taken apart with the server's own timing, where the server sent it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_breakdown: Option<TtftBreakdown>,
+    /// Steps whose requests carried reasoning: the reasoning and answer measures apart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningStep>,
     /// Open-loop steps: the steady window's arrivals, intended and sent, and the queue's growth.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arrivals: Option<super::arrivals::ArrivalSummary>,
@@ -528,6 +617,46 @@ mod tests {
         // $36/h = 1 cent/s at 1000 tokens/s → $10 per million tokens.
         assert!((m.cost_per_million_tokens_usd.unwrap() - 10.0).abs() < 1e-9);
         assert!(!m.degraded && !m.faulted);
+    }
+
+    #[test]
+    fn reasoning_is_summarised_only_for_steps_that_reasoned() {
+        let reasoned = |first: f64, answer: Option<f64>| Sample {
+            reasoning: Some(Reasoning {
+                reasoning_tokens: 40,
+                answer_tokens: 60,
+                time_to_first_reasoning_token: first,
+                time_to_first_answer_token: answer,
+                reasoning_time: answer.map(|a| a - first),
+            }),
+            ..ok(first, 2.0, 100)
+        };
+        let window = Duration::from_secs(10);
+        let lag = Duration::from_millis(50);
+        let mut plain = StepAccumulator::default();
+        plain.record(&ok(0.1, 1.0, 100));
+        assert_eq!(plain.finish(window, None, lag).reasoning, None);
+        let mut acc = StepAccumulator::default();
+        acc.record(&reasoned(0.1, Some(0.5)));
+        acc.record(&reasoned(0.2, None));
+        // A failed request's reasoning is not summarised, as its TTFT is not.
+        acc.record(&Sample {
+            outcome: Outcome::StreamTruncated,
+            ..reasoned(0.3, None)
+        });
+        let mut total = StepAccumulator::default();
+        total.merge(&acc);
+        total.merge(&plain);
+        let r = total.finish(window, None, lag).reasoning.unwrap();
+        assert_eq!(
+            (r.requests, r.reasoning_tokens, r.answer_tokens),
+            (2, 80, 120)
+        );
+        assert_eq!(r.time_to_first_reasoning_token.unwrap().count, 2);
+        let answer = r.time_to_first_answer_token.unwrap();
+        assert_eq!(answer.count, 1);
+        assert!((answer.p50 - 0.5).abs() < 0.001, "{answer:?}");
+        assert!((r.reasoning_time.unwrap().p50 - 0.4).abs() < 0.001, "{r:?}");
     }
 
     #[test]

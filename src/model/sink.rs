@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::StepResult;
 use crate::client::{RequestRecord, StreamRequest};
 use crate::config::{Api, ServingMode};
-use crate::request::{GoodputLimits, RequestLabels, Sample};
+use crate::request::{GoodputLimits, Reasoning, RequestLabels, Sample};
 
 /// Which part of a step a request was intended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,9 +84,23 @@ impl<'a> Finished<'a> {
                 good: ok && ctx.goodput.good(ttft, itl),
                 osl_mismatch: rec.osl_mismatch(ctx.osl),
                 token_count_mismatch: ok && rec.token_count_disagreement().is_some_and(|d| d != 0),
+                reasoning: reasoning(rec, ok),
             },
         }
     }
+}
+
+/// The reasoning measures of `rec`, when its stream carried reasoning; its tokens only when it
+/// succeeded (`ok`), as every token count.
+fn reasoning(rec: &RequestRecord, ok: bool) -> Option<Reasoning> {
+    let secs = |d: Duration| d.as_secs_f64();
+    rec.had_reasoning().then(|| Reasoning {
+        reasoning_tokens: if ok { rec.reasoning_tokens() } else { 0 },
+        answer_tokens: if ok { rec.answer_tokens() } else { 0 },
+        time_to_first_reasoning_token: rec.time_to_first_reasoning_token().map_or(0.0, secs),
+        time_to_first_answer_token: rec.time_to_first_answer_token().map(secs),
+        reasoning_time: rec.reasoning_time().map(secs),
+    })
 }
 
 /// A target as the consumers know it: what its series and attributes are named after.

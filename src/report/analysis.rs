@@ -93,6 +93,7 @@ impl Report {
         let extra = ix.trace_tables().into_iter().chain(
             [
                 ix.rate_sweep_table(),
+                ix.reasoning_table(),
                 ix.arrivals_table(),
                 ix.cancellations_table(),
             ]

@@ -12,6 +12,7 @@ mod cancellations;
 mod html;
 mod progress;
 mod questions;
+mod reasoning;
 pub mod records;
 pub mod search;
 mod search_progress;

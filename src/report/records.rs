@@ -57,12 +57,23 @@ struct Line<'a> {
     /// connection it first went out on was lost before any byte of an answer. Both attempts are
     /// inside its TTFT.
     connection_retried: bool,
+    /// Whether the request streamed (`false`: a non-streaming request, whose TTFT is its
+    /// latency and which has no ITL).
+    stream: bool,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     /// `usage` or `kv_hit_rate` (docs/METRICS.md, "Cache hits").
     cached_tokens_source: Option<&'static str>,
+    /// A reasoning model's stream (docs/METRICS.md, "Reasoning"); all `null` for a request
+    /// whose stream carried no reasoning. Answer tokens are the output tokens less the
+    /// reasoning tokens; the times run from the intended send.
+    reasoning_tokens: Option<u64>,
+    answer_tokens: Option<u64>,
+    time_to_first_reasoning_token_ms: Option<f64>,
+    time_to_first_answer_token_ms: Option<f64>,
+    reasoning_ms: Option<f64>,
     outcome: &'static str,
     http_status: Option<u16>,
     error: Option<&'a str>,
@@ -196,6 +207,7 @@ impl BenchSink {
         let label = |v: &'a String| (!v.is_empty()).then_some(v.as_str());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let timing = rec.server_timing.clone().unwrap_or_default();
+        let reasoning = rec.had_reasoning();
         let (prefill_worker_id, decode_worker_id) = rec
             .worker_id
             .as_ref()
@@ -231,11 +243,20 @@ impl BenchSink {
                 .map(|s| ms(s.saturating_duration_since(rec.intended))),
             connect_ms: rec.connect.map(ms),
             connection_retried: rec.retried,
+            stream: rec.streamed,
             requested_osl: req.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),
             cached_tokens: rec.cached_tokens(),
             cached_tokens_source: rec.cache_source().map(|c| c.as_str()),
+            reasoning_tokens: reasoning.then(|| rec.reasoning_tokens()),
+            answer_tokens: reasoning.then(|| rec.answer_tokens()),
+            time_to_first_reasoning_token_ms: rec.time_to_first_reasoning_token().map(ms),
+            time_to_first_answer_token_ms: rec
+                .time_to_first_answer_token()
+                .filter(|_| reasoning)
+                .map(ms),
+            reasoning_ms: rec.reasoning_time().map(ms),
             outcome: req.sample.outcome.as_str(),
             http_status: rec.http_status,
             error: rec.error.as_deref(),

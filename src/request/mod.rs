@@ -11,4 +11,4 @@ pub use labels::{
     StepLabels,
 };
 pub use outcome::Outcome;
-pub use sample::{CacheSource, GoodputLimits, Sample, ServerSplit};
+pub use sample::{CacheSource, GoodputLimits, Reasoning, Sample, ServerSplit};

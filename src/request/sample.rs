@@ -99,6 +99,25 @@ pub struct Sample {
     pub osl_mismatch: bool,
     /// A successful request whose content token count disagrees with its usage.
     pub token_count_mismatch: bool,
+    /// A reasoning model's measures, for a request whose stream carried reasoning.
+    pub reasoning: Option<Reasoning>,
+}
+
+/// What a request whose stream carried reasoning (`delta.reasoning_content` or
+/// `delta.reasoning`) measured apart (seconds and tokens): times from the intended send, as TTFT,
+/// which stays the first token of either kind. Tokens count as a [`Sample`]'s do: a successful
+/// request's only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reasoning {
+    pub reasoning_tokens: u64,
+    /// Output tokens less the reasoning tokens.
+    pub answer_tokens: u64,
+    pub time_to_first_reasoning_token: f64,
+    /// `None` when no answer came (the output ended while still reasoning, or the request failed
+    /// first).
+    pub time_to_first_answer_token: Option<f64>,
+    /// First answer token − first reasoning token.
+    pub reasoning_time: Option<f64>,
 }
 
 impl Sample {
@@ -134,6 +153,7 @@ impl Default for Sample {
             good: false,
             osl_mismatch: false,
             token_count_mismatch: false,
+            reasoning: None,
         }
     }
 }

@@ -39,6 +39,19 @@ pub struct Runner {
     pub budget: Arc<Budget>,
     /// The goodput definition of targets without their own.
     pub goodput: GoodputLimits,
+    /// Each workload's own `request.stream`, where set; a target's applies to the others.
+    pub stream_by_workload: Vec<(&'static str, bool)>,
+}
+
+impl Runner {
+    /// Whether a request of `workload` to `target` streams (docs/DESIGN.md §3, `request.stream`):
+    /// the workload's setting, else the target's, else true.
+    pub(super) fn streams(&self, workload: &str, target: &Target) -> bool {
+        self.stream_by_workload
+            .iter()
+            .find(|(w, _)| *w == workload)
+            .map_or(target.stream, |(_, s)| *s)
+    }
 }
 
 /// The per-step context every driver task shares.

@@ -99,6 +99,7 @@ impl Runner {
             pairing: self.pairing,
             budget: Arc::clone(&self.budget),
             goodput: self.goodput,
+            stream_by_workload: self.stream_by_workload.clone(),
         }
     }
 
@@ -598,6 +599,7 @@ impl Runner {
                 intended,
                 ctx.hard_stop.cancelled(),
                 cancel,
+                self.streams(ctx.plan.workload, target),
             )
             .await;
         rec.slot_at = slot_at;

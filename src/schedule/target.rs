@@ -19,6 +19,8 @@ pub struct Target {
     /// The most tokens a request may hold, prompt and output together: the smaller of the
     /// context length its server reports and its `max_input_tokens`; `None`: unbounded.
     pub max_context_tokens: Option<u64>,
+    /// Its `request.stream` (default true); a workload's own setting wins.
+    pub stream: bool,
 }
 
 impl Target {

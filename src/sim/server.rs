@@ -299,7 +299,7 @@ async fn completion(
     };
     let log_key = header_id.clone().unwrap_or_else(|| id.clone());
     let model = body.model.as_deref().unwrap_or(&state.model);
-    let format = ChunkFormat::new(endpoint, &id, state.created, model);
+    let format = ChunkFormat::new(endpoint, &id, state.created, model, state.reasoning_tokens);
     let outcome = RequestOutcome {
         endpoint: endpoint.as_str(),
         request_type,
@@ -483,12 +483,17 @@ async fn unary(
     want_timing: bool,
     want_worker: bool,
 ) -> Response<SimBody> {
-    let mut content = String::new();
+    let (mut content, mut reasoning) = (String::new(), String::new());
     let completion = loop {
         match stream.next().await {
             Some(StreamEvent::Token { .. }) => {
-                content.push(' ');
-                content.push_str(text::output_word(stream.word_offset, tracker.tokens));
+                let part = if tracker.tokens < format.reasoning_tokens {
+                    &mut reasoning
+                } else {
+                    &mut content
+                };
+                part.push(' ');
+                part.push_str(text::output_word(stream.word_offset, tracker.tokens));
                 tracker.token(Instant::now());
                 if plan.stall.is_some_and(|(after, _)| after == tracker.tokens)
                     && let Some((_, d)) = plan.stall
@@ -512,7 +517,7 @@ async fn unary(
     let (object, choice) = match format.endpoint {
         Endpoint::Chat => (
             "chat.completion",
-            json!({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": completion.finish_reason.as_str()}),
+            json!({"index": 0, "message": message(content, reasoning), "finish_reason": completion.finish_reason.as_str()}),
         ),
         Endpoint::Completions => (
             "text_completion",
@@ -541,6 +546,15 @@ async fn unary(
         SimBody::full(text)
     };
     resp
+}
+
+/// A unary chat answer's message: vLLM's shape, with `reasoning_content` where it reasoned.
+fn message(content: String, reasoning: String) -> Value {
+    let mut message = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning);
+    }
+    message
 }
 
 #[cfg(test)]

@@ -33,10 +33,21 @@ pub(super) struct ChunkFormat {
     pub(super) head: String,
     pub(super) token_prefix: String,
     pub(super) token_suffix: &'static str,
+    /// The first this many tokens go out as `delta.reasoning_content` (chat only).
+    pub(super) reasoning_tokens: u32,
+    pub(super) reasoning_prefix: String,
 }
 
 impl ChunkFormat {
-    pub(super) fn new(endpoint: Endpoint, id: &str, created: u64, model: &str) -> Self {
+    /// The chunks of `endpoint`'s stream; a chat stream's first `reasoning_tokens` tokens are
+    /// reasoning (the completions API has no reasoning field).
+    pub(super) fn new(
+        endpoint: Endpoint,
+        id: &str,
+        created: u64,
+        model: &str,
+        reasoning_tokens: u32,
+    ) -> Self {
         let object = match endpoint {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completions => "text_completion",
@@ -55,6 +66,13 @@ impl ChunkFormat {
                 "\",\"logprobs\":null,\"finish_reason\":null}]}\n\n",
             ),
         };
+        // vLLM's reasoning delta: the thinking in `reasoning_content`, no `content` member.
+        let reasoning_prefix =
+            format!("data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"reasoning_content\":\"");
+        let reasoning_tokens = match endpoint {
+            Endpoint::Chat => reasoning_tokens,
+            Endpoint::Completions => 0,
+        };
         ChunkFormat {
             endpoint,
             id: id.to_string(),
@@ -63,6 +81,8 @@ impl ChunkFormat {
             head,
             token_prefix,
             token_suffix,
+            reasoning_tokens,
+            reasoning_prefix,
         }
     }
 
@@ -74,8 +94,14 @@ impl ChunkFormat {
         );
     }
 
-    pub(super) fn token(&self, buf: &mut BytesMut, word: &str) {
-        buf.extend_from_slice(self.token_prefix.as_bytes());
+    /// The chunk of token `index` (0-based): reasoning while `index` < `reasoning_tokens`.
+    pub(super) fn token(&self, buf: &mut BytesMut, word: &str, index: u32) {
+        let prefix = if index < self.reasoning_tokens {
+            &self.reasoning_prefix
+        } else {
+            &self.token_prefix
+        };
+        buf.extend_from_slice(prefix.as_bytes());
         buf.extend_from_slice(b" ");
         buf.extend_from_slice(word.as_bytes());
         buf.extend_from_slice(self.token_suffix.as_bytes());
@@ -236,7 +262,7 @@ impl SseBody {
                         self.format.role_chunk(&mut buf);
                     }
                     let word = text::output_word(self.stream.word_offset, self.tracker.tokens);
-                    self.format.token(&mut buf, word);
+                    self.format.token(&mut buf, word, self.tracker.tokens);
                     self.tracker.token(now);
                     let one_token = self.per_event.is_some();
                     if self.apply_faults(&mut buf) || buf.len() >= FRAME_BYTES || one_token {

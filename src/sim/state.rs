@@ -35,6 +35,8 @@ pub struct ServerState {
     pub reject_unknown_fields: bool,
     /// Every SSE event its own write (`SimSpec::write_per_event`).
     pub write_per_event: bool,
+    /// Output tokens of a chat completion sent as reasoning (`SimSpec::reasoning_tokens`).
+    pub reasoning_tokens: u32,
     /// One JSON line per completion request.
     pub request_log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
     /// `--send-log`: every finished completion's send instants.
@@ -64,6 +66,7 @@ impl ServerState {
             created: crate::clock::since_unix_epoch().as_secs(),
             reject_unknown_fields: spec.reject_unknown_fields,
             write_per_event: spec.write_per_event,
+            reasoning_tokens: spec.reasoning_tokens,
             request_log: request_log.map(|f| Mutex::new(std::io::LineWriter::new(f))),
             send_file,
         }
