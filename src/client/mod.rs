@@ -652,7 +652,8 @@ impl StreamClient {
         let failed = loop {
             match response.chunk().await {
                 Ok(Some(bytes)) => {
-                    rec.first_body_byte.get_or_insert_with(Instant::now);
+                    rec.first_body_byte
+                        .get_or_insert_with(|| arrival(response, rec.sent));
                     if body.len().saturating_add(bytes.len()) > limit {
                         let osl = ex.request.osl;
                         let why = format!(
@@ -667,7 +668,10 @@ impl StreamClient {
             }
         };
         // Stamped when the last byte came, before anything parses it.
-        let at = Instant::now();
+        let at = match failed {
+            None => arrival(response, rec.sent),
+            Some(_) => Instant::now(),
+        };
         let secrets = &ex.endpoint.secrets;
         let limit = self.config.max_error_bytes;
         let (outcome, message) = match failed {
