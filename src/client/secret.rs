@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 /// What a secret is replaced by, as credentials in URLs are (`config::display_url`).
-pub const MASK: &str = "***";
+pub use crate::config::MASK;
 
 /// The secrets one target was sent, in every spelling a server may echo them in; cheap to clone.
 /// Its `Debug` shows how many, never what.

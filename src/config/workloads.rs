@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::at::{At, Dur};
+use super::request::RequestOptions;
 
 /// The four workloads; a workload left out of a written `workloads:` map does not run.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -69,6 +70,9 @@ pub struct TraceReplay {
     /// Cap on requests in flight per target; rows beyond it still count from their timestamps.
     #[serde(default = "max_inflight")]
     pub max_inflight: At<u32>,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 /// One trace file.
@@ -164,6 +168,9 @@ pub struct ConcurrencySweep {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn sweep_levels() -> At<Vec<u32>> {
@@ -204,6 +211,7 @@ impl Default for ConcurrencySweep {
             warmup: s10(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -225,6 +233,9 @@ pub struct MultiTurn {
     /// Pause between a reply and the next turn (a user reading).
     #[serde(default = "s0")]
     pub think_time: At<Dur>,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn turns() -> At<u32> {
@@ -246,6 +257,7 @@ impl Default for MultiTurn {
             osl: n256(),
             duration: s300(),
             think_time: s0(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -304,6 +316,9 @@ pub struct SequenceDistribution {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn distributions() -> At<Vec<DistributionKind>> {
@@ -347,6 +362,7 @@ impl Default for SequenceDistribution {
             lognormal_sigma: lognormal_sigma(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -376,6 +392,9 @@ pub struct PrefixCache {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn hit_ratios() -> At<Vec<f64>> {
@@ -398,6 +417,7 @@ impl Default for PrefixCache {
             block_size: n16(),
             rate: None,
             cancel: Cancel::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -411,6 +431,18 @@ impl Workloads {
             "prefix_cache" => self.prefix_cache.is_some(),
             "trace_replay" => self.trace_replay.is_some(),
             _ => false,
+        }
+    }
+
+    /// The `request:` of workload `name`; `None` when it is not configured.
+    pub fn request(&self, name: &str) -> Option<&RequestOptions> {
+        match name {
+            "concurrency_sweep" => self.concurrency_sweep.as_ref().map(|w| &w.request),
+            "multi_turn" => self.multi_turn.as_ref().map(|w| &w.request),
+            "sequence_distribution" => self.sequence_distribution.as_ref().map(|w| &w.request),
+            "prefix_cache" => self.prefix_cache.as_ref().map(|w| &w.request),
+            "trace_replay" => self.trace_replay.as_ref().map(|w| &w.request),
+            _ => None,
         }
     }
 }

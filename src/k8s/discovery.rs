@@ -108,6 +108,7 @@ impl DiscoveredTarget {
             max_input_tokens: None,
             simulated: None,
             tls: None,
+            request: Default::default(),
             budget: Default::default(),
             goodput: None,
         }
