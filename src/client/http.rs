@@ -286,6 +286,8 @@ pub(super) async fn post(
     if let Some((name, value)) = &client.config.marker.header {
         headers.push((name.as_str(), value));
     }
+    // A config's own headers (`request.headers`), none of which is one of the above.
+    headers.extend(endpoint.headers.iter().map(|(n, v)| (n.as_str(), v)));
     transport::post(
         &client.pool,
         &endpoint.origin,
