@@ -362,6 +362,7 @@ pub async fn resolve_at(
     if let Some(key) = &key {
         endpoint = endpoint.with_api_key(key)?;
     }
+    endpoint = endpoint.with_request(&t.request)?;
     // The model id is shown (`/api/v1/status`, the probe): a server that lists the key it was
     // sent as its model would have it shown.
     if t.model == "auto" && endpoint.secrets().found_in(endpoint.model()) {

@@ -576,6 +576,7 @@ fn probe_plan(
         steady,
         rate: None,
         cancel: None,
+        request: Default::default(),
     }
 }
 

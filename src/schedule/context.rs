@@ -1,6 +1,7 @@
 //! What the runner and its drivers share: the run's parts ([`Runner`]: targets, client, seeds,
-//! budget), one step's context ([`StepCtx`]: its clocks, stop tokens and prompt builder), and a
-//! request ready to send ([`Built`]). The step itself (`runner`) and the ways it sends
+//! budget), one step's context ([`StepCtx`]: its clocks, stop tokens, prompt builder and each
+//! target's endpoint for the step's workload, [`StepEndpoint`]), and a request ready to send
+//! ([`Built`]). The step itself (`runner`) and the ways it sends
 //! (`drivers`, `replay`) build on these.
 
 use std::collections::HashMap;
@@ -14,8 +15,10 @@ use super::budget::Budget;
 use super::plan::StepPlan;
 use super::recorder::Recorder;
 use super::target::Target;
-use crate::client::{ChatMessage, Prompt, RequestRecord, Role, StreamClient};
-use crate::config::{Api, Pairing};
+use crate::client::{
+    ChatMessage, ClientError, Endpoint, Prompt, RequestRecord, Role, StreamClient,
+};
+use crate::config::{Api, Pairing, RequestOptions};
 use crate::measure::arrivals::Arrivals;
 use crate::model::Phase;
 use crate::request::{GoodputLimits, RequestLabels};
@@ -47,8 +50,11 @@ pub(super) struct StepCtx {
     pub(super) cycle: u64,
     pub(super) step_seed: u64,
     pub(super) builder: PromptBuilder,
-    /// Each target's prompt-overhead estimate at the step's start, by target name.
+    /// Each target's prompt-overhead estimate at the step's start, by
+    /// [`StepEndpoint::overhead_key`].
     pub(super) estimates: HashMap<String, OverheadEstimate>,
+    /// What each target's requests go to in this step, by target index.
+    pub(super) endpoints: HashMap<usize, StepEndpoint>,
     /// When the step's clock started (after its connections were opened).
     pub(super) start: Instant,
     pub(super) warmup_end: Instant,
@@ -77,6 +83,16 @@ impl StepCtx {
         }
     }
 
+    /// Target `t`'s endpoint for this step (every target of the step has one).
+    pub(super) fn endpoint(&self, t: usize) -> &StepEndpoint {
+        &self.endpoints[&t]
+    }
+
+    /// Target `t`'s prompt-overhead estimate at the step's start.
+    pub(super) fn estimate(&self, t: usize) -> Option<OverheadEstimate> {
+        self.estimates.get(&self.endpoint(t).overhead_key).copied()
+    }
+
     pub(super) fn sending(&self) -> bool {
         Instant::now() < self.send_end && !self.soft_stop.is_cancelled()
     }
@@ -97,6 +113,36 @@ impl StepCtx {
             "{:08x}-{}-{w}{}-{worker}-{k}-t{target}",
             run_salt as u32, self.cycle, self.plan.index
         )
+    }
+}
+
+/// Where one target's requests of a step go: its endpoint with the workload's `request:` added
+/// (its body fields serialised once here, for every request of the step), and the key its
+/// prompt overhead is learnt under.
+pub(super) struct StepEndpoint {
+    pub(super) endpoint: Endpoint,
+    /// The target's name; with the API appended when the workload sends on another API than
+    /// the target's, since a chat template adds tokens a completions prompt does not have.
+    pub(super) overhead_key: String,
+}
+
+impl StepEndpoint {
+    /// `target`'s endpoint with `request` added over its own options.
+    pub(super) fn of(target: &Target, request: &RequestOptions) -> Result<Self, ClientError> {
+        let endpoint = if request.is_empty() {
+            target.endpoint.clone()
+        } else {
+            target.endpoint.clone().with_request(request)?
+        };
+        let overhead_key = if endpoint.api() == target.endpoint.api() {
+            target.name.clone()
+        } else {
+            format!("{} ({:?} API)", target.name, endpoint.api())
+        };
+        Ok(StepEndpoint {
+            endpoint,
+            overhead_key,
+        })
     }
 }
 
