@@ -68,7 +68,7 @@ pub struct Endpoint {
     /// `/metrics`): what turns the router's `kv_hit_rate` back into whole reused blocks.
     pub(super) kv_block_size: Option<u32>,
     /// The body fields a config adds (the target's, then a workload's merged over them) ...
-    extra_fields: Arc<Map<String, Value>>,
+    pub(super) extra_fields: Arc<Map<String, Value>>,
     /// ... and them serialised once, as every body of this endpoint carries them.
     pub(super) body_extra: Arc<BodyExtra>,
     /// The headers a config adds, each value marked sensitive and among the `secrets`.

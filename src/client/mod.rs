@@ -711,6 +711,18 @@ mod tests {
         let hint = rejected_fields_hint(422, body, &vllm, true).unwrap();
         assert!(hint.contains("`client.user: \"\"`"), "{hint}");
         assert_eq!(rejected_fields_hint(422, body, &vllm, false), None);
+        // A field the config's `request.extra_body` adds.
+        let options: crate::config::RequestOptions =
+            serde_saphyr::from_str("{extra_body: {top_k: 5, temperature: 0}}").unwrap();
+        let added = vllm.clone().with_request(&options).unwrap();
+        let body = r#"{"detail":"Unexpected fields in the request: {'top_k'}"}"#;
+        let hint = rejected_fields_hint(422, body, &added, false).unwrap();
+        assert!(
+            hint.contains("`top_k`")
+                && hint.contains("`request.extra_body`")
+                && !hint.contains("temperature"),
+            "{hint}"
+        );
     }
 
     #[test]

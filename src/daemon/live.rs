@@ -515,6 +515,9 @@ mod tests {
         let two = target(&format!("{base}, request: {{headers: {{X-Key: two}}}}}}"));
         assert_ne!(target_key(&one), target_key(&two));
         assert_eq!(target_key(&one), target_key(&one.clone()));
-        assert!(!target_key(&one).contains("one"), "the value stays out of the key");
+        assert!(
+            !target_key(&one).contains("one"),
+            "the value stays out of the key"
+        );
     }
 }
