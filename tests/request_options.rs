@@ -226,3 +226,57 @@ schedule: {{ drain_grace: 5s }}
         );
     }
 }
+
+/// `bench --search` probes with the sweep's request options, as the sweep's own steps do.
+#[tokio::test(start_paused = true)]
+async fn the_search_probes_with_the_sweeps_options() {
+    use llm_canary::report::search::{SearchOptions, run_search};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let config = format!(
+        r#"
+targets:
+  - name: agg
+    serving_mode: aggregated
+    model: sim
+    simulated: {{ profile: fixed, fixed_ttft: 100ms, fixed_itl: 10ms, request_log: "{}" }}
+    request: {{ headers: {{ X-Tenant: team-a }} }}
+workloads:
+  concurrency_sweep:
+    levels: [1]
+    isl: 32
+    osl: 4
+    step: 2s
+    warmup: 1s
+    request:
+      api: completions
+      extra_body: {{ top_p: 0.9 }}
+"#,
+        log.display()
+    );
+    let setup = llm_canary::setup::Setup::parse(&config, "search.yaml", Path::new(".")).unwrap();
+    run_search(
+        SearchOptions {
+            setup,
+            condition: "p99(ttft) < 10s".into(),
+            max_level: 2,
+            out: None,
+            live_progress: false,
+        },
+        &llm_canary::shutdown::Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let probes: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        // Calibration asks the target's own API; the probes are the sweep's.
+        .filter(|l| l["endpoint"] == "completions")
+        .collect();
+    assert!(!probes.is_empty(), "no probe on /v1/completions:\n{text}");
+    for line in probes {
+        assert_eq!(line["body"]["top_p"], 0.9, "{line}");
+        assert_eq!(line["headers"]["x-tenant"], "team-a", "{line}");
+    }
+}
