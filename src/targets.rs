@@ -182,6 +182,7 @@ impl Deployment {
             pairing: cfg.schedule.pairing,
             budget: Arc::new(crate::schedule::budget::Budget::of(cfg)),
             goodput: cfg.goodput.limits(),
+            endpoints: Default::default(),
         }
     }
 

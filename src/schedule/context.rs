@@ -42,6 +42,8 @@ pub struct Runner {
     pub budget: Arc<Budget>,
     /// The goodput definition of targets without their own.
     pub goodput: GoodputLimits,
+    /// Each target's endpoint per workload, built once (shared by the runners of one run).
+    pub endpoints: Arc<EndpointCache>,
 }
 
 /// The per-step context every driver task shares.
@@ -54,7 +56,7 @@ pub(super) struct StepCtx {
     /// [`StepEndpoint::overhead_key`].
     pub(super) estimates: HashMap<String, OverheadEstimate>,
     /// What each target's requests go to in this step, by target index.
-    pub(super) endpoints: HashMap<usize, StepEndpoint>,
+    pub(super) endpoints: HashMap<usize, Arc<StepEndpoint>>,
     /// When the step's clock started (after its connections were opened).
     pub(super) start: Instant,
     pub(super) warmup_end: Instant,
@@ -146,6 +148,53 @@ impl StepEndpoint {
     }
 }
 
+/// Each target's [`StepEndpoint`] per workload, built at the first step that needs it and kept
+/// while neither the target (a reload or discovery replaces it) nor the workload's options
+/// change: the merged body fields are serialised once per target and workload, never per
+/// request or per step.
+#[derive(Default)]
+pub struct EndpointCache(Mutex<HashMap<(String, &'static str), CachedEndpoint>>);
+
+struct CachedEndpoint {
+    /// Weak: a target gone from the run is not kept alive by its entry.
+    target: std::sync::Weak<Target>,
+    request: Arc<RequestOptions>,
+    endpoint: Arc<StepEndpoint>,
+}
+
+impl EndpointCache {
+    /// `target`'s endpoint for `workload`, whose options are `request`.
+    pub(super) fn get(
+        &self,
+        target: &Arc<Target>,
+        workload: &'static str,
+        request: &Arc<RequestOptions>,
+    ) -> Result<Arc<StepEndpoint>, ClientError> {
+        let mut cached = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (target.name.clone(), workload);
+        if let Some(c) = cached.get(&key)
+            && c.target.upgrade().is_some_and(|t| Arc::ptr_eq(&t, target))
+            && (Arc::ptr_eq(&c.request, request) || *c.request == **request)
+        {
+            return Ok(Arc::clone(&c.endpoint));
+        }
+        let endpoint = Arc::new(StepEndpoint::of(target, request)?);
+        cached.retain(|_, c| c.target.strong_count() > 0);
+        cached.insert(
+            key,
+            CachedEndpoint {
+                target: Arc::downgrade(target),
+                request: Arc::clone(request),
+                endpoint: Arc::clone(&endpoint),
+            },
+        );
+        Ok(endpoint)
+    }
+}
+
 /// One request ready to send.
 pub(super) struct Built {
     pub(super) prompt: Prompt,
@@ -160,5 +209,55 @@ pub(super) fn as_prompt(api: Api, text: String) -> Prompt {
     match api {
         Api::Chat => Prompt::Chat(vec![ChatMessage::new(Role::User, text)]),
         Api::Completions => Prompt::Text(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Dialect, ServingMode};
+
+    fn target() -> Arc<Target> {
+        Arc::new(Target {
+            name: "a".into(),
+            mode: ServingMode::Aggregated,
+            endpoint: Endpoint::new("http://127.0.0.1:1", Api::Chat, "m", Dialect::Vllm).unwrap(),
+            cost_per_hour_usd: None,
+            goodput: None,
+            max_context_tokens: None,
+        })
+    }
+
+    fn options(yaml: &str) -> Arc<RequestOptions> {
+        Arc::new(serde_saphyr::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn an_endpoint_is_built_once_per_target_and_workload() {
+        let cache = EndpointCache::default();
+        let (t, sweep) = (
+            target(),
+            options("{api: completions, extra_body: {top_p: 0.9}}"),
+        );
+        let first = cache.get(&t, "concurrency_sweep", &sweep).unwrap();
+        assert_eq!(first.endpoint.api(), Api::Completions);
+        assert_eq!(first.overhead_key, "a (Completions API)");
+        // The next cycle's plan: equal options in another allocation.
+        let again = options("{api: completions, extra_body: {top_p: 0.9}}");
+        assert!(Arc::ptr_eq(
+            &first,
+            &cache.get(&t, "concurrency_sweep", &again).unwrap()
+        ));
+        // Another workload, changed options, a replaced target: built anew.
+        let plain = cache.get(&t, "multi_turn", &Arc::default()).unwrap();
+        assert_eq!(plain.overhead_key, "a");
+        let changed = options("{extra_body: {top_p: 0.5}}");
+        let rebuilt = cache.get(&t, "concurrency_sweep", &changed).unwrap();
+        assert!(!Arc::ptr_eq(&first, &rebuilt));
+        let replaced = target();
+        assert!(!Arc::ptr_eq(
+            &rebuilt,
+            &cache.get(&replaced, "concurrency_sweep", &changed).unwrap()
+        ));
     }
 }

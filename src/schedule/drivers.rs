@@ -96,7 +96,7 @@ impl Runner {
         &self,
         builder: &PromptBuilder,
         shared: &[(usize, usize)],
-        endpoints: &HashMap<usize, StepEndpoint>,
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
         cycle: u64,
         plan: &StepPlan,
         hard_stop: &CancellationToken,

@@ -99,6 +99,7 @@ impl Runner {
             pairing: self.pairing,
             budget: Arc::clone(&self.budget),
             goodput: self.goodput,
+            endpoints: Arc::clone(&self.endpoints),
         }
     }
 
@@ -251,7 +252,7 @@ impl Runner {
     /// The prompt-overhead estimates of these endpoints now, by their overhead keys.
     fn estimates(
         &self,
-        endpoints: &HashMap<usize, StepEndpoint>,
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
     ) -> HashMap<String, OverheadEstimate> {
         endpoints
             .values()
@@ -262,15 +263,19 @@ impl Runner {
             .collect()
     }
 
-    /// Each of `targets`' endpoints for `plan`'s workload, built once for the step. A target
-    /// whose endpoint cannot be built (the config's check refuses what would fail here) is left
-    /// out of the step, said once.
-    fn step_endpoints(&self, plan: &StepPlan, targets: &[usize]) -> HashMap<usize, StepEndpoint> {
+    /// Each of `targets`' endpoints for `plan`'s workload (built once per target and workload,
+    /// [`EndpointCache`]). A target whose endpoint cannot be built (the config's check refuses
+    /// what would fail here) is left out of the step, said once.
+    fn step_endpoints(
+        &self,
+        plan: &StepPlan,
+        targets: &[usize],
+    ) -> HashMap<usize, Arc<StepEndpoint>> {
         targets
             .iter()
             .filter_map(|&t| {
                 let target = &self.targets[t];
-                match StepEndpoint::of(target, &plan.request) {
+                match self.endpoints.get(target, plan.workload, &plan.request) {
                     Ok(e) => Some((t, e)),
                     Err(e) => {
                         tracing::error!(target = %target.name, step = %plan.name(), error = %e, "the workload's request options do not apply to the target; it sits the step out");
@@ -316,7 +321,7 @@ impl Runner {
         cycle: u64,
         targets: &[usize],
         builder: &PromptBuilder,
-        endpoints: &HashMap<usize, StepEndpoint>,
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
         hard_stop: &CancellationToken,
     ) {
         let StepKind::Prefix { ratio, isl, .. } = &plan.kind else {
