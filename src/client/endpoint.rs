@@ -199,7 +199,7 @@ impl Endpoint {
         }
         if !options.headers.is_empty() {
             let mut headers: Vec<(HeaderName, HeaderValue)> = self.headers.to_vec();
-            for (name, value) in &options.headers.0 {
+            for (name, text) in &options.headers.0 {
                 let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                     ClientError::InvalidHeader {
                         name: name.value.clone(),
@@ -209,11 +209,12 @@ impl Endpoint {
                     return Err(ClientError::OwnedHeader(name.to_string()));
                 }
                 let mut value =
-                    HeaderValue::from_str(value).map_err(|_| ClientError::InvalidHeader {
+                    HeaderValue::from_str(text).map_err(|_| ClientError::InvalidHeader {
                         name: name.to_string(),
                     })?;
                 value.set_sensitive(true);
-                self.secrets = self.secrets.with(value.to_str().unwrap_or_default());
+                // As written: a value beyond ASCII has no `to_str`, and is a secret all the same.
+                self.secrets = self.secrets.with(text);
                 headers.retain(|(n, _)| *n != name);
                 headers.push((name, value));
             }
@@ -349,7 +350,12 @@ mod tests {
             workload.secrets().mask("one two sk-target-123"),
             "*** *** ***"
         );
-        let shown = format!("{workload:?}");
+        // A value beyond ASCII is masked as written.
+        let utf8 = workload
+            .with_request(&options("{headers: {X-Team: équipe-a}}"))
+            .unwrap();
+        assert_eq!(utf8.secrets().mask("team équipe-a"), "team ***");
+        let shown = format!("{utf8:?}");
         assert!(
             shown.contains("x-route") && !shown.contains("sk-target"),
             "{shown}"
