@@ -182,10 +182,7 @@ impl Deployment {
             pairing: cfg.schedule.pairing,
             budget: Arc::new(crate::schedule::budget::Budget::of(cfg)),
             goodput: cfg.goodput.limits(),
-            stream_by_workload: crate::config::WORKLOAD_NAMES
-                .into_iter()
-                .filter_map(|w| Some((w, **cfg.workloads.request(w)?.stream.as_ref()?)))
-                .collect(),
+            endpoints: Default::default(),
         }
     }
 
@@ -366,6 +363,7 @@ pub async fn resolve_at(
     if let Some(key) = &key {
         endpoint = endpoint.with_api_key(key)?;
     }
+    endpoint = endpoint.with_request(&t.request)?;
     // The model id is shown (`/api/v1/status`, the probe): a server that lists the key it was
     // sent as its model would have it shown.
     if t.model == "auto" && endpoint.secrets().found_in(endpoint.model()) {

@@ -55,6 +55,7 @@ fn plan(cancel: Option<CancelPlan>) -> StepPlan {
         steady: Duration::from_secs(8),
         rate: None,
         cancel,
+        request: Default::default(),
     }
 }
 

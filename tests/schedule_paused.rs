@@ -55,6 +55,7 @@ fn sweep(concurrency: u32, warmup: f64, steady: f64) -> StepPlan {
         steady: Duration::from_secs_f64(steady),
         rate: None,
         cancel: None,
+        request: Default::default(),
     }
 }
 
@@ -184,6 +185,7 @@ async fn open_loop_step(rps: f64, max_inflight: u32) -> llm_canary::model::StepR
             ladder: false,
         }),
         cancel: None,
+        request: Default::default(),
     };
     let mut results = runner.run_step(&plan, 0, &never, &never).await;
     deployment.stop().await;

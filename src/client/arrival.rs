@@ -20,7 +20,9 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::transport::READ_BUF_BYTES;
+/// The most one stamped read takes: the transport's buffer never asks for more in one read
+/// (`transport::READ_BUF_BYTES`, 16 KiB), so a read is never cut short here.
+const SCRATCH_BYTES: usize = 16 << 10;
 
 /// The oldest a kernel stamp may be against the read that returns it: beyond it the wall clock
 /// more likely stepped than the bytes waited, and the read's own time is used.
@@ -31,7 +33,7 @@ thread_local! {
     /// initialised memory, a response buffer's spare capacity is not, and zeroing it for every
     /// read would cost more than copying the bytes that came. One per runtime thread: a read
     /// begins and ends within one poll.
-    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; READ_BUF_BYTES].into_boxed_slice());
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH_BYTES].into_boxed_slice());
 }
 
 /// Room for one `SCM_TIMESTAMPNS` control message (`CMSG_SPACE(sizeof(struct timespec))` is 32

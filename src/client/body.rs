@@ -1,9 +1,12 @@
 //! The JSON request body of one streamed completion: chat (`messages`) or completions (`prompt`),
 //! streaming with usage, the exact-output-length recipe of docs/DESIGN.md §4 limited to the fields the
-//! target's dialect accepts, and Dynamo's `nvext` attribution request.
+//! target's dialect accepts, and Dynamo's `nvext` attribution request; then the fields a config
+//! adds (`request.extra_body`), serialised once per endpoint ([`BodyExtra`]) and appended to
+//! every body as they are.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::config::{Api, LengthControl};
 
@@ -56,7 +59,119 @@ pub struct BodySpec<'a> {
     pub nvext: bool,
     /// The OpenAI `user` field: the canary's traffic marker (docs/DESIGN.md §4).
     pub user: Option<&'a str>,
+    /// The fields a config adds, already serialised.
+    pub extra: &'a BodyExtra,
 }
+
+/// Why extra body fields cannot be added to the canary's body (`check` refuses these first).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExtraError {
+    #[error("`{field}` is the canary's own body field: {why}")]
+    Owned { field: String, why: &'static str },
+    #[error("`nvext.{field}` is the canary's own field: {why}")]
+    OwnedNvext { field: String, why: &'static str },
+    #[error("`nvext` must be an object: it is merged into the canary's")]
+    NvextNotObject,
+}
+
+/// The extra body fields of one endpoint, serialised once: `,"k":v,…` to append before the
+/// body's closing brace, so a request pays one copy for them, never a merge. When the canary
+/// sends `nvext` and the fields hold one too, the merged `nvext` is in here and the canary's
+/// own is left out of the struct it serialises.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyExtra {
+    tail: std::borrow::Cow<'static, str>,
+    carries_nvext: bool,
+}
+
+impl BodyExtra {
+    /// No extra fields.
+    pub const NONE: BodyExtra = BodyExtra {
+        tail: std::borrow::Cow::Borrowed(""),
+        carries_nvext: false,
+    };
+
+    /// `fields` as they join a body that asks for `nvext` attribution when `nvext` is true:
+    /// the canary's own fields refused, a `nvext` object merged deeply into the canary's.
+    pub fn new(nvext: bool, fields: &Map<String, Value>) -> Result<BodyExtra, ExtraError> {
+        let mut tail = String::new();
+        let mut carries_nvext = false;
+        for (key, value) in fields {
+            if let Some(why) = crate::config::owned_body_field(key) {
+                return Err(ExtraError::Owned {
+                    field: key.clone(),
+                    why,
+                });
+            }
+            let value = if key == "nvext" {
+                let Value::Object(theirs) = value else {
+                    return Err(ExtraError::NvextNotObject);
+                };
+                if let Some((field, why)) = theirs
+                    .keys()
+                    .find_map(|k| Some((k, crate::config::owned_nvext_field(k)?)))
+                {
+                    return Err(ExtraError::OwnedNvext {
+                        field: field.clone(),
+                        why,
+                    });
+                }
+                if nvext {
+                    carries_nvext = true;
+                    let mut merged = canary_nvext();
+                    merge(&mut merged, theirs);
+                    std::borrow::Cow::Owned(Value::Object(merged))
+                } else {
+                    std::borrow::Cow::Borrowed(value)
+                }
+            } else {
+                std::borrow::Cow::Borrowed(value)
+            };
+            tail.push(',');
+            // A string key and a JSON value serialise without fail.
+            tail.push_str(&serde_json::to_string(key).unwrap_or_default());
+            tail.push(':');
+            tail.push_str(&serde_json::to_string(&*value).unwrap_or_default());
+        }
+        Ok(BodyExtra {
+            tail: std::borrow::Cow::Owned(tail),
+            carries_nvext,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tail.is_empty()
+    }
+}
+
+/// `over` merged into `base`, deeply: an object merges with an object of the same key, any
+/// other value replaces what `base` held (an array as a whole). A target's fields, then a
+/// workload's, are merged this way; the workload's win key by key.
+pub fn merge(base: &mut Map<String, Value>, over: &Map<String, Value>) {
+    for (key, value) in over {
+        match (base.get_mut(key), value) {
+            (Some(Value::Object(mine)), Value::Object(theirs)) => merge(mine, theirs),
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// No extra fields, for a body spec that borrows them for as long as it likes.
+pub static NO_EXTRA: BodyExtra = BodyExtra::NONE;
+
+/// The `nvext` the canary sends to Dynamo, as JSON.
+fn canary_nvext() -> Map<String, Value> {
+    match serde_json::to_value(NVEXT) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    }
+}
+
+const NVEXT: NvextRequest = NvextRequest {
+    extra_fields: ["timing", "worker_id"],
+};
 
 #[derive(Serialize)]
 struct StreamOptions {
@@ -168,14 +283,19 @@ pub fn encode_as(spec: &BodySpec<'_>, prompt: &Prompt, osl: u32, stream: bool) -
         max_completion_tokens: max_completion_tokens.then_some(osl),
         min_tokens: lc.min_tokens.then_some(osl),
         ignore_eos: lc.ignore_eos.then_some(true),
-        nvext: spec.nvext.then_some(NvextRequest {
-            extra_fields: ["timing", "worker_id"],
-        }),
+        nvext: (spec.nvext && !spec.extra.carries_nvext).then_some(NVEXT),
         user: spec.user,
     };
     // Serialising plain structs of strings, integers and booleans into a Vec cannot fail: there
     // is no map with non-string keys and no fallible Serialize impl.
-    Bytes::from(serde_json::to_vec(&body).expect("request body is plain JSON"))
+    let mut bytes = serde_json::to_vec(&body).expect("request body is plain JSON");
+    if !spec.extra.is_empty() {
+        // The body is an object with `model` in it, so the extra fields follow a member.
+        bytes.pop();
+        bytes.extend_from_slice(spec.extra.tail.as_bytes());
+        bytes.push(b'}');
+    }
+    Bytes::from(bytes)
 }
 
 #[cfg(test)]
@@ -195,6 +315,7 @@ mod tests {
             length_control: dialect.length_control(),
             nvext: dialect.supports_nvext(),
             user: Some("llm-canary"),
+            extra: &NO_EXTRA,
         }
     }
 
@@ -302,6 +423,7 @@ mod tests {
                 length_control: none,
                 nvext: false,
                 user: None,
+                extra: &NO_EXTRA,
             },
             &Prompt::Text("x".into()),
             9,
@@ -350,6 +472,7 @@ mod tests {
                     length_control: lc,
                     nvext: false,
                     user: None,
+                    extra: &NO_EXTRA,
                 },
                 &Prompt::Text("x".into()),
                 9,
@@ -357,5 +480,109 @@ mod tests {
             assert_eq!(body.as_object().unwrap().len(), 5, "{field}");
             assert!(body.get(field).is_some(), "{field}");
         }
+    }
+
+    fn object(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(map) => map,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn merge_is_deep_for_objects_and_replaces_everything_else() {
+        let mut base = object(json!({
+            "temperature": 0.7,
+            "stop_words": ["a", "b"],
+            "chat_template_kwargs": {"enable_thinking": true, "style": "short"},
+            "nvext": {"extra_fields": ["timing"], "top_k": 5},
+        }));
+        merge(
+            &mut base,
+            &object(json!({
+                "temperature": 0,
+                "stop_words": ["c"],
+                "chat_template_kwargs": {"enable_thinking": false},
+                "nvext": {"top_k": null, "backend_instance_id": 3},
+                "seed": 42,
+            })),
+        );
+        assert_eq!(
+            Value::Object(base),
+            json!({
+                "temperature": 0,
+                "stop_words": ["c"],
+                "chat_template_kwargs": {"enable_thinking": false, "style": "short"},
+                "nvext": {"extra_fields": ["timing"], "top_k": null, "backend_instance_id": 3},
+                "seed": 42,
+            })
+        );
+        // An object over a scalar, or a scalar over an object, replaces it.
+        let mut base = object(json!({"a": 1, "b": {"x": 1}}));
+        merge(&mut base, &object(json!({"a": {"y": 2}, "b": 2})));
+        assert_eq!(Value::Object(base), json!({"a": {"y": 2}, "b": 2}));
+    }
+
+    #[test]
+    fn extra_fields_join_the_body_and_nvext_merges_with_the_canarys() {
+        let fields = object(json!({
+            "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": false},
+            "nvext": {"backend_instance_id": 7},
+        }));
+        let extra = BodyExtra::new(true, &fields).unwrap();
+        let dynamo = BodySpec {
+            extra: &extra,
+            ..spec(Api::Chat, Dialect::Dynamo)
+        };
+        let bytes = encode(&dynamo, &Prompt::Text("hi".into()), 4);
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["temperature"], 0);
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
+        assert_eq!(
+            body["nvext"],
+            json!({"extra_fields": ["timing", "worker_id"], "backend_instance_id": 7})
+        );
+        assert_eq!(body["max_tokens"], 4);
+        // Every key once: the canary's `nvext` gave way to the merged one.
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(text.matches("\"nvext\"").count(), 1, "{text}");
+        // A dialect without `nvext` gets the user's as written.
+        let plain = BodyExtra::new(false, &fields).unwrap();
+        let vllm = BodySpec {
+            extra: &plain,
+            ..spec(Api::Chat, Dialect::Vllm)
+        };
+        let body: Value =
+            serde_json::from_slice(&encode(&vllm, &Prompt::Text("hi".into()), 4)).unwrap();
+        assert_eq!(body["nvext"], json!({"backend_instance_id": 7}));
+    }
+
+    #[test]
+    fn the_canarys_own_fields_are_refused() {
+        for field in ["model", "stream", "max_tokens", "user", "n"] {
+            let fields = object(json!({ field: 1 }));
+            assert!(
+                matches!(
+                    BodyExtra::new(false, &fields),
+                    Err(ExtraError::Owned { .. })
+                ),
+                "{field}"
+            );
+        }
+        let fields = object(json!({"nvext": {"extra_fields": ["x"]}}));
+        assert!(matches!(
+            BodyExtra::new(true, &fields),
+            Err(ExtraError::OwnedNvext { .. })
+        ));
+        let fields = object(json!({"nvext": 1}));
+        assert_eq!(
+            BodyExtra::new(true, &fields),
+            Err(ExtraError::NvextNotObject)
+        );
+        assert!(BodyExtra::new(true, &Map::new()).unwrap().is_empty());
     }
 }

@@ -180,6 +180,23 @@ pub(super) fn rejected_fields_hint(
                 .to_owned(),
         );
     }
+    let added: Vec<&str> = endpoint
+        .extra_fields
+        .keys()
+        .map(String::as_str)
+        .filter(|field| names(&field.to_ascii_lowercase()))
+        .collect();
+    if !added.is_empty() {
+        fixes.push(format!(
+            "the server rejects {}, which the config adds: remove it from the target's or the \
+             workload's `request.extra_body`",
+            added
+                .iter()
+                .map(|f| format!("`{f}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if user && names("user") {
         fixes.push(
             "the server rejects the OpenAI `user` field, the canary's traffic marker: set \
@@ -286,6 +303,8 @@ pub(super) async fn post(
     if let Some((name, value)) = &client.config.marker.header {
         headers.push((name.as_str(), value));
     }
+    // A config's own headers (`request.headers`), none of which is one of the above.
+    headers.extend(endpoint.headers.iter().map(|(n, v)| (n.as_str(), v)));
     transport::post(
         &client.pool,
         &endpoint.origin,

@@ -31,7 +31,10 @@ use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderValue};
 use tokio::time::Instant;
 
 pub use crate::config::DEFAULT_POOL_IDLE_TIMEOUT;
-pub use body::{BodySpec, ChatMessage, Prompt, Role, encode as encode_body};
+pub use body::{
+    BodyExtra, BodySpec, ChatMessage, ExtraError, NO_EXTRA, Prompt, Role, encode as encode_body,
+    merge as merge_body,
+};
 pub use endpoint::{ApiKey, Endpoint};
 pub use record::{
     CacheSource, MAX_RECORD_SPAN, Outcome, RequestRecord, ServerSplit, ServerTiming, TokenCounter,
@@ -69,6 +72,13 @@ pub enum ClientError {
     InvalidApiKey,
     #[error("invalid client setting: {0}")]
     InvalidConfig(String),
+    #[error("request.extra_body: {0}")]
+    ExtraBody(#[from] body::ExtraError),
+    /// The value is not named: it may be a credential.
+    #[error("request.headers: `{name}` is not a header name, or its value cannot be sent")]
+    InvalidHeader { name: String },
+    #[error("request.headers: `{0}` is set by the canary itself")]
+    OwnedHeader(String),
     #[error("TLS: {0}")]
     Tls(String),
     #[error("TLS: cannot read {path}: {source}")]
@@ -787,6 +797,18 @@ mod tests {
         let hint = rejected_fields_hint(422, body, &vllm, true).unwrap();
         assert!(hint.contains("`client.user: \"\"`"), "{hint}");
         assert_eq!(rejected_fields_hint(422, body, &vllm, false), None);
+        // A field the config's `request.extra_body` adds.
+        let options: crate::config::RequestOptions =
+            serde_saphyr::from_str("{extra_body: {top_k: 5, temperature: 0}}").unwrap();
+        let added = vllm.clone().with_request(&options).unwrap();
+        let body = r#"{"detail":"Unexpected fields in the request: {'top_k'}"}"#;
+        let hint = rejected_fields_hint(422, body, &added, false).unwrap();
+        assert!(
+            hint.contains("`top_k`")
+                && hint.contains("`request.extra_body`")
+                && !hint.contains("temperature"),
+            "{hint}"
+        );
     }
 
     #[test]

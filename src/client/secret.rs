@@ -1,5 +1,6 @@
 //! What a target is given to know the canary by (its API key, the password of credentials in its
-//! URL, the Basic authorization they make) and the one masking of it out of any text a server
+//! URL, the Basic authorization they make, the values of a config's `request.headers`, such as a
+//! gateway's key) and the one masking of it out of any text a server
 //! sends back: a server that echoes the request's `Authorization` header in an error body or a
 //! stream's error frame must not get the canary to republish its key in a log line, the status
 //! API, `requests.jsonl`, OTLP or a Kubernetes Event. Every server text becomes a record's text
@@ -9,7 +10,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 /// What a secret is replaced by, as credentials in URLs are (`config::display_url`).
-pub const MASK: &str = "***";
+pub use crate::config::MASK;
 
 /// The secrets one target was sent, in every spelling a server may echo them in; cheap to clone.
 /// Its `Debug` shows how many, never what.

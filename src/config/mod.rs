@@ -29,9 +29,12 @@ use std::path::Path;
 pub use at::{At, Dur};
 pub use error::{ConfigError, Diagnostic, did_you_mean};
 pub use limits::{MAX_CONCURRENCY, MAX_ISL, MAX_OSL, MAX_TIME_SCALE, MIN_SCALED_STEP};
-pub use request::RequestSettings;
+pub use request::{
+    ExtraBody, Headers, OWNED_BODY_FIELDS, OWNED_HEADERS, OWNED_NVEXT_FIELDS, RequestOptions,
+    owned_body_field, owned_header, owned_nvext_field,
+};
 pub use schema::*;
-pub use target::{Api, Dialect, LengthControl, ServingMode, display_url, display_url_text};
+pub use target::{Api, Dialect, LengthControl, MASK, ServingMode, display_url, display_url_text};
 pub use validate::{TokenError, read_token};
 pub use windows::{DAY_MINUTES, DAY_NAMES, DailyWindow, WindowSet};
 pub use workloads::*;

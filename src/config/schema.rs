@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::at::{At, Dur};
+use super::request::RequestOptions;
 use super::target::{Api, Dialect, LengthControl, ServingMode};
 use super::workloads::{Workloads, s0};
 
@@ -205,9 +206,9 @@ pub struct TargetConfig {
     /// This target's goodput definition, instead of the top-level `goodput`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goodput: Option<Goodput>,
-    /// How its requests are sent (`stream`); a workload's `request:` wins.
-    #[serde(default, skip_serializing_if = "super::RequestSettings::is_empty")]
-    pub request: super::RequestSettings,
+    /// Body fields and headers added to every request of this target.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 /// A ceiling on the canary's own load (docs/DESIGN.md §5), any subset of the three. The scheduler
@@ -420,19 +421,6 @@ pub enum MarkerError {
     Value,
 }
 
-/// Headers the client sets itself, which a marker must not replace.
-const RESERVED_HEADERS: [&str; 9] = [
-    "accept",
-    "authorization",
-    "connection",
-    "content-length",
-    "content-type",
-    "host",
-    "te",
-    "transfer-encoding",
-    "x-request-id",
-];
-
 impl ClientConfig {
     /// `marker_header` as a header name and value; `None` when it is `""`.
     pub fn marker(&self) -> Result<Option<(http::HeaderName, http::HeaderValue)>, MarkerError> {
@@ -445,7 +433,8 @@ impl ClientConfig {
         };
         let name = http::HeaderName::from_bytes(name.trim().as_bytes())
             .map_err(|_| MarkerError::Name(name.trim().to_owned()))?;
-        if RESERVED_HEADERS.contains(&name.as_str()) {
+        // The headers the client sets itself, which a marker must not replace.
+        if super::request::owned_header(name.as_str()).is_some() {
             return Err(MarkerError::Reserved(name));
         }
         let value = http::HeaderValue::from_str(value.trim()).map_err(|_| MarkerError::Value)?;

@@ -75,8 +75,8 @@ pub struct SimSpec {
     /// Answer 400 to request fields the OpenAI API does not define (`min_tokens`, `ignore_eos`,
     /// `nvext`), as OpenAI's own API and strict gateways do.
     pub reject_unknown_fields: bool,
-    /// Append one JSON line per completion request (its headers, `user` field and id) to this
-    /// file: what the serving side sees of the canary's traffic.
+    /// Append one JSON line per completion request (its headers, `user` field and body without
+    /// the prompt) to this file: what the serving side sees of the canary's traffic.
     pub request_log: Option<PathBuf>,
     /// Append one JSON line per finished completion to this file: its `x-request-id`, when the
     /// request arrived and when each token's chunk was handed to the connection, as

@@ -135,8 +135,9 @@ impl Config {
             if let Some(c) = &t.cost_per_hour_usd {
                 let _ = write!(out, " cost=${:.2}/h", **c);
             }
-            if t.request.stream.as_ref().is_some_and(|s| !**s) {
-                out.push_str(" stream=false");
+            if !t.request.is_empty() {
+                // Header values masked: they may be credentials.
+                let _ = write!(out, "\n    request: {}", t.request.summary());
             }
             out.push('\n');
         }
@@ -162,6 +163,10 @@ impl Config {
                 Dur(round_secs(*dur)).to_string(),
                 self.workload_detail(name)
             );
+            if let Some(r) = self.workloads.request(name).filter(|r| !r.is_empty()) {
+                // Over each target's own `request`, key by key; header values masked.
+                let _ = writeln!(out, "    request: {}", r.summary());
+            }
         }
     }
 

@@ -94,6 +94,10 @@ impl Dialect {
     }
 }
 
+/// What a secret is replaced by wherever the canary shows text: credentials in URLs, header
+/// values of `request.headers`, and (`client::Secrets`) what servers echo of them.
+pub const MASK: &str = "***";
+
 /// `url` as the canary shows it (logs, `check`, `/api/v1/status`, the bench files): a user name
 /// or password in it is replaced by `***`, so credentials put in a target URL are never shown.
 pub fn display_url(url: &url::Url) -> String {
@@ -101,7 +105,7 @@ pub fn display_url(url: &url::Url) -> String {
         return url.to_string();
     }
     let mut shown = url.clone();
-    let _ = shown.set_username("***");
+    let _ = shown.set_username(MASK);
     let _ = shown.set_password(None);
     shown.to_string()
 }

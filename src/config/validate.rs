@@ -50,6 +50,7 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     validate_client(&mut c, cfg);
     validate_budget(&mut c, &cfg.budget, "budget");
     validate_workloads(&mut c, &cfg.workloads);
+    validate_requests(&mut c, cfg);
     super::validate_workloads::validate_context(&mut c, cfg);
     super::validate_workloads::validate_streams(&mut c, cfg);
     if let Some(r) = &cfg.workloads.trace_replay {
@@ -63,6 +64,25 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
         validate_cycle_length(&mut c, cfg);
     }
     c.diags
+}
+
+/// Every target's and workload's `request:` (`config::request`), against the marker header the
+/// client sets too.
+fn validate_requests(c: &mut Check, cfg: &Config) {
+    let marker = cfg.client.marker().ok().flatten().map(|(name, _)| name);
+    let marker = marker.as_ref().map(|n| n.as_str());
+    for t in &cfg.targets {
+        let at = format!("targets[{}].request", *t.name);
+        c.diags
+            .extend(super::request::problems(&t.request, &at, false, marker));
+    }
+    for name in WORKLOAD_NAMES {
+        if let Some(r) = cfg.workloads.request(name) {
+            let at = format!("workloads.{name}.request");
+            c.diags
+                .extend(super::request::problems(r, &at, true, marker));
+        }
+    }
 }
 
 /// Every step of the cycle lasts at least [`MIN_SCALED_STEP`] once `time_scale` has scaled it

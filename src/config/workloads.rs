@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::at::{At, Dur};
-use super::request::RequestSettings;
+use super::request::RequestOptions;
 
 /// The four workloads; a workload left out of a written `workloads:` map does not run.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -70,9 +70,9 @@ pub struct TraceReplay {
     /// Cap on requests in flight per target; rows beyond it still count from their timestamps.
     #[serde(default = "max_inflight")]
     pub max_inflight: At<u32>,
-    /// How its requests are sent (`stream`), over the target's `request:`.
-    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
-    pub request: RequestSettings,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 /// One trace file.
@@ -241,9 +241,9 @@ pub struct ConcurrencySweep {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// How its requests are sent (`stream`), over the target's `request:`.
-    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
-    pub request: RequestSettings,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn sweep_levels() -> At<Vec<u32>> {
@@ -284,7 +284,7 @@ impl Default for ConcurrencySweep {
             warmup: s10(),
             rate: None,
             cancel: Cancel::default(),
-            request: RequestSettings::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -306,9 +306,9 @@ pub struct MultiTurn {
     /// Pause between a reply and the next turn (a user reading).
     #[serde(default = "s0")]
     pub think_time: At<Dur>,
-    /// How its requests are sent (`stream`), over the target's `request:`.
-    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
-    pub request: RequestSettings,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn turns() -> At<u32> {
@@ -330,7 +330,7 @@ impl Default for MultiTurn {
             osl: n256(),
             duration: s300(),
             think_time: s0(),
-            request: RequestSettings::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -389,9 +389,9 @@ pub struct SequenceDistribution {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// How its requests are sent (`stream`), over the target's `request:`.
-    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
-    pub request: RequestSettings,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn distributions() -> At<Vec<DistributionKind>> {
@@ -435,7 +435,7 @@ impl Default for SequenceDistribution {
             lognormal_sigma: lognormal_sigma(),
             rate: None,
             cancel: Cancel::default(),
-            request: RequestSettings::default(),
+            request: RequestOptions::default(),
         }
     }
 }
@@ -465,9 +465,9 @@ pub struct PrefixCache {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// How its requests are sent (`stream`), over the target's `request:`.
-    #[serde(default, skip_serializing_if = "RequestSettings::is_empty")]
-    pub request: RequestSettings,
+    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
 }
 
 fn hit_ratios() -> At<Vec<f64>> {
@@ -490,14 +490,14 @@ impl Default for PrefixCache {
             block_size: n16(),
             rate: None,
             cancel: Cancel::default(),
-            request: RequestSettings::default(),
+            request: RequestOptions::default(),
         }
     }
 }
 
 impl Workloads {
     /// The `request:` settings of workload `name`, where configured.
-    pub fn request(&self, name: &str) -> Option<&RequestSettings> {
+    pub fn request(&self, name: &str) -> Option<&RequestOptions> {
         match name {
             "concurrency_sweep" => self.concurrency_sweep.as_ref().map(|w| &w.request),
             "multi_turn" => self.multi_turn.as_ref().map(|w| &w.request),

@@ -55,9 +55,20 @@ impl LiveTarget {
     }
 }
 
-/// What identifies a target's setup: its config without positions.
+/// What identifies a target's setup: its config without positions. Its serialisation masks the
+/// values of `request.headers` (they may be credentials), so a change of one alone is told by a
+/// hash of them.
 fn target_key(t: &TargetConfig) -> String {
-    serde_json::to_string(t).unwrap_or_default()
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (name, value) in &t.request.headers.0 {
+        (name.as_str(), value.as_str()).hash(&mut h);
+    }
+    format!(
+        "{}#{:x}",
+        serde_json::to_string(t).unwrap_or_default(),
+        h.finish()
+    )
 }
 
 fn content_hash(bytes: &[u8]) -> u64 {
@@ -485,5 +496,28 @@ impl ReloadHook for Reload {
                 .await
                 .map_err(|e| HttpError::Reload(Box::new(e)))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target_key;
+    use crate::config::TargetConfig;
+
+    fn target(yaml: &str) -> TargetConfig {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_changed_header_value_changes_the_target() {
+        let base = "{name: a, serving_mode: aggregated, url: 'http://127.0.0.1:1'";
+        let one = target(&format!("{base}, request: {{headers: {{X-Key: one}}}}}}"));
+        let two = target(&format!("{base}, request: {{headers: {{X-Key: two}}}}}}"));
+        assert_ne!(target_key(&one), target_key(&two));
+        assert_eq!(target_key(&one), target_key(&one.clone()));
+        assert!(
+            !target_key(&one).contains("one"),
+            "the value stays out of the key"
+        );
     }
 }

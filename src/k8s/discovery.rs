@@ -108,9 +108,9 @@ impl DiscoveredTarget {
             max_input_tokens: None,
             simulated: None,
             tls: None,
+            request: Default::default(),
             budget: Default::default(),
             goodput: None,
-            request: Default::default(),
         }
     }
 }

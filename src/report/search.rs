@@ -576,6 +576,8 @@ fn probe_plan(
         steady,
         rate: None,
         cancel: None,
+        // The sweep's request options, as its own steps send them.
+        request: std::sync::Arc::new(sweep.request.clone()),
     }
 }
 

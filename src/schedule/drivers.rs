@@ -4,6 +4,7 @@
 //! send instants (counting, for the saturation verdict, what was intended, sent and answered),
 //! and multi-turn conversations that resend their whole history every turn.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::workload::sampler::{
     ArrivalProcess, ArrivalSchedule, LengthDistribution, LengthSampler, derive_seed,
 };
 
-use super::context::{Runner, StepCtx, as_prompt};
+use super::context::{Runner, StepCtx, StepEndpoint, as_prompt};
 use super::runner::{CALIBRATION_TIMEOUT, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, fewest_tokens};
 use super::target::Target;
 use crate::workload::prompt::PromptBuilder;
@@ -95,6 +96,7 @@ impl Runner {
         &self,
         builder: &PromptBuilder,
         shared: &[(usize, usize)],
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
         cycle: u64,
         plan: &StepPlan,
         hard_stop: &CancellationToken,
@@ -109,6 +111,7 @@ impl Runner {
                 }
             };
             let target = Arc::clone(&self.targets[t]);
+            let endpoint = endpoints[&t].endpoint.clone();
             let client = self.client.clone();
             let hard = hard_stop.clone();
             let id_base = format!("{:08x}-{cycle}-warm{}", self.run_salt as u32, plan.index);
@@ -116,7 +119,7 @@ impl Runner {
                 for (i, p) in prompts.into_iter().enumerate() {
                     let req = StreamRequest {
                         request_id: format!("{id_base}-{i}-t{t}"),
-                        prompt: as_prompt(target.endpoint.api(), p.text),
+                        prompt: as_prompt(endpoint.api(), p.text),
                         osl: 1,
                     };
                     let cut = async {
@@ -125,7 +128,7 @@ impl Runner {
                             _ = tokio::time::sleep(CALIBRATION_TIMEOUT) => {}
                         }
                     };
-                    let rec = client.send_until(&target.endpoint, &req, Instant::now(), cut).await;
+                    let rec = client.send_until(&endpoint, &req, Instant::now(), cut).await;
                     if !rec.outcome.is_ok() {
                         tracing::warn!(target = %target.name, outcome = rec.outcome.as_str(), "prefix warmup request failed");
                         break;
@@ -198,7 +201,7 @@ impl Runner {
             }
         }
         while ctx.sending() {
-            let Some(built) = self.build(&ctx, &target, worker, k, samplers.as_mut()) else {
+            let Some(built) = self.build(&ctx, t, worker, k, samplers.as_mut()) else {
                 return;
             };
             let labels = self.labels_for(&ctx, &base, &built);
@@ -235,7 +238,7 @@ impl Runner {
             else {
                 return;
             };
-            self.learn(&target.name, &rec, built.body_tokens);
+            self.learn(&ctx.endpoint(t).overhead_key, &rec, built.body_tokens);
             k += 1;
             back_off(&ctx, &mut backoff, !rec.outcome.is_error()).await;
         }
@@ -275,7 +278,7 @@ impl Runner {
                 _ = ctx.soft_stop.cancelled() => break,
             }
             // Built even when no slot is free, so the sequence stays identical across targets.
-            let Some(built) = self.build(&ctx, &target, 0, k as u64, samplers.as_mut()) else {
+            let Some(built) = self.build(&ctx, t, 0, k as u64, samplers.as_mut()) else {
                 break;
             };
             let labels = self.labels_for(&ctx, &base, &built);
@@ -317,7 +320,7 @@ impl Runner {
             let cancel = self.cancel_for(&ctx, 0, k as u64);
             let this = Arc::clone(&self);
             let ctx = Arc::clone(&ctx);
-            let name = target.name.clone();
+            let name = ctx.endpoint(t).overhead_key.clone();
             let arrivals = Arc::clone(&arrivals);
             tasks.spawn(async move {
                 if let Some(rec) = this
@@ -413,7 +416,7 @@ impl Runner {
                     }
                 };
                 history.push(ChatMessage::new(Role::User, user));
-                let prompt = match target.endpoint.api() {
+                let prompt = match ctx.endpoint(t).endpoint.api() {
                     Api::Chat => Prompt::Chat(history.clone()),
                     Api::Completions => Prompt::Text(flatten(&history)),
                 };

@@ -22,7 +22,7 @@ mod target;
 pub use board::{
     Board, CurrentStep, FailedRequest, RECENT_FAILURES, TargetActivity, WorkloadPhase,
 };
-pub use context::Runner;
+pub use context::{EndpointCache, Runner};
 pub use plan::{StepKind, StepPlan, plan_cycle};
 pub use probe_stream::ProbeStream;
 pub use recorder::{InFlight, Recorder};

@@ -1,11 +1,12 @@
 //! The cycle plan: the config's workloads turned into an ordered list of steps, each with its
 //! shape, its (time-scaled) durations and its step label.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{Config, DistributionKind, Rate};
+use crate::config::{Config, DistributionKind, Rate, RequestOptions, TraceReplay, WORKLOAD_NAMES};
 use crate::request::{RequestLabels, ServingMode};
 
 /// What one step sends.
@@ -81,6 +82,10 @@ pub struct StepPlan {
     /// Requests the client abandons on purpose; `None` when none are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel: Option<CancelPlan>,
+    /// The workload's `request:` (body fields, headers, API), added to each target's at the
+    /// step's start. Not part of the plan a report shows: header values are secrets.
+    #[serde(skip)]
+    pub request: Arc<RequestOptions>,
 }
 
 /// A step's cancellation scenario (the workload's `cancel`, with a share above 0).
@@ -187,6 +192,12 @@ impl StepPlan {
         l
     }
 
+    /// Whether this step's requests to `target` stream (docs/DESIGN.md §3, `request.stream`):
+    /// the workload's setting, else the target's, else true.
+    pub fn streams(&self, target: &super::Target) -> bool {
+        self.request.stream.as_ref().map_or(target.stream, |s| **s)
+    }
+
     /// A short human name: `concurrency_sweep concurrency=32`, and a ladder's rung after it
     /// (`concurrency_sweep concurrency=1 rate=4`).
     pub fn name(&self) -> String {
@@ -271,6 +282,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         steady: scaled(s.step.saturating_sub(s.warmup.0)),
                         rate,
                         cancel: CancelPlan::of(&s.cancel),
+                        request: Default::default(),
                     },
                 ));
             }
@@ -290,6 +302,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                     steady: scaled(m.duration.0),
                     rate: None,
                     cancel: None,
+                    request: Default::default(),
                 });
             }
             "sequence_distribution" => {
@@ -316,6 +329,7 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         steady: scaled(d.step.saturating_sub(d.warmup.0)),
                         rate,
                         cancel: CancelPlan::of(&d.cancel),
+                        request: Default::default(),
                     },
                 ));
             }
@@ -339,36 +353,59 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                         steady: scaled(p.step.saturating_sub(p.warmup.0)),
                         rate,
                         cancel: CancelPlan::of(&p.cancel),
+                        request: Default::default(),
                     },
                 ));
             }
             "trace_replay" => {
                 let Some(r) = &w.trace_replay else { continue };
-                for (index, t) in r.traces.iter().enumerate() {
-                    steps.push(StepPlan {
-                        workload,
-                        index,
-                        kind: StepKind::Trace {
-                            name: t.name.value.clone(),
-                            path: t.path.value.clone(),
-                            format: t.format,
-                            block_size: *t.block_size,
-                            speed: *r.speed,
-                            sample: *r.sample,
-                            max_rows: r.max_rows.as_ref().map(|m| **m),
-                            max_inflight: *r.max_inflight,
-                        },
-                        warmup: scaled(r.warmup.0),
-                        steady: scaled(r.step.saturating_sub(r.warmup.0)),
-                        rate: None,
-                        cancel: None,
-                    });
-                }
+                steps.extend(trace_steps(r, &scaled));
             }
             _ => {}
         }
     }
+    with_requests(cfg, &mut steps);
     steps
+}
+
+/// Trace replay's steps, one per trace, with durations scaled by `scaled`.
+fn trace_steps<'a>(
+    r: &'a TraceReplay,
+    scaled: &'a impl Fn(Duration) -> Duration,
+) -> impl Iterator<Item = StepPlan> + 'a {
+    r.traces.iter().enumerate().map(|(index, t)| StepPlan {
+        workload: "trace_replay",
+        index,
+        kind: StepKind::Trace {
+            name: t.name.value.clone(),
+            path: t.path.value.clone(),
+            format: t.format,
+            block_size: *t.block_size,
+            speed: *r.speed,
+            sample: *r.sample,
+            max_rows: r.max_rows.as_ref().map(|m| **m),
+            max_inflight: *r.max_inflight,
+        },
+        warmup: scaled(r.warmup.0),
+        steady: scaled(r.step.saturating_sub(r.warmup.0)),
+        rate: None,
+        cancel: None,
+        request: Default::default(),
+    })
+}
+
+/// Hands each step its workload's `request:`, one copy per workload shared by its steps.
+fn with_requests(cfg: &Config, steps: &mut [StepPlan]) {
+    let w = &cfg.workloads;
+    let requests: Vec<(&str, Arc<RequestOptions>)> = WORKLOAD_NAMES
+        .into_iter()
+        .filter_map(|name| Some((name, Arc::new(w.request(name)?.clone()))))
+        .collect();
+    for step in steps {
+        if let Some((_, r)) = requests.iter().find(|(name, _)| *name == step.workload) {
+            step.request = Arc::clone(r);
+        }
+    }
 }
 
 mod secs {

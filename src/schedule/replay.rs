@@ -228,7 +228,7 @@ impl Session {
             ) {
                 return;
             }
-            let estimate = ctx.estimates.get(&self.target.name).copied();
+            let estimate = ctx.estimate(self.t);
             let body = body_tokens(estimate, r.input_length as usize);
             let prompt = match self.prompts.prompt(r, body, row as u64) {
                 Ok(p) => p,
@@ -246,7 +246,7 @@ impl Session {
             let slot_at = Instant::now();
             let req = StreamRequest {
                 request_id: ctx.request_id(self.runner.run_salt, self.t, self.k, turn),
-                prompt: as_prompt(self.target.endpoint.api(), prompt.text),
+                prompt: as_prompt(ctx.endpoint(self.t).endpoint.api(), prompt.text),
                 osl: r.output_length.max(1),
             };
             let hits = replay.hits[row];
@@ -268,7 +268,8 @@ impl Session {
             let Some(rec) = rec else {
                 return;
             };
-            self.runner.learn(&self.target.name, &rec, body);
+            self.runner
+                .learn(&ctx.endpoint(self.t).overhead_key, &rec, body);
             // A failed turn ends its session, as it would for a user.
             let Some(next) = replay.next[row].filter(|_| rec.outcome.is_ok()) else {
                 return;

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Built, Runner, StepCtx, as_prompt};
+use super::context::{Built, Runner, StepCtx, StepEndpoint, as_prompt};
 use super::plan::{StepKind, StepPlan};
 use super::target::Target;
 use crate::client::{Cancel, RequestRecord, StreamRequest};
@@ -99,7 +99,7 @@ impl Runner {
             pairing: self.pairing,
             budget: Arc::clone(&self.budget),
             goodput: self.goodput,
-            stream_by_workload: self.stream_by_workload.clone(),
+            endpoints: Arc::clone(&self.endpoints),
         }
     }
 
@@ -249,13 +249,39 @@ impl Runner {
         }
     }
 
-    /// Each target's prompt-overhead estimate now, by target name.
-    fn estimates(&self, targets: &[usize]) -> HashMap<String, OverheadEstimate> {
+    /// The prompt-overhead estimates of these endpoints now, by their overhead keys.
+    fn estimates(
+        &self,
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
+    ) -> HashMap<String, OverheadEstimate> {
+        endpoints
+            .values()
+            .filter_map(|e| {
+                let key = &e.overhead_key;
+                Some((key.clone(), self.overhead.estimate(key)?))
+            })
+            .collect()
+    }
+
+    /// Each of `targets`' endpoints for `plan`'s workload (built once per target and workload,
+    /// [`EndpointCache`]). A target whose endpoint cannot be built (the config's check refuses
+    /// what would fail here) is left out of the step, said once.
+    fn step_endpoints(
+        &self,
+        plan: &StepPlan,
+        targets: &[usize],
+    ) -> HashMap<usize, Arc<StepEndpoint>> {
         targets
             .iter()
             .filter_map(|&t| {
-                let name = &self.targets[t].name;
-                Some((name.clone(), self.overhead.estimate(name)?))
+                let target = &self.targets[t];
+                match self.endpoints.get(target, plan.workload, &plan.request) {
+                    Ok(e) => Some((t, e)),
+                    Err(e) => {
+                        tracing::error!(target = %target.name, step = %plan.name(), error = %e, "the workload's request options do not apply to the target; it sits the step out");
+                        None
+                    }
+                }
             })
             .collect()
     }
@@ -295,16 +321,17 @@ impl Runner {
         cycle: u64,
         targets: &[usize],
         builder: &PromptBuilder,
-        estimates: &HashMap<String, OverheadEstimate>,
+        endpoints: &HashMap<usize, Arc<StepEndpoint>>,
         hard_stop: &CancellationToken,
     ) {
         let StepKind::Prefix { ratio, isl, .. } = &plan.kind else {
             return;
         };
+        let estimates = self.estimates(endpoints);
         let shared: Vec<(usize, usize)> = targets
             .iter()
             .map(|&t| {
-                let estimate = estimates.get(&self.targets[t].name).copied();
+                let estimate = estimates.get(&endpoints[&t].overhead_key).copied();
                 let body = body_tokens(estimate, *isl as usize);
                 let shared = builder.shared_prefix_tokens(*isl as usize, *ratio);
                 (t, builder.prefix_len(body, shared))
@@ -312,7 +339,7 @@ impl Runner {
             .filter(|(_, shared)| *shared > 0)
             .collect();
         if !shared.is_empty() {
-            self.warm_prefixes(builder, &shared, cycle, plan, hard_stop)
+            self.warm_prefixes(builder, &shared, endpoints, cycle, plan, hard_stop)
                 .await;
         }
     }
@@ -377,12 +404,20 @@ impl Runner {
             self.seed,
             &[workload_code(plan.workload), plan.index as u64, cycle],
         );
-        let estimates = self.estimates(targets);
+        let endpoints = self.step_endpoints(plan, targets);
+        let targets: Vec<usize> = targets
+            .iter()
+            .copied()
+            .filter(|t| endpoints.contains_key(t))
+            .collect();
+        let targets = &targets[..];
         let Some(builder) = self.step_builder(plan) else {
             return Vec::new();
         };
-        self.warm_step_prefixes(plan, cycle, targets, &builder, &estimates, hard_stop)
+        self.warm_step_prefixes(plan, cycle, targets, &builder, &endpoints, hard_stop)
             .await;
+        // After the prefix warmup, which teaches the estimates too.
+        let estimates = self.estimates(&endpoints);
         // A trace is read once per step, before its clock starts, and replayed alike to every
         // target.
         let replay = match super::replay::Replay::for_step(
@@ -407,6 +442,7 @@ impl Runner {
             step_seed,
             builder,
             estimates,
+            endpoints,
             start: t0,
             warmup_end: t0 + plan.warmup,
             send_end,
@@ -514,7 +550,7 @@ impl Runner {
     pub(super) fn build(
         &self,
         ctx: &StepCtx,
-        target: &Target,
+        t: usize,
         worker: u64,
         k: u64,
         sampler: Option<&mut (LengthSampler, LengthSampler)>,
@@ -535,7 +571,7 @@ impl Runner {
             }
             StepKind::MultiTurn { .. } | StepKind::Trace { .. } => return None,
         };
-        let body = body_tokens(ctx.estimates.get(&target.name).copied(), isl as usize);
+        let body = body_tokens(ctx.estimate(t), isl as usize);
         match ctx.builder.build(&PromptRequest {
             tokens: body,
             shared_prefix_tokens: shared,
@@ -548,7 +584,7 @@ impl Runner {
                 } else {
                     0
                 },
-                prompt: as_prompt(target.endpoint.api(), p.text),
+                prompt: as_prompt(ctx.endpoint(t).endpoint.api(), p.text),
                 osl,
                 body_tokens: body,
                 isl,
@@ -594,12 +630,12 @@ impl Runner {
         let mut rec = self
             .client
             .send_cancelling(
-                &target.endpoint,
+                &ctx.endpoint(t).endpoint,
                 &req,
                 intended,
                 ctx.hard_stop.cancelled(),
                 cancel,
-                self.streams(ctx.plan.workload, target),
+                ctx.plan.streams(target),
             )
             .await;
         rec.slot_at = slot_at;

@@ -30,8 +30,6 @@ pub(super) struct CompletionBody {
     pub(super) ignore_eos: bool,
     #[serde(default)]
     pub(super) nvext: Option<NvExt>,
-    #[serde(default)]
-    pub(super) user: Option<String>,
 }
 
 /// The request fields the OpenAI API defines for chat and completions; with
@@ -76,12 +74,14 @@ pub(super) fn unknown_field(bytes: &[u8]) -> Option<String> {
         .cloned()
 }
 
-/// One line of the request log: what the serving side sees of a request besides its prompt.
+/// One line of the request log: what the serving side sees of a request besides its prompt:
+/// its headers (`Authorization` redacted), its `user` field, and its body without the prompt
+/// (`messages`, `prompt`), so the fields a config adds can be seen as they arrived.
 pub(super) fn log_request(
     state: &ServerState,
     endpoint: Endpoint,
     headers: &hyper::HeaderMap,
-    user: Option<&str>,
+    bytes: &[u8],
 ) {
     let Some(log) = &state.request_log else {
         return;
@@ -97,11 +97,16 @@ pub(super) fn log_request(
             (name.as_str().to_owned(), Value::String(value))
         })
         .collect();
+    let mut body: serde_json::Map<String, Value> =
+        serde_json::from_slice(bytes).unwrap_or_default();
+    body.remove("messages");
+    body.remove("prompt");
     let line = json!({
         "received_unix": unix_now(),
         "endpoint": endpoint.as_str(),
         "headers": headers,
-        "user": user,
+        "user": body.get("user"),
+        "body": body,
     });
     let mut log = log
         .lock()

@@ -266,7 +266,7 @@ async fn completion(
         Err(e) => return reject(&state, endpoint, "unknown", &e.to_string()),
     };
     if let Some(headers) = &headers {
-        log_request(&state, endpoint, headers, body.user.as_deref());
+        log_request(&state, endpoint, headers, &bytes);
     }
     let request_type = if body.stream { "stream" } else { "unary" };
     if let Some(refused) = refusal(&state, endpoint, &bytes, request_type, &plan) {
