@@ -19,7 +19,10 @@ pub const OWNED_BODY_FIELDS: [(&str, &str); 11] = [
     ("model", "it is the target's `model`"),
     ("messages", "the workload builds the prompt"),
     ("prompt", "the workload builds the prompt"),
-    ("stream", "every latency is read from the stream"),
+    (
+        "stream",
+        "`request.stream: false` sends non-streaming requests, measured as such",
+    ),
     (
         "stream_options",
         "token counts are read from the stream's usage",
