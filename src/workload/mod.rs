@@ -1,7 +1,7 @@
 //! What the canary sends: prompts of exact token length with shared prefixes of whole KV blocks
 //! and the learner of a server's prompt overhead ([`prompt`]), the token counting they are built
-//! with ([`tokenizer`]), the seeded samplers of lengths and open-loop arrivals ([`sampler`]), and
-//! request traces for replay ([`trace`]).
+//! with ([`tokenizer`]), the seeded samplers of lengths and open-loop arrivals ([`sampler`]),
+//! request traces for replay ([`trace`]), and datasets of real prompts ([`dataset`]).
 
 /// Prompt tokens of one request, a conversation's last turn included: every length is held to
 /// it before a prompt is built, a config's and a trace file's alike.
@@ -12,4 +12,5 @@ pub const MAX_OSL: u32 = 131_072;
 pub mod prompt;
 pub mod sampler;
 pub mod tokenizer;
+pub mod dataset;
 pub mod trace;
