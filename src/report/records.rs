@@ -56,6 +56,9 @@ struct Line<'a> {
     /// connection it first went out on was lost before any byte of an answer. Both attempts are
     /// inside its TTFT.
     connection_retried: bool,
+    /// The prompt tokens the canary counted for the request with its tokenizer, before the
+    /// server's chat template (`null` where it counted none).
+    requested_isl: Option<u32>,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -229,6 +232,7 @@ impl BenchSink {
                 .map(|s| ms(s.saturating_duration_since(rec.intended))),
             connect_ms: rec.connect.map(ms),
             connection_retried: rec.retried,
+            requested_isl: (req.isl > 0).then_some(req.isl),
             requested_osl: req.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),

@@ -91,6 +91,7 @@ impl StepCtx {
             "multi_turn" => "mt",
             "sequence_distribution" => "sd",
             "prefix_cache" => "pc",
+            "dataset" => "ds",
             _ => "tr",
         };
         format!(

@@ -8,6 +8,9 @@
 pub const MAX_ISL: u32 = 262_144;
 /// Output tokens of one request.
 pub const MAX_OSL: u32 = 131_072;
+/// Turns of one conversation: a multi-turn workload's, a dataset conversation's (the `turn`
+/// label's values).
+pub const MAX_TURNS: u32 = 100;
 
 pub mod prompt;
 pub mod sampler;

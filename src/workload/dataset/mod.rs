@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use super::tokenizer::TokenModel;
 use super::{MAX_ISL, MAX_OSL};
+#[cfg(test)]
+use super::MAX_TURNS;
 
 pub mod parse;
 
@@ -29,9 +31,6 @@ pub const MAX_DATASET_BYTES: u64 = 1 << 30;
 
 /// The most bad rows one error lists; the rest are counted.
 pub const MAX_LISTED_ROWS: usize = 20;
-
-/// The most turns of one conversation any config may replay (the `turn` label's values).
-pub const MAX_TURNS: u32 = 100;
 
 /// Datasets kept measured in the process (see [`Dataset::load_shared`]).
 const KEPT_DATASETS: usize = 4;
@@ -238,27 +237,33 @@ impl Dataset {
         tokens: &TokenModel,
         selection: &Selection,
     ) -> Result<Arc<Dataset>, DatasetError> {
-        static KEPT: Mutex<VecDeque<(Key, Arc<Dataset>)>> = Mutex::new(VecDeque::new());
-        let meta = std::fs::metadata(path).ok();
-        let key = Key {
-            path: path.to_owned(),
-            len: meta.as_ref().map(std::fs::Metadata::len),
-            modified: meta.and_then(|m| m.modified().ok()),
-            format,
-            tokenizer: tokens.source().to_owned(),
-            selection: selection.clone(),
-        };
-        let lock = || KEPT.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, d)) = lock().iter().find(|(k, _)| *k == key) {
-            return Ok(Arc::clone(d));
+        let key = Key::of(path, format, Some(tokens.source()), selection);
+        if let Some(d) = kept().iter().find(|(k, _)| *k == key) {
+            return Ok(Arc::clone(&d.1));
         }
         let dataset = Arc::new(Dataset::load(path, format, tokens, selection)?);
-        let mut kept = lock();
+        let mut kept = kept();
         if kept.len() >= KEPT_DATASETS {
             kept.pop_front();
         }
         kept.push_back((key, Arc::clone(&dataset)));
         Ok(dataset)
+    }
+
+    /// The reading [`Dataset::load_shared`] keeps of this file and selection, with whatever
+    /// tokenizer it was measured: what the plan's cost estimate reads, never reading the file
+    /// itself; `None` when no reading is kept.
+    pub fn kept_reading(
+        path: &Path,
+        format: Option<DatasetFormat>,
+        selection: &Selection,
+    ) -> Option<Arc<Dataset>> {
+        let key = Key::of(path, format, None, selection);
+        kept()
+            .iter()
+            .rev()
+            .find(|(k, _)| Key { tokenizer: None, ..k.clone() } == key)
+            .map(|(_, d)| Arc::clone(d))
     }
 
     /// The rows measured with `tokens`, filtered, ordered and cut as `selection` says. Rows are
@@ -339,14 +344,41 @@ impl Dataset {
 }
 
 /// What [`Dataset::load_shared`] keeps a reading by.
-#[derive(PartialEq)]
+#[derive(Clone, PartialEq)]
 struct Key {
     path: PathBuf,
     len: Option<u64>,
     modified: Option<std::time::SystemTime>,
     format: Option<DatasetFormat>,
-    tokenizer: String,
+    /// The tokenizer's source (`TokenModel::source`).
+    tokenizer: Option<String>,
     selection: Selection,
+}
+
+impl Key {
+    fn of(
+        path: &Path,
+        format: Option<DatasetFormat>,
+        tokenizer: Option<&str>,
+        selection: &Selection,
+    ) -> Key {
+        let meta = std::fs::metadata(path).ok();
+        Key {
+            path: path.to_owned(),
+            len: meta.as_ref().map(std::fs::Metadata::len),
+            modified: meta.and_then(|m| m.modified().ok()),
+            format,
+            tokenizer: tokenizer.map(str::to_owned),
+            selection: selection.clone(),
+        }
+    }
+}
+
+/// The readings kept, oldest first: a process reads a dataset once for `check`'s validation,
+/// its warnings, the plan's cost and every step of a run, and again only when the file changed.
+fn kept() -> std::sync::MutexGuard<'static, VecDeque<(Key, Arc<Dataset>)>> {
+    static KEPT: Mutex<VecDeque<(Key, Arc<Dataset>)>> = Mutex::new(VecDeque::new());
+    KEPT.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn place_order(place: Place) -> (usize, usize) {
