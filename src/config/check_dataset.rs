@@ -42,10 +42,14 @@ impl Check {
             None => TokenModel::approximate(),
             Some(t) => match TokenModel::load(Some(&base_dir.join(t.as_str()))) {
                 Ok(tokens) => tokens,
-                Err(e) => {
+                Err(_) => {
+                    // The tokenizer's own problem is reported at `tokenizer`.
                     self.err(
                         d.path.pos,
-                        format!("dataset `{}`: its prompts cannot be measured: {e}", *d.path),
+                        format!(
+                            "dataset `{}`: its prompts cannot be measured without the configured tokenizer",
+                            *d.path
+                        ),
                         Some(
                             "fix `tokenizer`, or leave it out to count with the built-in approximation"
                                 .into(),

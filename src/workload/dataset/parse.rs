@@ -12,8 +12,8 @@ use crate::workload::MAX_OSL;
 /// What is wrong with one row ([`super::DatasetError::Rows`] names the file and the place).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RowProblem {
-    #[error("not JSON: {message} (column {column}); a JSONL dataset has one object per line")]
-    NotJson { message: String, column: usize },
+    #[error("not JSON: {0}; a JSONL dataset has one object per line")]
+    NotJson(String),
     #[error("not {what}: {message}")]
     NotRow { what: &'static str, message: String },
     #[error("not a JSON array of ShareGPT entries: {0}")]
@@ -138,10 +138,7 @@ fn jsonl(text: &str) -> (Vec<Row>, Vec<(Place, RowProblem)>) {
 /// (a ShareGPT conversation) rather than sent as one request.
 fn jsonl_row(line: &str) -> Result<(Vec<Message>, Option<u32>, bool), RowProblem> {
     let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| RowProblem::NotJson {
-            message: e.to_string(),
-            column: e.column(),
-        })?;
+        serde_json::from_str(line).map_err(|e| RowProblem::NotJson(e.to_string()))?;
     let row: JsonlRow = serde_json::from_value(value).map_err(|e| RowProblem::NotRow {
         what: "a dataset row (`prompt`, `messages` or `conversations`)",
         message: e.to_string(),

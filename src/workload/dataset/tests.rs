@@ -107,7 +107,7 @@ fn bad_jsonl_rows_are_each_named_by_their_line() {
         vec![Place::Line(2), Place::Line(3), Place::Line(4), Place::Line(5)],
         "{rows:?}"
     );
-    assert!(matches!(rows[0].1, RowProblem::NotJson { .. }));
+    assert!(matches!(rows[0].1, RowProblem::NotJson(_)));
     assert_eq!(
         rows[1].1,
         RowProblem::Osl {
