@@ -166,8 +166,16 @@ async fn sharegpt_conversations_are_replayed_turn_by_turn_with_their_recorded_hi
         seed: cfg.seed,
     };
     let dataset = Dataset::load(&path, None, &tokens, &selection).unwrap();
-    assert_eq!(dataset.conversations.len(), 4, "the unanswered one is dropped");
-    assert!(seen.len() > 20, "the step loops over the dataset: {}", seen.len());
+    assert_eq!(
+        dataset.conversations.len(),
+        4,
+        "the unanswered one is dropped"
+    );
+    assert!(
+        seen.len() > 20,
+        "the step loops over the dataset: {}",
+        seen.len()
+    );
     for s in &seen {
         assert_eq!(s.outcome, "ok", "{s:?}");
         // The dataset's own text: a conversation's messages up to this turn, in order, the
@@ -206,7 +214,9 @@ async fn sharegpt_conversations_are_replayed_turn_by_turn_with_their_recorded_hi
         }
     }
     assert!(
-        !seen.iter().any(|s| s.messages.iter().any(|m| m.1 == "Is anyone there?")),
+        !seen
+            .iter()
+            .any(|s| s.messages.iter().any(|m| m.1 == "Is anyone there?")),
         "a message without a reply is never sent"
     );
     // Each conversation's turns go in order, each after the previous turn's reply.
@@ -270,7 +280,10 @@ async fn jsonl_prompts_are_sent_one_request_per_row_with_the_configured_osl() {
         assert_eq!(s.osl, 7);
         // A completions prompt: the row's texts, a line each, from the file.
         let text = &s.messages[0].1;
-        assert!(text.lines().all(|l| rows.iter().any(|r| r.contains(l))), "{text:?}");
+        assert!(
+            text.lines().all(|l| rows.iter().any(|r| r.contains(l))),
+            "{text:?}"
+        );
         let isl: u32 = text.lines().map(count).sum();
         assert_eq!(s.isl, isl, "{text:?}");
     }

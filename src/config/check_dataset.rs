@@ -28,7 +28,10 @@ impl Check {
             if *r.min > *r.max {
                 self.err(
                     r.min.pos,
-                    format!("`dataset.isl.min` ({}) is above `dataset.isl.max` ({})", *r.min, *r.max),
+                    format!(
+                        "`dataset.isl.min` ({}) is above `dataset.isl.max` ({})",
+                        *r.min, *r.max
+                    ),
                     None,
                 );
             }

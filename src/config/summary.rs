@@ -185,9 +185,13 @@ impl Config {
                     *d.path,
                     *d.concurrency,
                     *d.step,
-                    d.max_rows.as_ref().map_or("all".to_owned(), |m| m.to_string()),
+                    d.max_rows
+                        .as_ref()
+                        .map_or("all".to_owned(), |m| m.to_string()),
                     *d.max_turns,
-                    d.osl.as_ref().map_or(String::new(), |o| format!(", OSL {}", **o))
+                    d.osl
+                        .as_ref()
+                        .map_or(String::new(), |o| format!(", OSL {}", **o))
                 )
             }),
             _ => None,

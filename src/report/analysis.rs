@@ -90,11 +90,15 @@ impl Report {
             ix.recommendations_table(),
         ];
         // Beside the tables of the steps they describe, before the cost and the answers.
-        let extra = ix.trace_tables().into_iter().chain(
-            [ix.arrivals_table(), ix.cancellations_table()]
-                .into_iter()
-                .flatten(),
-        );
+        let extra = ix
+            .trace_tables()
+            .into_iter()
+            .chain(ix.dataset_table())
+            .chain(
+                [ix.arrivals_table(), ix.cancellations_table()]
+                    .into_iter()
+                    .flatten(),
+            );
         for (i, table) in extra.enumerate() {
             tables.insert(6 + i, table);
         }

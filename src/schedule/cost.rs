@@ -65,10 +65,16 @@ fn mean_lengths(plan: &StepPlan) -> (f64, f64) {
 /// of it (the file is not read again here); `None` for other steps, or when there is none.
 fn dataset_lengths(plan: &StepPlan, seed: u64) -> Option<(f64, f64)> {
     let (path, format, selection) = plan.dataset_selection(seed)?;
-    let d = crate::workload::dataset::Dataset::kept_reading(std::path::Path::new(path), format, &selection)?;
+    let d = crate::workload::dataset::Dataset::kept_reading(
+        std::path::Path::new(path),
+        format,
+        &selection,
+    )?;
     let turns = d.conversations.iter().flat_map(|c| &c.turns);
     let n = d.turns().max(1) as f64;
-    let (osl, isl) = turns.fold((0.0, 0.0), |(o, i), t| (o + f64::from(t.osl), i + f64::from(t.isl)));
+    let (osl, isl) = turns.fold((0.0, 0.0), |(o, i), t| {
+        (o + f64::from(t.osl), i + f64::from(t.isl))
+    });
     Some((osl / n, isl / n))
 }
 

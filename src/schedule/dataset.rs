@@ -84,10 +84,7 @@ impl Runner {
                 }
                 let req = StreamRequest {
                     request_id: ctx.request_id(self.run_salt, t, k, u64::from(number)),
-                    prompt: prompt_of(
-                        target.endpoint.api(),
-                        &conversation.messages[..turn.upto],
-                    ),
+                    prompt: prompt_of(target.endpoint.api(), &conversation.messages[..turn.upto]),
                     osl: turn.osl,
                 };
                 let Some(rec) = self

@@ -370,53 +370,72 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
             }
             "trace_replay" => {
                 let Some(r) = &w.trace_replay else { continue };
-                for (index, t) in r.traces.iter().enumerate() {
-                    steps.push(StepPlan {
-                        workload,
-                        index,
-                        kind: StepKind::Trace {
-                            name: t.name.value.clone(),
-                            path: t.path.value.clone(),
-                            format: t.format,
-                            block_size: *t.block_size,
-                            speed: *r.speed,
-                            sample: *r.sample,
-                            max_rows: r.max_rows.as_ref().map(|m| **m),
-                            max_inflight: *r.max_inflight,
-                        },
-                        warmup: scaled(r.warmup.0),
-                        steady: scaled(r.step.saturating_sub(r.warmup.0)),
-                        rate: None,
-                        cancel: None,
-                    });
-                }
+                steps.extend(trace_steps(r, &scaled));
             }
             "dataset" => {
                 let Some(d) = &w.dataset else { continue };
-                let selection = d.selection(cfg.seed);
-                steps.push(StepPlan {
-                    workload,
-                    index: 0,
-                    kind: StepKind::Dataset {
-                        path: d.path.value.clone(),
-                        format: d.format,
-                        concurrency: *d.concurrency,
-                        osl: selection.osl,
-                        isl: selection.isl,
-                        max_rows: selection.max_rows,
-                        max_turns: selection.max_turns,
-                        shuffle: selection.shuffle,
-                    },
-                    warmup: scaled(d.warmup.0),
-                    steady: scaled(d.step.saturating_sub(d.warmup.0)),
-                    rate: None,
-                    cancel: None,
-                });
+                steps.push(dataset_step(d, cfg.seed, &scaled));
             }
             _ => {}
         }
     }
     steps
+}
+
+/// A `trace_replay`'s steps: one per trace.
+fn trace_steps(
+    r: &crate::config::TraceReplay,
+    scaled: &dyn Fn(Duration) -> Duration,
+) -> Vec<StepPlan> {
+    r.traces
+        .iter()
+        .enumerate()
+        .map(|(index, t)| StepPlan {
+            workload: "trace_replay",
+            index,
+            kind: StepKind::Trace {
+                name: t.name.value.clone(),
+                path: t.path.value.clone(),
+                format: t.format,
+                block_size: *t.block_size,
+                speed: *r.speed,
+                sample: *r.sample,
+                max_rows: r.max_rows.as_ref().map(|m| **m),
+                max_inflight: *r.max_inflight,
+            },
+            warmup: scaled(r.warmup.0),
+            steady: scaled(r.step.saturating_sub(r.warmup.0)),
+            rate: None,
+            cancel: None,
+        })
+        .collect()
+}
+
+/// A `dataset`'s one step.
+fn dataset_step(
+    d: &crate::config::DatasetWorkload,
+    seed: u64,
+    scaled: &dyn Fn(Duration) -> Duration,
+) -> StepPlan {
+    let selection = d.selection(seed);
+    StepPlan {
+        workload: "dataset",
+        index: 0,
+        kind: StepKind::Dataset {
+            path: d.path.value.clone(),
+            format: d.format,
+            concurrency: *d.concurrency,
+            osl: selection.osl,
+            isl: selection.isl,
+            max_rows: selection.max_rows,
+            max_turns: selection.max_turns,
+            shuffle: selection.shuffle,
+        },
+        warmup: scaled(d.warmup.0),
+        steady: scaled(d.step.saturating_sub(d.warmup.0)),
+        rate: None,
+        cancel: None,
+    }
 }
 
 mod secs {

@@ -12,8 +12,8 @@ pub const MAX_OSL: u32 = 131_072;
 /// label's values).
 pub const MAX_TURNS: u32 = 100;
 
+pub mod dataset;
 pub mod prompt;
 pub mod sampler;
 pub mod tokenizer;
-pub mod dataset;
 pub mod trace;

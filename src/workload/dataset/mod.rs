@@ -17,10 +17,10 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use super::tokenizer::TokenModel;
-use super::{MAX_ISL, MAX_OSL};
 #[cfg(test)]
 use super::MAX_TURNS;
+use super::tokenizer::TokenModel;
+use super::{MAX_ISL, MAX_OSL};
 
 pub mod parse;
 
@@ -262,7 +262,12 @@ impl Dataset {
         kept()
             .iter()
             .rev()
-            .find(|(k, _)| Key { tokenizer: None, ..k.clone() } == key)
+            .find(|(k, _)| {
+                Key {
+                    tokenizer: None,
+                    ..k.clone()
+                } == key
+            })
             .map(|(_, d)| Arc::clone(d))
     }
 

@@ -18,9 +18,7 @@ pub enum RowProblem {
     NotRow { what: &'static str, message: String },
     #[error("not a JSON array of ShareGPT entries: {0}")]
     NotArray(String),
-    #[error(
-        "has no output length: add `output_tokens` to the row, or set `workloads.dataset.osl`"
-    )]
+    #[error("has no output length: add `output_tokens` to the row, or set `workloads.dataset.osl`")]
     NoOutputLength,
     #[error(
         "`{field}` is `{value}`; a speaker is `human` (or `user`), `gpt` (or `assistant`) or \
@@ -75,10 +73,7 @@ fn speaker(value: &str) -> Option<Speaker> {
     }
 }
 
-fn conversation(
-    messages: Vec<ShareGptMessage>,
-    key: &str,
-) -> Result<Vec<Message>, RowProblem> {
+fn conversation(messages: Vec<ShareGptMessage>, key: &str) -> Result<Vec<Message>, RowProblem> {
     messages
         .into_iter()
         .enumerate()

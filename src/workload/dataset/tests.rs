@@ -77,7 +77,11 @@ fn jsonl_rows_are_one_request_each_with_their_output_tokens() {
     let (_d, path) = file("prompts.jsonl", text);
     let d = Dataset::load(&path, None, &tokens, &everything()).unwrap();
     assert_eq!(d.format, DatasetFormat::Jsonl);
-    let c: Vec<_> = d.conversations.iter().map(|c| (c.place, c.turns.clone())).collect();
+    let c: Vec<_> = d
+        .conversations
+        .iter()
+        .map(|c| (c.place, c.turns.clone()))
+        .collect();
     let song = tokens.count("Write a song about the sea.") as u32;
     let salt = (tokens.count("Be brief.") + tokens.count("What is salt?")) as u32;
     let hello = tokens.count("Hello there") as u32;
@@ -85,9 +89,30 @@ fn jsonl_rows_are_one_request_each_with_their_output_tokens() {
     assert_eq!(
         c,
         vec![
-            (Place::Line(1), vec![Turn { upto: 1, isl: song, osl: 40 }]),
-            (Place::Line(3), vec![Turn { upto: 2, isl: salt, osl: 12 }]),
-            (Place::Line(4), vec![Turn { upto: 1, isl: hello, osl: hi }]),
+            (
+                Place::Line(1),
+                vec![Turn {
+                    upto: 1,
+                    isl: song,
+                    osl: 40
+                }]
+            ),
+            (
+                Place::Line(3),
+                vec![Turn {
+                    upto: 2,
+                    isl: salt,
+                    osl: 12
+                }]
+            ),
+            (
+                Place::Line(4),
+                vec![Turn {
+                    upto: 1,
+                    isl: hello,
+                    osl: hi
+                }]
+            ),
         ]
     );
 }
@@ -104,7 +129,12 @@ fn bad_jsonl_rows_are_each_named_by_their_line() {
     let places: Vec<Place> = rows.iter().map(|r| r.0).collect();
     assert_eq!(
         places,
-        vec![Place::Line(2), Place::Line(3), Place::Line(4), Place::Line(5)],
+        vec![
+            Place::Line(2),
+            Place::Line(3),
+            Place::Line(4),
+            Place::Line(5)
+        ],
         "{rows:?}"
     );
     assert!(matches!(rows[0].1, RowProblem::NotJson(_)));
@@ -115,7 +145,10 @@ fn bad_jsonl_rows_are_each_named_by_their_line() {
             value: 0
         }
     );
-    assert!(matches!(rows[2].1, RowProblem::NotRow { .. } | RowProblem::NoPrompt));
+    assert!(matches!(
+        rows[2].1,
+        RowProblem::NotRow { .. } | RowProblem::NoPrompt
+    ));
     assert!(matches!(&rows[3].1, RowProblem::Speaker { field, .. } if field == "messages[0].role"));
     // Line 6 lacks an output length: told once the structure is right, as its own problem.
     let (_d, path) = file("nolen.jsonl", "{\"prompt\": \"no length\"}\n");
@@ -140,7 +173,10 @@ fn bad_sharegpt_entries_are_each_named_by_their_index() {
         panic!("{err}");
     };
     let places: Vec<Place> = rows.iter().map(|r| r.0).collect();
-    assert_eq!(places, vec![Place::Index(1), Place::Index(2), Place::Index(3)]);
+    assert_eq!(
+        places,
+        vec![Place::Index(1), Place::Index(2), Place::Index(3)]
+    );
     assert!(
         matches!(&rows[1].1, RowProblem::Speaker { field, value } if field == "conversations[0].from" && value == "robot")
     );
@@ -151,7 +187,10 @@ fn bad_sharegpt_entries_are_each_named_by_their_index() {
     let DatasetError::Rows { rows, .. } = &err else {
         panic!("{err}");
     };
-    assert!(matches!(rows[0], (Place::Position { line: 1, .. }, RowProblem::NotArray(_))));
+    assert!(matches!(
+        rows[0],
+        (Place::Position { line: 1, .. }, RowProblem::NotArray(_))
+    ));
 }
 
 #[test]
@@ -187,7 +226,11 @@ fn the_isl_range_drops_rows_and_cuts_later_turns_and_max_rows_takes_a_seeded_sam
     assert_eq!(d.report.outside_isl, 9);
     // A second turn of 2n+1 tokens above 150 is cut: rows of 80..=150 words lose it.
     assert_eq!(d.report.turns_cut, 8);
-    assert!(d.conversations.iter().all(|c| c.turns[0].isl >= 50 && c.turns[0].isl <= 150));
+    assert!(
+        d.conversations
+            .iter()
+            .all(|c| c.turns[0].isl >= 50 && c.turns[0].isl <= 150)
+    );
     let sample = |seed| {
         let s = Selection {
             max_rows: Some(5),
@@ -207,13 +250,20 @@ fn the_isl_range_drops_rows_and_cuts_later_turns_and_max_rows_takes_a_seeded_sam
         ..everything()
     };
     let d = Dataset::load(&path, None, &tokens, &osl).unwrap();
-    assert!(d.conversations.iter().all(|c| c.turns.len() == 1 && c.turns[0].osl == 33));
+    assert!(
+        d.conversations
+            .iter()
+            .all(|c| c.turns.len() == 1 && c.turns[0].osl == 33)
+    );
     assert_eq!(d.report.turns_cut, 20);
 }
 
 #[test]
 fn nothing_left_is_an_error_with_the_report() {
-    let (_d, path) = file("short.jsonl", "{\"prompt\": \"tiny\", \"output_tokens\": 4}\n");
+    let (_d, path) = file(
+        "short.jsonl",
+        "{\"prompt\": \"tiny\", \"output_tokens\": 4}\n",
+    );
     let selection = Selection {
         isl: Some((100, 200)),
         ..everything()
@@ -226,11 +276,18 @@ fn nothing_left_is_an_error_with_the_report() {
 #[test]
 fn a_shared_reading_is_read_once_until_the_file_changes() {
     let tokens = TokenModel::approximate();
-    let (_d, path) = file("once.jsonl", "{\"prompt\": \"one two\", \"output_tokens\": 4}\n");
+    let (_d, path) = file(
+        "once.jsonl",
+        "{\"prompt\": \"one two\", \"output_tokens\": 4}\n",
+    );
     let a = Dataset::load_shared(&path, None, &tokens, &everything()).unwrap();
     let b = Dataset::load_shared(&path, None, &tokens, &everything()).unwrap();
     assert!(Arc::ptr_eq(&a, &b));
-    std::fs::write(&path, "{\"prompt\": \"one two three four\", \"output_tokens\": 4}\n").unwrap();
+    std::fs::write(
+        &path,
+        "{\"prompt\": \"one two three four\", \"output_tokens\": 4}\n",
+    )
+    .unwrap();
     let c = Dataset::load_shared(&path, None, &tokens, &everything()).unwrap();
     assert_eq!(c.conversations[0].turns[0].isl, 4);
 }
