@@ -143,8 +143,7 @@ async fn run(cfg: &Config) -> Vec<Seen> {
         assert_eq!(r.measurements.errors, 0, "{r:?}");
     }
     deployment.stop().await;
-    let seen = capture.0.lock().unwrap().clone();
-    seen
+    capture.0.lock().unwrap().clone()
 }
 
 #[tokio::test(start_paused = true)]
@@ -287,4 +286,50 @@ async fn jsonl_prompts_are_sent_one_request_per_row_with_the_configured_osl() {
         let isl: u32 = text.lines().map(count).sum();
         assert_eq!(s.isl, isl, "{text:?}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bench_search_probes_send_the_datasets_prompts() {
+    use llm_canary::report::search::{SearchOptions, run_search};
+    use llm_canary::setup::Setup;
+    use llm_canary::shutdown::Shutdown;
+    let yaml = format!(
+        r#"
+targets:
+  - {{ name: agg, serving_mode: aggregated, model: sim, simulated: {{ profile: default }} }}
+workloads:
+  dataset: {{ path: "{}", shuffle: false, step: 4s, warmup: 1s }}
+"#,
+        fixture("sharegpt-small.json").display()
+    );
+    let setup = Setup::parse(&yaml, "search.yaml", Path::new(".")).unwrap();
+    let result = run_search(
+        SearchOptions {
+            setup,
+            condition: "p99(ttft) < 10s".into(),
+            max_level: 4,
+            out: None,
+            live_progress: false,
+        },
+        &Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        result.dataset.as_deref(),
+        Some(
+            fixture("sharegpt-small.json")
+                .display()
+                .to_string()
+                .as_str()
+        )
+    );
+    let target = &result.targets[0];
+    assert_eq!(target.max_concurrency, Some(4), "{target:?}");
+    assert!(
+        target
+            .probes
+            .iter()
+            .all(|p| p.requests > 0 && p.errors == 0)
+    );
 }

@@ -411,8 +411,8 @@ fn trace_steps(
         .collect()
 }
 
-/// A `dataset`'s one step.
-fn dataset_step(
+/// A `dataset`'s one step (and, at other concurrencies, the probes of `bench --search`).
+pub fn dataset_step(
     d: &crate::config::DatasetWorkload,
     seed: u64,
     scaled: &dyn Fn(Duration) -> Duration,
