@@ -42,8 +42,9 @@ impl Check {
             return;
         }
         let tokens = match &cfg.tokenizer {
-            None => TokenModel::approximate(),
-            Some(t) => match TokenModel::load(Some(&base_dir.join(t.as_str()))) {
+            None => std::sync::Arc::new(TokenModel::approximate()),
+            // Read once: the run's start-up takes the same reading.
+            Some(t) => match TokenModel::load_shared(Some(&base_dir.join(t.as_str()))) {
                 Ok(tokens) => tokens,
                 Err(_) => {
                     // The tokenizer's own problem is reported at `tokenizer`.
