@@ -124,6 +124,10 @@ workloads:
 }
 
 async fn run(cfg: &Config) -> Vec<Seen> {
+    run_with_results(cfg).await.0
+}
+
+async fn run_with_results(cfg: &Config) -> (Vec<Seen>, Vec<llm_canary::model::StepResult>) {
     let steps = plan_cycle(cfg);
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].name(), "dataset concurrency=2");
@@ -143,7 +147,8 @@ async fn run(cfg: &Config) -> Vec<Seen> {
         assert_eq!(r.measurements.errors, 0, "{r:?}");
     }
     deployment.stop().await;
-    capture.0.lock().unwrap().clone()
+    let seen = capture.0.lock().unwrap().clone();
+    (seen, results)
 }
 
 #[tokio::test(start_paused = true)]
@@ -332,4 +337,34 @@ workloads:
             .iter()
             .all(|p| p.requests > 0 && p.errors == 0)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn turns_above_the_targets_context_length_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok_path = tokenizer_file(dir.path());
+    let path = fixture("sharegpt-small.json");
+    let mut cfg = config(&path, &tok_path, "chat", "");
+    // A bound that holds the first turns but not the longer histories of the later ones.
+    for t in &mut cfg.targets {
+        t.max_input_tokens = Some(llm_canary::config::At::dflt(120));
+    }
+    let (seen, results) = run_with_results(&cfg).await;
+    assert!(!seen.is_empty());
+    for s in &seen {
+        assert!(s.isl + s.osl <= 120, "sent above the bound: {s:?}");
+    }
+    // Counted per turn (the step's total, where there is one, sums them again).
+    let skipped: u64 = results
+        .iter()
+        .filter(|r| !r.total)
+        .map(|r| {
+            r.measurements
+                .skipped
+                .get("context_length")
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(skipped > 0, "{results:?}");
 }
