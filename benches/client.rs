@@ -145,6 +145,7 @@ impl ClientSide {
         let rec = self.client.send(&self.endpoint, req, intended).await;
         let ctx = RecordContext {
             target_index: 0,
+            isl: 0,
             labels,
             phase: Phase::Steady,
             osl: req.osl,

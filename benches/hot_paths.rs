@@ -135,6 +135,7 @@ fn record_request(c: &mut Criterion) {
     let rec = record(256);
     let ctx = RecordContext {
         target_index: 0,
+        isl: 0,
         labels: &labels,
         phase: Phase::Steady,
         osl: 256,

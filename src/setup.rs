@@ -83,6 +83,7 @@ impl Setup {
         warnings.extend(quantile_warnings(&cfg, &slos));
         warnings.extend(drain_warnings(&cfg));
         warnings.extend(trace_warnings(&cfg, base_dir));
+        warnings.extend(dataset_warnings(&cfg));
         Ok(Setup {
             config: cfg,
             slos,
@@ -341,7 +342,7 @@ fn step_shapes(cfg: &Config) -> Vec<WorkloadShape> {
                 let top = streams(&p.rate, *p.concurrency);
                 (shape(*p.isl, *p.osl, top, *p.isl + *p.osl / 2), p.osl.pos)
             }),
-            // A trace's lengths are its rows': not estimated.
+            // A trace's and a dataset's lengths are their rows': not estimated.
             _ => None,
         };
         if let Some((shape, pos)) = shape {
@@ -410,6 +411,43 @@ fn trace_warnings(cfg: &Config, base_dir: &Path) -> Vec<config::Diagnostic> {
                     .hint("see docs/METRICS.md, \"Trace replay\""),
             );
         }
+    }
+    out
+}
+
+/// A dataset's rows its filters dropped and turns they cut, counted from the reading validation
+/// made (the file is not read again), and a dataset measured without the model's tokenizer: said
+/// at the dataset's `path`. A dataset that does not load is validation's error, not a warning.
+fn dataset_warnings(cfg: &Config) -> Vec<config::Diagnostic> {
+    let Some(d) = &cfg.workloads.dataset else {
+        return Vec::new();
+    };
+    let hint = || "see docs/METRICS.md, \"Datasets\"";
+    let mut out = Vec::new();
+    if cfg.tokenizer.is_none() {
+        out.push(
+            config::Diagnostic::new(
+                d.path.pos,
+                format!(
+                    "warning: dataset `{}`: no `tokenizer` is configured, so its prompts' ISL is the built-in approximation's count, not the model's",
+                    *d.path
+                ),
+            )
+            .hint("set `tokenizer:` to the served model's tokenizer.json or its model directory"),
+        );
+    }
+    let reading = crate::workload::dataset::Dataset::kept_reading(
+        Path::new(d.path.as_str()),
+        d.format,
+        &d.selection(cfg.seed),
+    );
+    if let Some(r) = reading.map(|r| r.report)
+        && r.outside_isl + r.without_turn + r.turns_cut > 0
+    {
+        out.push(
+            config::Diagnostic::new(d.path.pos, format!("warning: dataset `{}`: {r}", *d.path))
+                .hint(hint()),
+        );
     }
     out
 }

@@ -85,15 +85,14 @@ impl Deployment {
         base_dir: &Path,
         attempts: u32,
     ) -> Result<(Deployment, Vec<TargetFailure>), TargetError> {
-        let tokens = Arc::new(
-            TokenModel::load(
-                cfg.tokenizer
-                    .as_ref()
-                    .map(|t| base_dir.join(t.as_str()))
-                    .as_deref(),
-            )
-            .map_err(|e| TargetError::Tokenizer(e.to_string()))?,
-        );
+        // Read once: `check`'s validation of a dataset read it already.
+        let tokens = TokenModel::load_shared(
+            cfg.tokenizer
+                .as_ref()
+                .map(|t| base_dir.join(t.as_str()))
+                .as_deref(),
+        )
+        .map_err(|e| TargetError::Tokenizer(e.to_string()))?;
         let client = stream_client(cfg)?;
         let client = if tokens.is_exact() {
             client.with_token_counter(tokens.clone())

@@ -525,6 +525,7 @@ fn requests_jsonl_follows_the_per_record_contract() {
             "decode_worker_id",
             "connect_ms",
             "connection_retried",
+            "requested_isl",
         ] {
             assert!(r.get(key).is_some(), "{key} missing in {line}");
         }
@@ -540,6 +541,8 @@ fn requests_jsonl_follows_the_per_record_contract() {
         // The simulators answer the dynamo dialect's `nvext` like Dynamo: the server's own
         // timing and the workers that served the request, on every request.
         assert!(r["server_ttft_ms"].as_f64().is_some(), "{line}");
+        // Every workload of the demo counts its prompts' tokens: the ISL it asked for.
+        assert!(r["requested_isl"].as_u64().is_some_and(|n| n > 0), "{line}");
         assert!(r["decode_worker_id"].as_str().is_some(), "{line}");
         let n = |k: &str| r[k].as_u64().unwrap();
         let (intended, start, first, end) = (

@@ -97,6 +97,9 @@ fn shipped_examples_are_valid() {
     let traces = Config::load(&root.join("examples/trace-replay.yaml"))
         .unwrap_or_else(|e| panic!("examples/trace-replay.yaml:\n{e}"));
     assert_eq!(traces.cycle(), ["trace_replay"]);
+    let dataset = Config::load(&root.join("examples/dataset.yaml"))
+        .unwrap_or_else(|e| panic!("examples/dataset.yaml:\n{e}"));
+    assert_eq!(dataset.cycle(), ["dataset"]);
     let demo = Config::demo();
     let modes: Vec<_> = demo.targets.iter().map(|t| t.serving_mode).collect();
     assert!(modes.contains(&llm_canary::config::ServingMode::Aggregated));

@@ -119,6 +119,7 @@ fn exported_retries(records: &[RequestRecord]) -> f64 {
         };
         let ctx = RecordContext {
             target_index: 0,
+            isl: 0,
             labels: &labels,
             phase: Phase::Steady,
             osl: 4,

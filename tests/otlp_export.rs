@@ -177,6 +177,7 @@ fn export(exporter: &OtlpExporter, labels: &RequestLabels, phase: Phase, rec: &R
     };
     let ctx = RecordContext {
         target_index: 0,
+        isl: 0,
         labels,
         phase,
         osl: 4,

@@ -9,9 +9,8 @@ pub const MAX_LEVELS: usize = 64;
 pub const MAX_CYCLE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 /// Prompt and output tokens of one request: the workloads' own bounds, which trace files are
 /// held to as well.
-pub use crate::workload::{MAX_ISL, MAX_OSL};
-/// Turns of one conversation.
-pub const MAX_TURNS: u32 = 100;
+/// Turns of one conversation (a multi-turn workload's, a dataset's).
+pub use crate::workload::{MAX_ISL, MAX_OSL, MAX_TURNS};
 /// Requests per second of an open-loop rate or a budget.
 pub const MAX_RPS: f64 = 100_000.0;
 /// The factor of every workload duration (`time_scale`).

@@ -8,6 +8,7 @@
 
 mod at;
 mod check;
+mod check_dataset;
 pub mod duration;
 mod error;
 mod limits;
@@ -142,13 +143,16 @@ impl Config {
         validate::validate(self, base_dir)
     }
 
-    /// Makes the paths the schedule reads at run time (trace files) absolute, against the
+    /// Makes the paths the schedule reads at run time (trace and dataset files) absolute, against the
     /// config's folder, so a step finds them whatever the working directory.
     pub fn resolve_paths(&mut self, base_dir: &Path) {
         if let Some(r) = &mut self.workloads.trace_replay {
             for t in &mut r.traces {
                 t.path.value = base_dir.join(t.path.as_str()).display().to_string();
             }
+        }
+        if let Some(d) = &mut self.workloads.dataset {
+            d.path.value = base_dir.join(d.path.as_str()).display().to_string();
         }
     }
 

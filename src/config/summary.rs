@@ -57,6 +57,7 @@ impl Config {
                         .as_ref()
                         .map(|p| (p.hit_ratios.len() * rungs(&p.rate), p.step.0)),
                     "trace_replay" => w.trace_replay.as_ref().map(|r| (r.traces.len(), r.step.0)),
+                    "dataset" => w.dataset.as_ref().map(|d| (1, d.step.0)),
                     _ => None,
                 }
                 .unwrap_or((0, Duration::ZERO));
@@ -224,6 +225,21 @@ impl Config {
                 format!(
                     "traces {names:?}, speed {}, sample {}, step {}, at most {} in flight",
                     *r.speed, *r.sample, *r.step, *r.max_inflight
+                )
+            }),
+            "dataset" => w.dataset.as_ref().map(|d| {
+                format!(
+                    "file {}, concurrency {}, step {}, at most {} rows of {} turns{}",
+                    *d.path,
+                    *d.concurrency,
+                    *d.step,
+                    d.max_rows
+                        .as_ref()
+                        .map_or("all".to_owned(), |m| m.to_string()),
+                    *d.max_turns,
+                    d.osl
+                        .as_ref()
+                        .map_or(String::new(), |o| format!(", OSL {}", **o))
                 )
             }),
             _ => None,

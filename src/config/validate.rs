@@ -56,6 +56,9 @@ pub fn validate(cfg: &Config, base_dir: &Path) -> Vec<Diagnostic> {
     if let Some(r) = &cfg.workloads.trace_replay {
         c.trace_replay(r, base_dir);
     }
+    if let Some(d) = &cfg.workloads.dataset {
+        c.dataset(d, cfg, base_dir);
+    }
     validate_schedule(&mut c, cfg);
     validate_slos(&mut c, cfg);
     validate_export(&mut c, &cfg.export, base_dir);
@@ -105,6 +108,7 @@ fn validate_scaled_steps(c: &mut Check, cfg: &Config) {
                 "sequence_distribution" => &w.sequence_distribution.as_ref()?.step,
                 "prefix_cache" => &w.prefix_cache.as_ref()?.step,
                 "trace_replay" => &w.trace_replay.as_ref()?.step,
+                "dataset" => &w.dataset.as_ref()?.step,
                 _ => return None,
             };
             // A step of 0 is reported as such.

@@ -12,6 +12,7 @@ pub(super) fn validate_workloads(c: &mut Check, w: &Workloads) {
         && w.sequence_distribution.is_none()
         && w.prefix_cache.is_none()
         && w.trace_replay.is_none()
+        && w.dataset.is_none()
     {
         c.err(
             None,

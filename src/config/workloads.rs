@@ -22,6 +22,9 @@ pub struct Workloads {
     /// Not run unless written: it needs trace files.
     #[serde(default)]
     pub trace_replay: Option<TraceReplay>,
+    /// Not run unless written: it needs a dataset file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<DatasetWorkload>,
 }
 
 impl Default for Workloads {
@@ -33,19 +36,80 @@ impl Default for Workloads {
             sequence_distribution: Some(SequenceDistribution::default()),
             prefix_cache: Some(PrefixCache::default()),
             trace_replay: None,
+            dataset: None,
         }
     }
 }
 
 /// The workload names (the `workload` label): the benchmark plan's four in its order, then trace
-/// replay.
-pub const WORKLOAD_NAMES: [&str; 5] = [
+/// replay and datasets.
+pub const WORKLOAD_NAMES: [&str; 6] = [
     "concurrency_sweep",
     "multi_turn",
     "sequence_distribution",
     "prefix_cache",
     "trace_replay",
+    "dataset",
 ];
+
+/// Real prompts from a dataset file (docs/METRICS.md, "Datasets"): one closed-loop step of
+/// `concurrency` workers, each replaying whole conversations turn by turn with the history the
+/// dataset recorded.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetWorkload {
+    /// A ShareGPT JSON or a JSONL file, relative to the config's directory.
+    pub path: At<String>,
+    /// `sharegpt` or `jsonl`; absent: a JSON array is ShareGPT, anything else JSONL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::workload::dataset::DatasetFormat>,
+    /// Every turn's OSL, in place of the dataset's (the recorded reply's tokens, a row's
+    /// `output_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub osl: Option<At<u32>>,
+    /// The first turn's ISL range: rows outside it are dropped, later turns above it cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isl: Option<Range>,
+    /// At most this many conversations, taken after the filters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<At<u32>>,
+    /// Turns of a conversation sent, from its first.
+    #[serde(default = "ten")]
+    pub max_turns: At<u32>,
+    /// Rows taken in an order drawn from `seed` (the same every run), else the file's.
+    #[serde(default = "yes")]
+    pub shuffle: At<bool>,
+    #[serde(default = "n16")]
+    pub concurrency: At<u32>,
+    #[serde(default = "s120")]
+    pub step: At<Dur>,
+    #[serde(default = "s10")]
+    pub warmup: At<Dur>,
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
+    #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
+    pub request: RequestOptions,
+}
+
+fn ten() -> At<u32> {
+    At::dflt(10)
+}
+fn yes() -> At<bool> {
+    At::dflt(true)
+}
+
+impl DatasetWorkload {
+    /// How the dataset's rows are chosen and measured, with the config's `seed`.
+    pub fn selection(&self, seed: u64) -> crate::workload::dataset::Selection {
+        crate::workload::dataset::Selection {
+            osl: self.osl.as_ref().map(|o| **o),
+            isl: self.isl.as_ref().map(|r| (*r.min, *r.max)),
+            max_rows: self.max_rows.as_ref().map(|m| **m),
+            max_turns: *self.max_turns,
+            shuffle: *self.shuffle,
+            seed,
+        }
+    }
+}
 
 /// Request traces replayed open loop (docs/METRICS.md, "Trace replay"): one step per trace, its
 /// timestamps divided by `speed`, looped back to back for as long as the step sends.
@@ -504,6 +568,7 @@ impl Workloads {
             "sequence_distribution" => self.sequence_distribution.as_ref().map(|w| &w.request),
             "prefix_cache" => self.prefix_cache.as_ref().map(|w| &w.request),
             "trace_replay" => self.trace_replay.as_ref().map(|w| &w.request),
+            "dataset" => self.dataset.as_ref().map(|w| &w.request),
             _ => None,
         }
     }
@@ -515,6 +580,7 @@ impl Workloads {
             "sequence_distribution" => self.sequence_distribution.is_some(),
             "prefix_cache" => self.prefix_cache.is_some(),
             "trace_replay" => self.trace_replay.is_some(),
+            "dataset" => self.dataset.is_some(),
             _ => false,
         }
     }

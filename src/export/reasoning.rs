@@ -108,6 +108,7 @@ mod tests {
             target_index: 0,
             labels: &labels,
             phase: Phase::Steady,
+            isl: 0,
             osl: 4,
             shared_prefix_tokens: 0,
             request: &request,

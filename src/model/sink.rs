@@ -25,6 +25,9 @@ pub struct RecordContext<'a> {
     pub target_index: usize,
     pub labels: &'a RequestLabels,
     pub phase: Phase,
+    /// The prompt tokens the canary counted for the request (its tokenizer's count, before the
+    /// server's chat template); 0 where it counted none.
+    pub isl: u32,
     pub osl: u32,
     /// Prompt tokens a prefix cache can serve (prefix_cache: the shared prefix's whole blocks,
     /// never the last token); 0 elsewhere. The expected hit ratio's numerator.
@@ -43,6 +46,8 @@ pub struct Finished<'a> {
     pub target_index: usize,
     pub labels: &'a RequestLabels,
     pub phase: Phase,
+    /// The prompt tokens the canary counted (`RecordContext::isl`).
+    pub isl: u32,
     /// The output tokens asked for.
     pub osl: u32,
     pub shared_prefix_tokens: u64,
@@ -64,6 +69,7 @@ impl<'a> Finished<'a> {
             target_index: ctx.target_index,
             labels: ctx.labels,
             phase: ctx.phase,
+            isl: ctx.isl,
             osl: ctx.osl,
             shared_prefix_tokens: ctx.shared_prefix_tokens,
             request: ctx.request,

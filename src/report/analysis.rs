@@ -90,16 +90,20 @@ impl Report {
             ix.recommendations_table(),
         ];
         // Beside the tables of the steps they describe, before the cost and the answers.
-        let extra = ix.trace_tables().into_iter().chain(
-            [
-                ix.rate_sweep_table(),
-                ix.reasoning_table(),
-                ix.arrivals_table(),
-                ix.cancellations_table(),
-            ]
+        let extra = ix
+            .trace_tables()
             .into_iter()
-            .flatten(),
-        );
+            .chain(ix.dataset_table())
+            .chain(
+                [
+                    ix.rate_sweep_table(),
+                    ix.reasoning_table(),
+                    ix.arrivals_table(),
+                    ix.cancellations_table(),
+                ]
+                .into_iter()
+                .flatten(),
+            );
         for (i, table) in extra.enumerate() {
             tables.insert(6 + i, table);
         }

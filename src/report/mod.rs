@@ -9,6 +9,7 @@ mod arrivals;
 pub mod bench;
 mod breakdown;
 mod cancellations;
+mod datasets;
 mod html;
 mod progress;
 mod questions;

@@ -60,6 +60,9 @@ struct Line<'a> {
     /// Whether the request streamed (`false`: a non-streaming request, whose TTFT is its
     /// latency and which has no ITL).
     stream: bool,
+    /// The prompt tokens the canary counted for the request with its tokenizer, before the
+    /// server's chat template (`null` where it counted none).
+    requested_isl: Option<u32>,
     requested_osl: u32,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -244,6 +247,7 @@ impl BenchSink {
             connect_ms: rec.connect.map(ms),
             connection_retried: rec.retried,
             stream: rec.streamed,
+            requested_isl: (req.isl > 0).then_some(req.isl),
             requested_osl: req.osl,
             prompt_tokens: rec.prompt_tokens(),
             completion_tokens: rec.usage.map(|u| u.completion_tokens),

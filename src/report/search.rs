@@ -13,7 +13,6 @@ use serde::Serialize;
 use super::ReportError;
 use super::search_progress::{ProbeCounts, ProbeStart, SearchProgress};
 use super::table::{Cell, Column, Table};
-use crate::config::ConcurrencySweep;
 use crate::measure::step::{Spread, StepMeasurements};
 use crate::model::{Sink, StepResult};
 use crate::request::GoodputLimits;
@@ -195,8 +194,13 @@ impl TargetSearch {
 pub struct SearchResult {
     pub condition: String,
     pub limits: Vec<Limit>,
+    /// The probes' ISL and OSL: the `concurrency_sweep`'s; with a dataset 0 (the rows' own)
+    /// unless its `osl` sets the OSL.
     pub isl: u32,
     pub osl: u32,
+    /// The dataset the probes send (its path), where the config names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
     pub warmup_seconds: f64,
     pub steady_seconds: f64,
     pub max_level: u32,
@@ -355,6 +359,7 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
         limits,
         isl: shape.isl,
         osl: shape.osl,
+        dataset: shape.dataset.clone(),
         warmup_seconds: shape.warmup.as_secs_f64(),
         steady_seconds: shape.steady.as_secs_f64(),
         max_level: *ladder.last().unwrap_or(&1),
@@ -366,25 +371,56 @@ pub async fn run_search(opts: SearchOptions, stop: &Shutdown) -> Result<SearchRe
     Ok(result)
 }
 
-/// What every probe is made of: the `concurrency_sweep`'s lengths and its time-scaled windows.
+/// What every probe is made of: the `concurrency_sweep`'s lengths and its time-scaled windows,
+/// or, where the config names a `dataset`, the dataset's prompts and its windows.
 struct ProbeShape {
-    sweep: ConcurrencySweep,
+    /// The probes' step at concurrency 1, as the plan assembles it.
+    base: StepPlan,
     isl: u32,
     osl: u32,
+    /// The dataset the probes send, where they send one.
+    dataset: Option<String>,
     warmup: Duration,
     steady: Duration,
 }
 
 impl ProbeShape {
     fn of(cfg: &crate::config::Config) -> ProbeShape {
-        let sweep = cfg.workloads.concurrency_sweep.clone().unwrap_or_default();
         let scale = *cfg.time_scale;
+        let scaled = |d: Duration| d.mul_f64(scale);
+        if let Some(d) = &cfg.workloads.dataset {
+            let base = crate::schedule::plan::dataset_step(d, cfg.seed, &scaled);
+            return ProbeShape {
+                isl: 0,
+                osl: d.osl.as_ref().map_or(0, |o| **o),
+                dataset: Some(d.path.value.clone()),
+                warmup: base.warmup,
+                steady: base.steady,
+                base,
+            };
+        }
+        let sweep = cfg.workloads.concurrency_sweep.clone().unwrap_or_default();
         ProbeShape {
             isl: *sweep.isl,
             osl: *sweep.osl,
-            warmup: sweep.warmup.0.mul_f64(scale),
-            steady: sweep.step.saturating_sub(sweep.warmup.0).mul_f64(scale),
-            sweep,
+            dataset: None,
+            warmup: scaled(sweep.warmup.0),
+            steady: scaled(sweep.step.saturating_sub(sweep.warmup.0)),
+            base: StepPlan {
+                workload: "concurrency_sweep",
+                index: 0,
+                kind: StepKind::Sweep {
+                    concurrency: 1,
+                    isl: *sweep.isl,
+                    osl: *sweep.osl,
+                },
+                warmup: Duration::ZERO,
+                steady: Duration::ZERO,
+                rate: None,
+                cancel: None,
+                // The sweep's request options, as its own steps send them.
+                request: std::sync::Arc::new(sweep.request.clone()),
+            },
         }
     }
 }
@@ -414,7 +450,7 @@ async fn search_target(
     while undecided(lo, hi) > 0 && !stop.stopping() {
         let mid = (lo.map_or(0, |l| l + 1) + hi - 1) / 2;
         let (warmup, steady) = probe_windows(shape.warmup, shape.steady, latency.as_ref());
-        let plan = probe_plan(&shape.sweep, ladder[mid], probes.len(), warmup, steady);
+        let plan = probe_plan(&shape.base, ladder[mid], probes.len(), warmup, steady);
         progress.probe_started(&ProbeStart {
             target,
             number: probes.len() + 1,
@@ -558,27 +594,24 @@ fn goodput_of(limits: &[Limit], fallback: GoodputLimits) -> GoodputLimits {
 }
 
 fn probe_plan(
-    sweep: &ConcurrencySweep,
-    concurrency: u32,
+    base: &StepPlan,
+    level: u32,
     index: usize,
     warmup: Duration,
     steady: Duration,
 ) -> StepPlan {
-    StepPlan {
-        workload: "concurrency_sweep",
+    let mut plan = StepPlan {
         index,
-        kind: StepKind::Sweep {
-            concurrency,
-            isl: *sweep.isl,
-            osl: *sweep.osl,
-        },
         warmup,
         steady,
-        rate: None,
-        cancel: None,
-        // The sweep's request options, as its own steps send them.
-        request: std::sync::Arc::new(sweep.request.clone()),
+        ..base.clone()
+    };
+    if let StepKind::Sweep { concurrency, .. } | StepKind::Dataset { concurrency, .. } =
+        &mut plan.kind
+    {
+        *concurrency = level;
     }
+    plan
 }
 
 /// The one result of a probe's step (a sweep step has one label set per target).
@@ -639,9 +672,13 @@ impl SearchResult {
                 Cell::num(best.and_then(|p| p.cost_per_million_good_tokens_usd)),
             ]);
         }
+        let prompts = match &self.dataset {
+            Some(path) => format!("of the dataset {path} (its rows' own lengths)"),
+            None => format!("at ISL {} / OSL {}", self.isl, self.osl),
+        };
         answer.notes.push(format!(
-            "each probe: a closed loop at ISL {} / OSL {}, on one target at a time, with at least {:.1} s of warmup and {:.1} s measured, longer where the previous probe's requests were long (a warmup of twice their p99 latency, a window of eight times their median, at most four steps); a level meets the condition when the upper end of each bound's 95 % confidence interval lies below it (an interval straddling the bound does not; few samples: too few to bound the quantile, the estimate decided) and the step did not fault; levels from the ladder 1, 2, 4, 8, 16, …; good: within the condition's TTFT and ITL bounds per request",
-            self.isl, self.osl, self.warmup_seconds, self.steady_seconds
+            "each probe: a closed loop {prompts}, on one target at a time, with at least {:.1} s of warmup and {:.1} s measured, longer where the previous probe's requests were long (a warmup of twice their p99 latency, a window of eight times their median, at most four steps); a level meets the condition when the upper end of each bound's 95 % confidence interval lies below it (an interval straddling the bound does not; few samples: too few to bound the quantile, the estimate decided) and the step did not fault; levels from the ladder 1, 2, 4, 8, 16, …; good: within the condition's TTFT and ITL bounds per request",
+            self.warmup_seconds, self.steady_seconds
         ));
         let mut columns = vec![
             Column::text("target"),

@@ -235,6 +235,7 @@ pub fn max_osl(plan: &StepPlan) -> u32 {
         StepKind::Distribution { osl, .. } => osl.1,
         // Known once the step loads its trace; each send is still granted against the hour.
         StepKind::Trace { .. } => 1,
+        StepKind::Dataset { osl, .. } => osl.unwrap_or(1),
     }
 }
 

@@ -109,6 +109,7 @@ impl StepCtx {
             "multi_turn" => "mt",
             "sequence_distribution" => "sd",
             "prefix_cache" => "pc",
+            "dataset" => "ds",
             _ => "tr",
         };
         format!(

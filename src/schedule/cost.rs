@@ -56,7 +56,26 @@ fn mean_lengths(plan: &StepPlan) -> (f64, f64) {
         ),
         // Read from the trace by `trace_shape`.
         StepKind::Trace { .. } => (0.0, 0.0),
+        // Read from the dataset by `dataset_lengths`.
+        StepKind::Dataset { .. } => (0.0, 0.0),
     }
+}
+
+/// A dataset step's mean output and prompt lengths per request, from the reading `check` made
+/// of it (the file is not read again here); `None` for other steps, or when there is none.
+fn dataset_lengths(plan: &StepPlan, seed: u64) -> Option<(f64, f64)> {
+    let (path, format, selection) = plan.dataset_selection(seed)?;
+    let d = crate::workload::dataset::Dataset::kept_reading(
+        std::path::Path::new(path),
+        format,
+        &selection,
+    )?;
+    let turns = d.conversations.iter().flat_map(|c| &c.turns);
+    let n = d.turns().max(1) as f64;
+    let (osl, isl) = turns.fold((0.0, 0.0), |(o, i), t| {
+        (o + f64::from(t.osl), i + f64::from(t.isl))
+    });
+    Some((osl / n, isl / n))
 }
 
 /// A trace step's mean output and prompt lengths and its request rate, from the trace as the step
@@ -121,7 +140,10 @@ pub fn plan_cost(cfg: &Config) -> Vec<TargetCost> {
                 }
                 let secs = (p.warmup + p.steady).as_secs_f64();
                 let trace = trace_shape(p, cfg.seed);
-                let (osl, isl) = trace.map_or_else(|| mean_lengths(p), |(o, i, _)| (o, i));
+                let (osl, isl) = trace.map_or_else(
+                    || dataset_lengths(p, cfg.seed).unwrap_or_else(|| mean_lengths(p)),
+                    |(o, i, _)| (o, i),
+                );
                 let mut rps = match (p.rate, trace) {
                     (_, Some((_, _, rps))) => rps,
                     (Some(r), None) => r.rps,

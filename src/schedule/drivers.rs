@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 /// After a failed request a closed-loop worker waits (doubling up to [`ERROR_BACKOFF_MAX`], never
 /// past the end of sending): a failing target answers at once (refused, 503), and N workers
 /// spinning against it would starve the other targets' measurements of CPU. A success resets it.
-async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
+pub(super) async fn back_off(ctx: &StepCtx, backoff: &mut Duration, ok: bool) {
     if ok {
         *backoff = Duration::ZERO;
         return;
@@ -53,7 +53,7 @@ const PREWARM_RAMP: usize = 64;
 /// completion, for the whole step: at 1024 workers on 2 cores, all at once, their transit to
 /// the server reached a p99 of 9 ms in the first second (docs/PERFORMANCE.md). 1024 workers
 /// start over 128 ms.
-const FIRST_SENDS_PER_MS: u64 = 8;
+pub(super) const FIRST_SENDS_PER_MS: u64 = 8;
 
 impl Runner {
     /// Before a closed-loop step's clock starts, opens every target's connections for its
@@ -228,6 +228,7 @@ impl Runner {
                     &ctx,
                     t,
                     req,
+                    built.isl,
                     Instant::now(),
                     None,
                     &labels,
@@ -328,6 +329,7 @@ impl Runner {
                         &ctx,
                         t,
                         req,
+                        built.isl,
                         intended,
                         Some(slot_at),
                         &labels,
@@ -428,7 +430,17 @@ impl Runner {
                 let intended = Instant::now();
                 started.get_or_insert(intended);
                 let Some(rec) = self
-                    .send_and_record(&ctx, t, req, intended, None, &labels, 0, None)
+                    .send_and_record(
+                        &ctx,
+                        t,
+                        req,
+                        u32::try_from(prompt_tokens).unwrap_or(u32::MAX),
+                        intended,
+                        None,
+                        &labels,
+                        0,
+                        None,
+                    )
                     .await
                 else {
                     complete = false;
@@ -477,7 +489,8 @@ fn count(arrivals: &Mutex<Arrivals>, f: impl FnOnce(&mut Arrivals)) {
     f(&mut arrivals.lock().unwrap_or_else(PoisonError::into_inner));
 }
 
-fn flatten(history: &[ChatMessage]) -> String {
+/// A conversation as one completions prompt: its messages' texts, a line each.
+pub(super) fn flatten(history: &[ChatMessage]) -> String {
     let mut s = String::new();
     for m in history {
         s.push_str(&m.content);

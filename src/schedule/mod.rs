@@ -1,13 +1,14 @@
 //! The schedule: the cycle of workloads and their steps (`plan`), the one step loop of every run
 //! (`scheduler`) over the targets its sources name (`source`, each a `target`), the step runner
 //! with warmup, steady window and drain (`runner`, on the parts it shares with its drivers in
-//! `context`), where the schedule's data goes (`recorder`), and the board that keeps what
+//! `context`; trace replay in `replay`, datasets in `dataset`), where the schedule's data goes (`recorder`), and the board that keeps what
 //! `/api/v1/status` and the status page show of it (`board`).
 
 mod board;
 pub mod budget;
 mod context;
 pub mod cost;
+mod dataset;
 mod drivers;
 pub mod gate;
 pub mod plan;

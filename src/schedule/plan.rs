@@ -52,6 +52,19 @@ pub enum StepKind {
         max_rows: Option<u32>,
         max_inflight: u32,
     },
+    /// `dataset`: closed loop over a dataset's conversations, turn by turn with their recorded
+    /// history.
+    Dataset {
+        /// Absolute (resolved against the config's folder when the config was read).
+        path: String,
+        format: Option<crate::workload::dataset::DatasetFormat>,
+        concurrency: u32,
+        osl: Option<u32>,
+        isl: Option<(u32, u32)>,
+        max_rows: Option<u32>,
+        max_turns: u32,
+        shuffle: bool,
+    },
     /// `prefix_cache`: a shared prefix of `ratio`·ISL (whole blocks) plus a unique suffix.
     Prefix {
         ratio: f64,
@@ -178,7 +191,9 @@ impl StepPlan {
     pub fn labels(&self, target: &str, mode: ServingMode) -> RequestLabels {
         let mut l = RequestLabels::new(target, mode, self.workload);
         match &self.kind {
-            StepKind::Sweep { concurrency, .. } => l.concurrency = concurrency.to_string(),
+            StepKind::Sweep { concurrency, .. } | StepKind::Dataset { concurrency, .. } => {
+                l.concurrency = concurrency.to_string();
+            }
             StepKind::MultiTurn { .. } => {}
             StepKind::Distribution { distribution, .. } => {
                 l.distribution = distribution.as_str().to_owned();
@@ -243,10 +258,67 @@ impl StepPlan {
         }))
     }
 
+    /// A `dataset` step's file, format and selection (with the config's `seed`); `None` for
+    /// other steps.
+    pub fn dataset_selection(
+        &self,
+        seed: u64,
+    ) -> Option<(
+        &str,
+        Option<crate::workload::dataset::DatasetFormat>,
+        crate::workload::dataset::Selection,
+    )> {
+        let StepKind::Dataset {
+            path,
+            format,
+            osl,
+            isl,
+            max_rows,
+            max_turns,
+            shuffle,
+            ..
+        } = &self.kind
+        else {
+            return None;
+        };
+        let selection = crate::workload::dataset::Selection {
+            osl: *osl,
+            isl: *isl,
+            max_rows: *max_rows,
+            max_turns: *max_turns,
+            shuffle: *shuffle,
+            seed,
+        };
+        Some((path, *format, selection))
+    }
+
+    /// A `dataset` step's dataset as the step replays it: read once per process (shared with
+    /// `check`'s reading), measured with `tokens`, filtered and sampled with `seed`; `None` for
+    /// other steps.
+    pub fn dataset(
+        &self,
+        seed: u64,
+        tokens: &crate::workload::tokenizer::TokenModel,
+    ) -> Option<
+        Result<
+            std::sync::Arc<crate::workload::dataset::Dataset>,
+            crate::workload::dataset::DatasetError,
+        >,
+    > {
+        let (path, format, selection) = self.dataset_selection(seed)?;
+        Some(crate::workload::dataset::Dataset::load_shared(
+            std::path::Path::new(path),
+            format,
+            tokens,
+            &selection,
+        ))
+    }
+
     /// Closed-loop workers (or conversations) per target.
     pub fn concurrency(&self) -> u32 {
         match &self.kind {
             StepKind::Sweep { concurrency, .. }
+            | StepKind::Dataset { concurrency, .. }
             | StepKind::Distribution { concurrency, .. }
             | StepKind::Prefix { concurrency, .. } => *concurrency,
             StepKind::MultiTurn { conversations, .. } => *conversations,
@@ -361,6 +433,10 @@ pub fn plan_cycle(cfg: &Config) -> Vec<StepPlan> {
                 let Some(r) = &w.trace_replay else { continue };
                 steps.extend(trace_steps(r, &scaled));
             }
+            "dataset" => {
+                let Some(d) = &w.dataset else { continue };
+                steps.push(dataset_step(d, cfg.seed, &scaled));
+            }
             _ => {}
         }
     }
@@ -405,6 +481,34 @@ fn with_requests(cfg: &Config, steps: &mut [StepPlan]) {
         if let Some((_, r)) = requests.iter().find(|(name, _)| *name == step.workload) {
             step.request = Arc::clone(r);
         }
+    }
+}
+
+/// A `dataset`'s one step (and, at other concurrencies, the probes of `bench --search`).
+pub fn dataset_step(
+    d: &crate::config::DatasetWorkload,
+    seed: u64,
+    scaled: &dyn Fn(Duration) -> Duration,
+) -> StepPlan {
+    let selection = d.selection(seed);
+    StepPlan {
+        workload: "dataset",
+        index: 0,
+        kind: StepKind::Dataset {
+            path: d.path.value.clone(),
+            format: d.format,
+            concurrency: *d.concurrency,
+            osl: selection.osl,
+            isl: selection.isl,
+            max_rows: selection.max_rows,
+            max_turns: selection.max_turns,
+            shuffle: selection.shuffle,
+        },
+        warmup: scaled(d.warmup.0),
+        steady: scaled(d.step.saturating_sub(d.warmup.0)),
+        rate: None,
+        cancel: None,
+        request: Arc::new(d.request.clone()),
     }
 }
 

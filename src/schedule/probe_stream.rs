@@ -154,6 +154,7 @@ impl ProbeStream {
                 target_index: 0,
                 labels: &labels,
                 phase: Phase::Steady,
+                isl: *self.config.isl,
                 osl: request.osl,
                 shared_prefix_tokens: 0,
                 request: &request,

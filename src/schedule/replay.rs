@@ -256,6 +256,7 @@ impl Session {
                     ctx,
                     self.t,
                     req,
+                    r.input_length,
                     intended,
                     Some(slot_at),
                     &labels,

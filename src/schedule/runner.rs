@@ -24,6 +24,7 @@ use crate::measure::arrivals::Arrivals;
 use crate::measure::step::{FAULTED_ERROR_RATIO_WITH_BACKOFF, StepAccumulator};
 use crate::model::{RecordContext, StepConnections, StepResult};
 use crate::request::RequestLabels;
+use crate::workload::dataset::Dataset;
 use crate::workload::prompt::{
     OverheadEstimate, OverheadLearner, PromptBuilder, PromptConfig, PromptRequest, body_tokens,
 };
@@ -51,7 +52,7 @@ pub(super) fn fewest_tokens(plan: &StepPlan) -> Option<u64> {
         | StepKind::Prefix { isl, osl, .. }
         | StepKind::MultiTurn { isl, osl, .. } => Some(u64::from(*isl) + u64::from(*osl)),
         StepKind::Distribution { isl, osl, .. } => Some(u64::from(isl.0) + u64::from(osl.0)),
-        StepKind::Trace { .. } => None,
+        StepKind::Trace { .. } | StepKind::Dataset { .. } => None,
     }
 }
 
@@ -344,18 +345,31 @@ impl Runner {
         }
     }
 
-    /// Spawns target `t`'s drivers of the step onto `tasks`: its trace replay, its conversations,
-    /// its open-loop arrivals or its closed-loop workers.
+    /// Spawns target `t`'s drivers of the step onto `tasks`: its trace replay, its dataset's
+    /// workers, its conversations, its open-loop arrivals or its closed-loop workers.
     fn spawn_drivers(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
         ctx: &Arc<StepCtx>,
         t: usize,
-        replay: Option<&Arc<super::replay::Replay>>,
+        (replay, dataset): (Option<&Arc<super::replay::Replay>>, Option<&Arc<Dataset>>),
     ) {
         let plan = &ctx.plan;
         let target = Arc::clone(&self.targets[t]);
         match (&plan.kind, plan.rate) {
+            (StepKind::Dataset { concurrency, .. }, _) => {
+                for w in 0..u64::from(*concurrency) {
+                    if let Some(d) = dataset {
+                        tasks.spawn(Arc::clone(self).dataset_worker(
+                            Arc::clone(ctx),
+                            t,
+                            Arc::clone(&target),
+                            Arc::clone(d),
+                            w,
+                        ));
+                    }
+                }
+            }
             (StepKind::Trace { .. }, _) => {
                 if let Some(r) = replay {
                     tasks.spawn(Arc::clone(self).replay(Arc::clone(ctx), t, target, Arc::clone(r)));
@@ -433,6 +447,15 @@ impl Runner {
                 return Vec::new();
             }
         };
+        // A dataset was read and measured once (by `check`'s validation, at start-up); a
+        // changed file is read again here.
+        let dataset = match plan.dataset(self.seed, &self.tokens).transpose() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(step = %plan.name(), error = %e, "cannot read the dataset; step skipped");
+                return Vec::new();
+            }
+        };
         self.prewarm(plan, targets).await;
         let t0 = Instant::now();
         let send_end = t0 + plan.warmup + plan.steady;
@@ -454,7 +477,7 @@ impl Runner {
         let started_unix = unix_now();
         let mut tasks = JoinSet::new();
         for &t in targets {
-            self.spawn_drivers(&mut tasks, &ctx, t, replay.as_ref());
+            self.spawn_drivers(&mut tasks, &ctx, t, (replay.as_ref(), dataset.as_ref()));
         }
         join_drivers(&ctx, &mut tasks).await;
         let ended_unix = unix_now();
@@ -569,7 +592,9 @@ impl Runner {
                 let (isl_s, osl_s) = sampler?;
                 (isl_s.sample() as u32, osl_s.sample() as u32, 0)
             }
-            StepKind::MultiTurn { .. } | StepKind::Trace { .. } => return None,
+            StepKind::MultiTurn { .. } | StepKind::Trace { .. } | StepKind::Dataset { .. } => {
+                return None;
+            }
         };
         let body = body_tokens(ctx.estimate(t), isl as usize);
         match ctx.builder.build(&PromptRequest {
@@ -598,13 +623,14 @@ impl Runner {
 
     /// Sends `req` once the traffic budget grants it, and records it; `None` when the budget's
     /// hour is spent or the step stopped while the send waited for the budget's pace. `slot_at`:
-    /// when an open-loop arrival got its in-flight slot.
+    /// when an open-loop arrival got its in-flight slot; `isl`: the prompt tokens counted for it.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn send_and_record(
         &self,
         ctx: &StepCtx,
         t: usize,
         req: StreamRequest,
+        isl: u32,
         intended: Instant,
         slot_at: Option<Instant>,
         labels: &RequestLabels,
@@ -645,6 +671,7 @@ impl Runner {
                 target_index: t,
                 labels,
                 phase: ctx.phase(intended, &rec),
+                isl,
                 osl: req.osl,
                 shared_prefix_tokens,
                 request: &req,

@@ -1407,6 +1407,7 @@ mod tests {
         };
         let ctx = RecordContext {
             target_index: 0,
+            isl: 0,
             labels: &labels,
             phase: Phase::Steady,
             osl: 1,

@@ -203,8 +203,13 @@ impl LabelDomain {
         if let Some(s) = &w.concurrency_sweep {
             values.insert("concurrency", s.levels.iter().map(u32::to_string).collect());
         }
-        if let Some(m) = &w.multi_turn {
-            values.insert("turn", (1..=*m.turns).map(|t| t.to_string()).collect());
+        // Multi-turn conversations and a dataset's both number their turns from 1.
+        let turns = [
+            w.multi_turn.as_ref().map(|m| *m.turns),
+            w.dataset.as_ref().map(|d| *d.max_turns),
+        ];
+        if let Some(most) = turns.into_iter().flatten().max() {
+            values.insert("turn", (1..=most).map(|t| t.to_string()).collect());
         }
         if let Some(d) = &w.sequence_distribution {
             let mut buckets = Vec::new();
@@ -233,6 +238,10 @@ impl LabelDomain {
             (
                 "concurrency",
                 w.prefix_cache.as_ref().map(|p| p.concurrency.to_string()),
+            ),
+            (
+                "concurrency",
+                w.dataset.as_ref().map(|d| d.concurrency.to_string()),
             ),
         ] {
             if let Some(v) = extra {

@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
 use tokenizers::Tokenizer;
 
@@ -123,6 +125,31 @@ impl TokenModel {
             None => Ok(Self::approximate()),
             Some(path) => Self::from_path(path),
         }
+    }
+
+    /// [`TokenModel::load`], read once per process for as long as the file stays the same
+    /// (by modification time): `check`'s validation of a dataset and a run's start-up share one
+    /// reading of what may be a tokenizer.json of tens of megabytes.
+    pub fn load_shared(path: Option<&Path>) -> Result<Arc<Self>, TokenizerError> {
+        type Kept = Vec<(PathBuf, Option<SystemTime>, Arc<TokenModel>)>;
+        static KEPT: Mutex<Kept> = Mutex::new(Vec::new());
+        let Some(path) = path else {
+            return Ok(Arc::new(Self::approximate()));
+        };
+        let file = resolve_tokenizer_file(path)?;
+        let modified = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+        let kept = || KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, t)) = kept().iter().find(|(f, m, _)| *f == file && *m == modified) {
+            return Ok(Arc::clone(t));
+        }
+        let loaded = Arc::new(Self::from_path(&file)?);
+        let mut kept = kept();
+        // One tokenizer is configured at a time; the one before a reload's is kept beside it.
+        if kept.len() >= 2 {
+            kept.remove(0);
+        }
+        kept.push((file, modified, Arc::clone(&loaded)));
+        Ok(loaded)
     }
 
     /// The built-in approximation, for when no tokenizer is configured. Its counts are estimates;
@@ -578,6 +605,24 @@ pub(crate) mod tests {
         assert_eq!(hub_cache_file_in(&cache, Path::new("Org/Other")), None);
         assert_eq!(hub_cache_file_in(&cache, Path::new("a/b/c")), None);
         std::fs::remove_dir_all(&cache).expect("cleanup");
+    }
+
+    #[test]
+    fn a_shared_tokenizer_is_read_once_per_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tokenizer.json");
+        let json = trained_tokenizer().to_string(false).expect("serialises");
+        std::fs::write(&file, json).expect("write");
+        let a = TokenModel::load_shared(Some(&file)).expect("loads");
+        // The directory names the same file.
+        let b = TokenModel::load_shared(Some(dir.path())).expect("loads");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(a.is_exact());
+        assert!(
+            !TokenModel::load_shared(None)
+                .expect("approximation")
+                .is_exact()
+        );
     }
 
     #[test]
