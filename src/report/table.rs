@@ -135,6 +135,18 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// Removes the column `name` and its cells, where the table has it.
+    pub fn drop_column(&mut self, name: &str) {
+        if let Some(i) = self.columns.iter().position(|c| c.name == name) {
+            self.columns.remove(i);
+            for r in &mut self.rows {
+                if i < r.len() {
+                    r.remove(i);
+                }
+            }
+        }
+    }
+
     /// A column is aligned as numbers when it has a unit or holds a number.
     fn numeric(&self, column: usize) -> bool {
         !self.columns[column].unit.is_empty()
