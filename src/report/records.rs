@@ -63,6 +63,8 @@ struct Line<'a> {
     /// `usage` or `kv_hit_rate` (docs/METRICS.md, "Cache hits").
     cached_tokens_source: Option<&'static str>,
     outcome: &'static str,
+    /// Succeeded within the target's goodput limits (docs/METRICS.md "Goodput").
+    good: bool,
     http_status: Option<u16>,
     error: Option<&'a str>,
     /// Dynamo's `nvext.timing` (docs/METRICS.md, "The request record"); `null` from a server
@@ -235,6 +237,7 @@ impl BenchSink {
             cached_tokens: rec.cached_tokens(),
             cached_tokens_source: rec.cache_source().map(|c| c.as_str()),
             outcome: req.sample.outcome.as_str(),
+            good: req.sample.good,
             http_status: rec.http_status,
             error: rec.error.as_deref(),
             server_ttft_ms: timing.ttft_ms,
