@@ -116,7 +116,11 @@ fn a_slower_server_reads_worse_and_fails_the_gate() {
     assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
     assert!(stdout.starts_with("## llm-canary compare\n"), "{stdout}");
     assert!(
-        stdout.contains("| B/A [95 % interval] | verdict |"),
+        stdout.contains("### agg concurrency_sweep concurrency=4 ("),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| measure | A | B | B/A [95 % interval] | verdict |"),
         "{stdout}"
     );
     assert!(stdout.contains("| TTFT p50 (ms) |"), "{stdout}");
@@ -129,7 +133,7 @@ fn a_slower_server_reads_worse_and_fails_the_gate() {
     let p50 = change(&json, "ttft_p50");
     assert_eq!(p50["verdict"], "worse", "{p50}");
     assert_eq!(p50["higher_is"], "worse");
-    assert_eq!(p50["method"], "order statistics");
+    assert_eq!(p50["method"], "order statistics and block bootstrap");
     let ratio = p50["change"].as_f64().unwrap();
     assert!((1.3..1.8).contains(&ratio), "75 ms over 50 ms: {p50}");
     assert!(p50["lower"].as_f64().unwrap() > 1.0, "{p50}");

@@ -245,18 +245,32 @@ pub fn samples_to_bound(q: f64) -> Option<u64> {
 }
 
 /// Fewer items than this on either side leave a bootstrap interval unbounded: resampling a
-/// handful of values says nothing about what another run would give.
+/// handful of blocks says nothing about what another run would give.
 pub const BOOTSTRAP_MIN_ITEMS: usize = 5;
 
-/// The statistic the bootstrap resamples: Σx / Σy over `(x, y)` items (a rate when y is seconds,
-/// a ratio of counts when y is requests or prompt tokens); 0/0 is 0.
-fn ratio_of_sums<'a>(items: impl Iterator<Item = &'a (f64, f64)>) -> f64 {
-    let (x, y) = items.fold((0.0, 0.0), |(x, y), (a, b)| (x + a, y + b));
-    if y > 0.0 { x / y } else { 0.0 }
+/// Σx / Σy over `(x, y)` items (a rate when y is seconds, a ratio of counts when y is requests
+/// or prompt tokens); `None` when Σy is 0.
+pub fn ratio_of_sums(items: &[&(f64, f64)]) -> Option<f64> {
+    let (x, y) = items
+        .iter()
+        .fold((0.0, 0.0), |(x, y), (a, b)| (x + a, y + b));
+    (y > 0.0).then(|| x / y)
 }
 
-/// B's statistic over A's; 0 over 0 is 1 (no change), more than 0 over 0 unbounded.
-fn change(a: f64, b: f64) -> f64 {
+/// The `q` quantile (nearest rank, [`point_rank`]) of the values of every block together;
+/// `None` without values.
+pub fn pooled_quantile(blocks: &[&Vec<f64>], q: f64) -> Option<f64> {
+    let mut all: Vec<f64> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let rank = point_rank(all.len() as u64, q) as usize;
+    let (_, v, _) = all.select_nth_unstable_by(rank - 1, f64::total_cmp);
+    Some(*v)
+}
+
+/// B's value over A's; 0 over 0 is 1 (no change), more than 0 over 0 unbounded.
+pub fn change_ratio(a: f64, b: f64) -> f64 {
     match (a > 0.0, b > 0.0) {
         (true, _) => b / a,
         (false, false) => 1.0,
@@ -264,34 +278,50 @@ fn change(a: f64, b: f64) -> f64 {
     }
 }
 
-/// The change B/A of the statistic Σx / Σy between two runs' items, with its 95 % percentile
-/// bootstrap interval: `resamples` times, each run's items are drawn again with replacement
-/// (independently, as the runs are), from a generator seeded with `seed`, so the same files give
-/// the same interval. Unbounded (±∞) with fewer than [`BOOTSTRAP_MIN_ITEMS`] items on a side.
-pub fn bootstrap_change(
-    a: &[(f64, f64)],
-    b: &[(f64, f64)],
+/// The change B/A of `statistic` between two runs, with its 95 % percentile bootstrap interval:
+/// `resamples` times, each run's items are drawn again with replacement (the runs independently),
+/// from a generator seeded with `seed`, so the same data give the same interval. The items are
+/// blocks of consecutive requests (slices of a step's window), so requests that resemble their
+/// neighbours (a closed loop's batches, a burst of errors) move together and widen the interval
+/// as they should. Unbounded (0, ∞) with fewer than [`BOOTSTRAP_MIN_ITEMS`] items on a side, a
+/// statistic either run lacks, or more than 2.5 % of resamples where it is undefined.
+pub fn bootstrap_change<T>(
+    a: &[T],
+    b: &[T],
+    statistic: impl Fn(&[&T]) -> Option<f64>,
     resamples: usize,
     seed: u64,
 ) -> Interval {
     use rand::{Rng, SeedableRng};
-    let estimate = change(ratio_of_sums(a.iter()), ratio_of_sums(b.iter()));
-    if a.len() < BOOTSTRAP_MIN_ITEMS || b.len() < BOOTSTRAP_MIN_ITEMS || resamples == 0 {
-        return Interval::new(0.0, estimate, f64::INFINITY);
+    let whole = |items: &[T]| statistic(&items.iter().collect::<Vec<_>>());
+    let estimate = match (whole(a), whole(b)) {
+        (Some(x), Some(y)) => change_ratio(x, y),
+        _ => f64::NAN,
+    };
+    let unbounded = Interval::new(0.0, estimate, f64::INFINITY);
+    if a.len() < BOOTSTRAP_MIN_ITEMS || b.len() < BOOTSTRAP_MIN_ITEMS || estimate.is_nan() {
+        return unbounded;
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut draw = |items: &[(f64, f64)]| {
+    let mut draw = |items: &[T]| {
         let n = items.len();
-        ratio_of_sums((0..n).map(|_| &items[rng.random_range(0..n)]))
+        let picks: Vec<&T> = (0..n).map(|_| &items[rng.random_range(0..n)]).collect();
+        statistic(&picks)
     };
-    let mut changes: Vec<f64> = (0..resamples)
-        .map(|_| {
-            let (x, y) = (draw(a), draw(b));
-            change(x, y)
-        })
-        .collect();
+    let mut changes = Vec::with_capacity(resamples);
+    let mut undefined = 0usize;
+    for _ in 0..resamples {
+        match (draw(a), draw(b)) {
+            (Some(x), Some(y)) => changes.push(change_ratio(x, y)),
+            _ => undefined += 1,
+        }
+    }
+    if changes.is_empty() || undefined as f64 > TAIL_PROBABILITY * resamples as f64 {
+        return unbounded;
+    }
     changes.sort_by(f64::total_cmp);
-    let at = |p: f64| changes[((p * resamples as f64).floor() as usize).min(resamples - 1)];
+    let n = changes.len();
+    let at = |p: f64| changes[((p * n as f64).floor() as usize).min(n - 1)];
     Interval::new(at(TAIL_PROBABILITY), estimate, at(1.0 - TAIL_PROBABILITY))
 }
 

@@ -1,21 +1,24 @@
 //! The change of one measure of one step between two runs: its value in each, the ratio B/A
 //! with a 95 % interval derived from the per-request samples, and the verdict the interval
-//! supports. Quantiles take the distribution-free order-statistic intervals of
-//! `measure::stats` (each run's at 97.5 %, so both hold together at 95 %); rates and ratios a
-//! seeded bootstrap (rates over slices of the steady window, so the interval sees how the
-//! throughput varied in time, not only how requests differed).
+//! supports. The requests of a step are not independent (a closed loop's requests share
+//! batches, errors come in bursts), so every interval comes from a seeded block bootstrap over
+//! slices of the steady window; a quantile's is widened further to the distribution-free
+//! order-statistic interval of `measure::stats` (each run's at 97.5 %, so both hold together at
+//! 95 %), which is what few samples can bound at all.
 
 use serde::Serialize;
 
 use super::read::{Request, Step};
 use crate::measure::stats::{self, Interval};
 
-/// Bootstrap resamples per interval: enough for the 2.5 % and 97.5 % points to settle to a few
-/// parts in a thousand, few enough for a whole bench's steps to compare in well under a second.
+/// Bootstrap resamples per interval: enough for the 2.5 % and 97.5 % points to settle, few
+/// enough for a whole bench's steps to compare in seconds.
 pub const RESAMPLES: usize = 2000;
 
-/// A rate's steady window is cut into this many slices, the items its bootstrap resamples: the
-/// slices' spread is what the throughput of another window of the same length could be.
+/// A step's steady window is cut into this many slices by the requests' intended sends, the
+/// blocks the bootstrap resamples: their spread is what another window of the same length
+/// could give, batches and bursts included. Fewer than `stats::BOOTSTRAP_MIN_ITEMS` slices with
+/// requests (a window shorter than one round of a closed loop's requests) bound nothing.
 pub const SLICES: usize = 10;
 
 /// Which way a measure gets better.
@@ -163,9 +166,10 @@ pub struct Change {
     pub lower: Option<f64>,
     pub upper: Option<f64>,
     pub verdict: Verdict,
-    /// The samples behind each side's value: requests (quantiles, ratios) or time slices (rates).
+    /// The requests behind each side's value.
     pub samples: [usize; 2],
-    /// `order statistics` or `bootstrap`.
+    /// How the interval was derived: `order statistics and block bootstrap` (quantiles: the
+    /// wider of both) or `block bootstrap` (rates and ratios).
     pub method: &'static str,
 }
 
@@ -196,6 +200,7 @@ fn seed(step: &str, measure: &str) -> u64 {
 /// Compares `measure` between the same step of two runs; `None` when neither run has it (a
 /// cache hit ratio of a server that reports no cached tokens, goodput of older files).
 pub fn compare(measure: &Measure, a: &Step, b: &Step) -> Option<Change> {
+    let seed = seed(&a.key.to_string(), measure.id);
     let (values, interval, samples, method) = match measure.kind {
         Kind::Quantile(l, q) => {
             let (xa, xb) = (latencies(a, l), latencies(b, l));
@@ -203,34 +208,37 @@ pub fn compare(measure: &Measure, a: &Step, b: &Step) -> Option<Change> {
                 return None;
             }
             let (pa, pb) = (point(&xa, q), point(&xb, q));
-            let iv = quantile_change(&xa, &xb, q);
+            // The wider of both: order statistics bound what few samples can say (a p99 of 100
+            // requests), the block bootstrap what correlated ones can (a closed loop's batches).
+            let iv = quantile_change(&xa, &xb, q).map(|os| {
+                let (ba, bb) = (blocks(a, l), blocks(b, l));
+                let quantile = |blocks: &[&Vec<f64>]| stats::pooled_quantile(blocks, q);
+                let bs = stats::bootstrap_change(&ba, &bb, quantile, RESAMPLES, seed);
+                Interval::new(os.lower.min(bs.lower), os.estimate, os.upper.max(bs.upper))
+            });
             let ms = |v: Option<f64>| v.map(|v| v * 1e3);
             (
                 (ms(pa), ms(pb)),
                 iv,
                 [xa.len(), xb.len()],
-                "order statistics",
+                "order statistics and block bootstrap",
             )
         }
         _ => {
             let (ia, ib) = (items(measure.kind, a)?, items(measure.kind, b)?);
-            if ia.is_empty() && ib.is_empty() {
+            if ia.iter().chain(&ib).all(|(_, y)| *y == 0.0) {
                 return None;
             }
             let scale = if measure.unit == "%" { 100.0 } else { 1.0 };
             let value = |items: &[(f64, f64)]| {
-                let (x, y) = items
-                    .iter()
-                    .fold((0.0, 0.0), |(x, y), (a, b)| (x + a, y + b));
-                (y > 0.0).then(|| x / y * scale)
+                stats::ratio_of_sums(&items.iter().collect::<Vec<_>>()).map(|v| v * scale)
             };
-            let seed = seed(&a.key.to_string(), measure.id);
-            let iv = stats::bootstrap_change(&ia, &ib, RESAMPLES, seed);
+            let iv = stats::bootstrap_change(&ia, &ib, stats::ratio_of_sums, RESAMPLES, seed);
             (
                 (value(&ia), value(&ib)),
                 Some(iv),
-                [ia.len(), ib.len()],
-                "bootstrap",
+                [count(a, measure.kind), count(b, measure.kind)],
+                "block bootstrap",
             )
         }
     };
@@ -262,19 +270,22 @@ pub fn compare(measure: &Measure, a: &Step, b: &Step) -> Option<Change> {
 
 /// A latency of every successful request of the step (seconds), sorted.
 fn latencies(step: &Step, l: Latency) -> Vec<f64> {
-    let mut v: Vec<f64> = step
-        .requests
-        .iter()
-        .filter(|r| r.outcome.is_ok())
-        .filter_map(|r| match l {
-            Latency::Ttft => r.ttft,
-            Latency::Itl => r.itl,
-            Latency::Request => Some(r.latency),
-        })
-        .filter(|v| v.is_finite())
-        .collect();
+    let mut v: Vec<f64> = step.requests.iter().filter_map(|r| latency(r, l)).collect();
     v.sort_by(f64::total_cmp);
     v
+}
+
+/// A successful request's latency `l` (seconds).
+fn latency(r: &Request, l: Latency) -> Option<f64> {
+    if !r.outcome.is_ok() {
+        return None;
+    }
+    match l {
+        Latency::Ttft => r.ttft,
+        Latency::Itl => r.itl,
+        Latency::Request => Some(r.latency),
+    }
+    .filter(|v| v.is_finite())
 }
 
 /// The sample quantile (nearest rank) of sorted values.
@@ -283,9 +294,10 @@ fn point(sorted: &[f64], q: f64) -> Option<f64> {
     (n > 0).then(|| sorted[(stats::point_rank(n, q) - 1) as usize])
 }
 
-/// The ratio of two runs' `q` quantiles with its 95 % interval: each run's order-statistic
-/// interval at 97.5 % (both hold together with at least 95 %), B's lower bound over A's upper
-/// and B's upper over A's lower; a side either run cannot bound is unbounded.
+/// The ratio of two runs' `q` quantiles with its 95 % interval from order statistics: each
+/// run's interval at 97.5 % (both hold together with at least 95 %), B's lower bound over A's
+/// upper and B's upper over A's lower; a side either run cannot bound is unbounded. These
+/// intervals take the requests as independent; [`compare`] widens them by the block bootstrap.
 pub fn quantile_change(a: &[f64], b: &[f64], q: f64) -> Option<Interval> {
     let bounds = |s: &[f64]| {
         let (lo, hi) = stats::paired_confidence_ranks(s.len() as u64, q);
@@ -302,62 +314,96 @@ pub fn quantile_change(a: &[f64], b: &[f64], q: f64) -> Option<Interval> {
         (Some(b), Some(a)) if a > 0.0 => b / a,
         _ => f64::INFINITY,
     };
-    let estimate = if pa > 0.0 { pb / pa } else { f64::INFINITY };
-    Some(Interval::new(lower, estimate, upper))
+    Some(Interval::new(lower, stats::change_ratio(pa, pb), upper))
 }
 
-/// The `(x, y)` items a rate or ratio is Σx / Σy of; `None` when the run cannot say (no
-/// `good` field, no cached tokens reported).
+/// Which of the step's [`SLICES`] slices a request falls in, by its intended send from the
+/// first one's; and a slice's seconds. `None` for a step without requests or window.
+fn slicing(step: &Step) -> Option<(impl Fn(&Request) -> usize, f64)> {
+    let secs = step.steady_seconds;
+    let start = step.requests.iter().map(|r| r.intended_ns).min()?;
+    if !(secs.is_finite() && secs > 0.0) {
+        return None;
+    }
+    let width = secs / SLICES as f64;
+    let index = move |r: &Request| {
+        let at = r.intended_ns.saturating_sub(start) as f64 / 1e9;
+        ((at / width) as usize).min(SLICES - 1)
+    };
+    Some((index, width))
+}
+
+/// The latency `l` of the successful requests per slice of the window, the slices that hold
+/// any: the blocks the quantiles' bootstrap resamples.
+fn blocks(step: &Step, l: Latency) -> Vec<Vec<f64>> {
+    let Some((index, _)) = slicing(step) else {
+        return Vec::new();
+    };
+    let mut out = vec![Vec::new(); SLICES];
+    for r in &step.requests {
+        if let Some(v) = latency(r, l) {
+            out[index(r)].push(v);
+        }
+    }
+    out.retain(|b| !b.is_empty());
+    out
+}
+
+/// The `(Σx, Σy)` of each slice of the window, the items a rate or ratio is Σx / Σy of: output
+/// tokens or good requests over the slice's seconds, errors over answered requests, cached over
+/// prompt tokens. `None` when the run cannot say (no `good` field, no cached tokens reported).
 fn items(kind: Kind, step: &Step) -> Option<Vec<(f64, f64)>> {
-    let answered = step
-        .requests
-        .iter()
-        .filter(|r| r.outcome.is_error() || r.outcome.is_ok());
     let ok = step.requests.iter().filter(|r| r.outcome.is_ok());
+    let lacking = match kind {
+        Kind::Goodput => ok.clone().any(|r| r.good.is_none()),
+        Kind::CacheHit => !ok.clone().any(|r| r.cached_tokens.is_some()),
+        Kind::Quantile(..) => true,
+        Kind::OutputRate | Kind::ErrorRatio => false,
+    };
+    if lacking {
+        return None;
+    }
+    let Some((index, width)) = slicing(step) else {
+        return Some(Vec::new());
+    };
+    let per_second = matches!(kind, Kind::OutputRate | Kind::Goodput);
+    let mut out = vec![(0.0, if per_second { width } else { 0.0 }); SLICES];
+    for r in &step.requests {
+        if let Some((x, y)) = item(kind, r) {
+            let slot = &mut out[index(r)];
+            slot.0 += x;
+            slot.1 += y;
+        }
+    }
+    Some(out)
+}
+
+/// What one request adds to its slice's `(Σx, Σy)` (y 0 for rates: the slice's seconds are
+/// its y); `None` for a request the measure does not count.
+fn item(kind: Kind, r: &Request) -> Option<(f64, f64)> {
+    let flag = |b: bool| f64::from(u8::from(b));
+    let ok = r.outcome.is_ok();
     match kind {
-        Kind::OutputRate => Some(slices(step, |r| r.output_tokens as f64)),
-        Kind::Goodput => {
-            if ok.clone().any(|r| r.good.is_none()) {
-                return None;
-            }
-            Some(slices(step, |r| f64::from(u8::from(r.good == Some(true)))))
+        Kind::OutputRate => ok.then_some((r.output_tokens as f64, 0.0)),
+        Kind::Goodput => ok.then_some((flag(r.good == Some(true)), 0.0)),
+        Kind::ErrorRatio => {
+            (ok || r.outcome.is_error()).then_some((flag(r.outcome.is_error()), 1.0))
         }
-        Kind::ErrorRatio => Some(
-            answered
-                .map(|r| (f64::from(u8::from(r.outcome.is_error())), 1.0))
-                .collect(),
-        ),
-        Kind::CacheHit => {
-            let v: Vec<(f64, f64)> = ok
-                .filter_map(|r| Some((r.cached_tokens? as f64, r.prompt_tokens? as f64)))
-                .collect();
-            (!v.is_empty()).then_some(v)
-        }
+        Kind::CacheHit => ok.then_some((
+            r.cached_tokens.unwrap_or(0) as f64,
+            r.prompt_tokens.unwrap_or(0) as f64,
+        )),
         Kind::Quantile(..) => None,
     }
 }
 
-/// The steady window cut into [`SLICES`] slices by each successful request's intended send:
-/// `(Σ value, slice seconds)` per slice, so Σx / Σy is the step's rate.
-fn slices(step: &Step, value: impl Fn(&Request) -> f64) -> Vec<(f64, f64)> {
-    let secs = step.steady_seconds;
-    if !(secs.is_finite() && secs > 0.0) || step.requests.is_empty() {
-        return Vec::new();
-    }
-    let start = step
-        .requests
-        .iter()
-        .map(|r| r.intended_ns)
-        .min()
-        .unwrap_or(0);
-    let width = secs / SLICES as f64;
-    let mut out = vec![(0.0, width); SLICES];
-    for r in step.requests.iter().filter(|r| r.outcome.is_ok()) {
-        let at = (r.intended_ns - start) as f64 / 1e9;
-        let i = ((at / width) as usize).min(SLICES - 1);
-        out[i].0 += value(r);
-    }
-    out
+/// The requests behind a rate or ratio of the step.
+fn count(step: &Step, kind: Kind) -> usize {
+    let counted = |r: &&Request| match kind {
+        Kind::ErrorRatio => r.outcome.is_ok() || r.outcome.is_error(),
+        _ => r.outcome.is_ok(),
+    };
+    step.requests.iter().filter(counted).count()
 }
 
 #[cfg(test)]
@@ -491,6 +537,33 @@ mod tests {
     }
 
     #[test]
+    fn requests_that_move_in_batches_widen_the_interval_past_order_statistics() {
+        // Each slice of the window one batch: its TTFT shared up to 1 %, the batches apart by
+        // 20 %. 400 requests, but ten independent draws: what order statistics alone would
+        // call a change, the block bootstrap does not.
+        let batched = |seed: u64| {
+            let mut s = step(400, 0.05, seed);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let batch = LogNormal::new(0.0, 0.2).unwrap();
+            let factors: Vec<f64> = (0..SLICES).map(|_| batch.sample(&mut rng)).collect();
+            for (i, r) in s.requests.iter_mut().enumerate() {
+                let t = 0.05 * factors[i * SLICES / 400] * (1.0 + 0.01 * rng.random::<f64>());
+                r.ttft = Some(t);
+            }
+            s
+        };
+        let (a, b) = (batched(3), batched(4));
+        let p50 = by_id(&all(&a, &b), "ttft_p50").clone();
+        let sorted = |s: &Step| latencies(s, Latency::Ttft);
+        let os = quantile_change(&sorted(&a), &sorted(&b), 0.5).unwrap();
+        assert!(
+            p50.lower.unwrap_or(0.0) < os.lower && p50.upper.unwrap_or(f64::INFINITY) > os.upper,
+            "{p50:?} against {os:?}"
+        );
+        assert_eq!(p50.verdict, Verdict::NoDetectableChange, "{p50:?}");
+    }
+
+    #[test]
     fn verdicts_follow_the_direction_of_the_measure() {
         assert_eq!(Verdict::of(Better::Lower, 1.05, 1.3), Verdict::Worse);
         assert_eq!(Verdict::of(Better::Higher, 1.05, 1.3), Verdict::Better);
@@ -514,13 +587,14 @@ mod tests {
     fn the_bootstrap_is_reproducible_and_unbounded_on_a_handful_of_items() {
         let a: Vec<(f64, f64)> = (0..50).map(|i| (f64::from(i % 7), 1.0)).collect();
         let b: Vec<(f64, f64)> = (0..50).map(|i| (f64::from(i % 5), 1.0)).collect();
-        let one = stats::bootstrap_change(&a, &b, RESAMPLES, 7);
-        assert_eq!(one, stats::bootstrap_change(&a, &b, RESAMPLES, 7));
+        let ratio = stats::ratio_of_sums;
+        let one = stats::bootstrap_change(&a, &b, ratio, RESAMPLES, 7);
+        assert_eq!(one, stats::bootstrap_change(&a, &b, ratio, RESAMPLES, 7));
         assert!(
             one.lower < one.estimate && one.estimate < one.upper,
             "{one:?}"
         );
-        let few = stats::bootstrap_change(&a[..3], &b, RESAMPLES, 7);
+        let few = stats::bootstrap_change(&a[..3], &b, ratio, RESAMPLES, 7);
         assert_eq!((few.lower, few.upper), (0.0, f64::INFINITY));
     }
 }

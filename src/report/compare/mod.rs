@@ -132,6 +132,9 @@ pub fn compare_dirs(a: &Path, b: &Path) -> Result<Comparison, CompareError> {
     })
 }
 
+/// How to read the intervals, under the summary.
+const METHOD: &str = "\n_B/A is B's value over A's with its 95 % interval, from the steady-window requests: a seeded block bootstrap over ten slices of each run's window (requests in one batch or burst move together), for quantiles widened to the order-statistic interval (each run's at 97.5 %). A side the samples cannot bound is 0 or ∞. Better or worse only when the whole interval lies on one side of 1._\n";
+
 /// A change as the Markdown prints it: `1.302 [1.271, 1.334]`, 0 and ∞ for unbounded sides.
 fn render_change(c: &Change) -> String {
     match c.change {
@@ -170,49 +173,46 @@ impl Comparison {
             .collect()
     }
 
-    /// The table every step's measures fill: step, measure, A, B, B/A with its interval, verdict.
-    pub fn table(&self) -> Table {
-        let mut t = Table::new(
-            "compare",
-            "Changes",
-            vec![
-                Column::text("step"),
-                Column::text("measure"),
-                Column::text("A"),
-                Column::text("B"),
-                Column::text("B/A [95 % interval]"),
-                Column::text("verdict"),
-            ],
-        );
-        for s in &self.steps {
-            for (i, c) in s.changes.iter().enumerate() {
-                let value = |v: Option<f64>| {
+    /// One table per step: each measure's value in A and in B, B/A with its interval, verdict.
+    pub fn tables(&self) -> Vec<Table> {
+        self.steps
+            .iter()
+            .map(|s| {
+                let mut t = Table::new(
+                    &s.step,
+                    &format!(
+                        "{} ({} → {} requests)",
+                        s.step, s.requests[0], s.requests[1]
+                    ),
+                    vec![
+                        Column::text("measure"),
+                        Column::text("A"),
+                        Column::text("B"),
+                        Column::text("B/A [95 % interval]"),
+                        Column::text("verdict"),
+                    ],
+                );
+                for c in &s.changes {
                     let d = MEASURES
                         .iter()
                         .find(|m| m.id == c.measure)
                         .map_or(1, |m| m.decimals);
-                    v.map_or("-".to_owned(), |v| format!("{v:.d$}"))
-                };
-                let verdict = match c.verdict {
-                    Verdict::NoDetectableChange => c.verdict.as_str().to_owned(),
-                    v => format!("**{}**", v.as_str()),
-                };
-                t.push(vec![
-                    Cell::text(if i == 0 {
-                        s.step.clone()
-                    } else {
-                        String::new()
-                    }),
-                    Cell::text(format!("{} ({})", c.name, c.unit)),
-                    Cell::text(value(c.a)),
-                    Cell::text(value(c.b)),
-                    Cell::text(render_change(c)),
-                    Cell::text(verdict),
-                ]);
-            }
-        }
-        t.notes.push("B/A is B's value over A's, with its 95 % interval from the per-request samples: quantiles from order statistics (each run's interval at 97.5 %, B's bounds over A's), throughput and goodput from a seeded bootstrap over ten slices of the steady window, error and cache hit ratios from a seeded bootstrap over requests; a side the samples cannot bound is 0 or ∞. The verdict is better or worse only when the whole interval lies on one side of 1".into());
-        t
+                    let value = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
+                    let verdict = match c.verdict {
+                        Verdict::NoDetectableChange => c.verdict.as_str().to_owned(),
+                        v => format!("**{}**", v.as_str()),
+                    };
+                    t.push(vec![
+                        Cell::text(format!("{} ({})", c.name, c.unit)),
+                        Cell::text(value(c.a)),
+                        Cell::text(value(c.b)),
+                        Cell::text(render_change(c)),
+                        Cell::text(verdict),
+                    ]);
+                }
+                t
+            })
+            .collect()
     }
 
     /// The comparison as Markdown, for a pull-request comment.
@@ -242,8 +242,11 @@ impl Comparison {
             out.push_str(&worse_lines.join("\n"));
             out.push('\n');
         }
-        out.push('\n');
-        out.push_str(&self.table().to_markdown());
+        out.push_str(METHOD);
+        for t in self.tables() {
+            out.push('\n');
+            out.push_str(&t.to_markdown());
+        }
         for (name, list) in [("A", &self.only_in_a), ("B", &self.only_in_b)] {
             if list.is_empty() {
                 continue;
