@@ -218,17 +218,18 @@ impl Comparison {
     /// The comparison as Markdown, for a pull-request comment.
     pub fn to_markdown(&self) -> String {
         let [worse, better, same] = self.counts();
+        let steps = |n: usize| format!("{n} step{}", if n == 1 { "" } else { "s" });
         let mut out = format!(
-            "## llm-canary compare\n\nA: `{}` (llm-canary {}, {}, {} steps)  \nB: `{}` (llm-canary {}, {}, {} steps)\n\n**{worse} worse, {better} better, {same} no detectable change** over {} steps in common.\n",
+            "## llm-canary compare\n\nA: `{}` (llm-canary {}, {}, {})  \nB: `{}` (llm-canary {}, {}, {})\n\n**{worse} worse, {better} better, {same} no detectable change** over {} in common.\n",
             self.a.dir,
             self.a.version,
             self.a.config,
-            self.a.steps,
+            steps(self.a.steps),
             self.b.dir,
             self.b.version,
             self.b.config,
-            self.b.steps,
-            self.steps.len(),
+            steps(self.b.steps),
+            steps(self.steps.len()),
         );
         let worse_lines: Vec<String> = self
             .steps
