@@ -358,6 +358,16 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_column_leaves_no_cell_behind() {
+        let mut t = sample();
+        t.drop_column("TTFT p50");
+        t.drop_column("not a column");
+        assert_eq!(t.columns, vec![Column::text("mode")]);
+        assert!(t.rows.iter().all(|r| r.len() == 1));
+        assert_eq!(t.to_csv(), "mode\naggregated\n\"a|b, \"\"c\"\"\"\n");
+    }
+
+    #[test]
     fn json_cells_are_numbers_strings_or_null() {
         let v = serde_json::to_value(sample()).unwrap();
         assert_eq!(v["rows"][0][1], serde_json::json!(12.3));
