@@ -526,6 +526,7 @@ fn requests_jsonl_follows_the_per_record_contract() {
             "connect_ms",
             "connection_retried",
             "requested_isl",
+            "good",
         ] {
             assert!(r.get(key).is_some(), "{key} missing in {line}");
         }
@@ -535,6 +536,8 @@ fn requests_jsonl_follows_the_per_record_contract() {
         );
         assert!(ids.insert(r["x_request_id"].as_str().unwrap().to_owned()));
         workloads.insert(r["workload"].as_str().unwrap().to_owned());
+        // Good is a success within the goodput limits: never a failed request.
+        assert!(r["good"] == false || r["outcome"] == "ok", "{line}");
         if r["outcome"] != "ok" {
             continue;
         }

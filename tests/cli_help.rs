@@ -96,13 +96,14 @@ fn every_subcommand_describes_every_argument_in_one_layout() {
 #[test]
 fn every_help_lists_its_exit_codes_and_the_readme_all_of_them() {
     let all = exit_codes(&help(&["--help"]));
-    assert_eq!(all, [0, 1, 2, 3, 4, 130]);
+    assert_eq!(all, [0, 1, 2, 3, 4, 5, 130]);
     for sub in subcommands() {
         let codes = exit_codes(&help(&[&sub, "--help"]));
         assert!(codes.starts_with(&[0, 1, 2]), "{sub}: {codes:?}");
         assert!(codes.iter().all(|c| all.contains(c)), "{sub}: {codes:?}");
     }
     assert_eq!(exit_codes(&help(&["check", "--help"])), [0, 1, 2, 3, 4]);
+    assert_eq!(exit_codes(&help(&["compare", "--help"])), [0, 1, 2, 5]);
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let listed = readme

@@ -116,3 +116,60 @@ fn has_total(results: &[llm_canary::model::StepResult], r: &llm_canary::model::S
         .iter()
         .any(|o| o.total && o.step == r.step && o.labels.target == r.labels.target)
 }
+
+/// The bench's tables (JSON on stdout, the CSV, the HTML report) show a `skipped` column, beside
+/// `requests`, when a step skipped requests above the context length.
+#[test]
+fn the_bench_tables_show_what_was_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("context.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let out = dir.path().join("out");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_llm-canary"))
+        .arg("bench")
+        .arg("--config")
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .args(["--workload", "sequence_distribution", "--format", "json"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let table = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "sequence_distribution")
+        .unwrap();
+    let names: Vec<&str> = table["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    let at = names
+        .iter()
+        .position(|n| *n == "skipped")
+        .expect("a skipped column");
+    assert_eq!(names[at - 1], "requests");
+    let skipped: f64 = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[at].as_f64().unwrap())
+        .sum();
+    assert!(skipped > 0.0, "{table}");
+    let csv = std::fs::read_to_string(out.join("sequence_distribution.csv")).unwrap();
+    assert!(
+        csv.lines().next().unwrap().contains(",requests,skipped,"),
+        "{csv}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains(">skipped<"), "the HTML table has the column");
+}

@@ -9,6 +9,7 @@ Exit codes:
   2    bad usage or a bad config: every problem as FILE:LINE:COL, nothing sent, no port bound
   3    check --probe: a target is unreachable
   4    check --probe: a target answers, but not as configured
+  5    compare --fail-on-regression: a measure got worse past the ratio
   130  run: a second SIGTERM or SIGINT while draining";
 
 pub const RUN: &str = "\
@@ -44,3 +45,14 @@ Exit codes:
   0    stopped by Ctrl-C
   1    a runtime failure (e.g. the listen address is taken)
   2    bad usage: a bad flag, --faults or --variability (with its LINE:COL and the fix)";
+
+/// `compare --fail-on-regression`: a measure got worse past the ratio.
+pub const REGRESSION: u8 = 5;
+
+pub const COMPARE: &str = "\
+Exit codes:
+  0    compared (and with --fail-on-regression, nothing got worse past the ratio)
+  1    stdout or the --json file could not be written
+  2    bad usage, or folders that cannot be compared: unreadable, a missing summary.json or
+       requests.jsonl, written by an incompatible release, or without a step in common
+  5    --fail-on-regression: a measure got worse past the ratio";

@@ -1,7 +1,7 @@
-//! The command line (docs/DESIGN.md §2): five subcommands, their flags, and the exit codes
+//! The command line (docs/DESIGN.md §2): six subcommands, their flags, and the exit codes
 //! 0 success, 1 runtime failure, 2 bad usage or bad config, 3 and 4 a `check --probe` that found
-//! a target unreachable or misconfigured (`exit` lists them per command, as `--help` shows
-//! them). A stdout closed early (`| head`) ends a command quietly with 0. Every subcommand's help
+//! a target unreachable or misconfigured, 5 a `compare --fail-on-regression` that found a
+//! regression (`exit` lists them per command, as `--help` shows them). A stdout closed early (`| head`) ends a command quietly with 0. Every subcommand's help
 //! has one layout: each flag described on its own line, its values and default inline.
 
 mod exit;
@@ -60,6 +60,10 @@ pub enum Command {
     /// Run one simulated serving deployment as a standalone OpenAI-compatible server.
     #[command(after_help = exit::SIM)]
     Sim(SimArgs),
+    /// Compare two `bench --out` folders step by step: each measure in A and in B, the change B/A
+    /// with its 95 % interval and a verdict (better, worse, no detectable change).
+    #[command(after_help = exit::COMPARE)]
+    Compare(CompareArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -153,6 +157,34 @@ pub struct RulesArgs {
     pub health: bool,
 }
 
+// Described in the flag's help, as `CheckOutput` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareFormat {
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// The baseline: a folder written by `llm-canary bench --out`.
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+    /// The candidate, compared with A.
+    #[arg(value_name = "B")]
+    pub b: PathBuf,
+    /// What stdout shows: Markdown (for a pull-request comment) or the comparison as JSON.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Markdown)]
+    pub format: CompareFormat,
+    /// Also write the comparison as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Exit 5 when a measure is worse (its whole interval on the bad side of 1) and its change
+    /// B/A is past RATIO in the bad direction: above RATIO for latencies and the error ratio,
+    /// below 1/RATIO for throughput, goodput and the cache hit ratio. RATIO ≥ 1, e.g. 1.1.
+    #[arg(long, value_name = "RATIO")]
+    pub fail_on_regression: Option<f64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SimMode {
     Aggregated,
@@ -227,7 +259,65 @@ pub fn main() -> ExitCode {
     }));
     match command {
         Command::Check(args) => check(&args),
+        Command::Compare(args) => compare(&args),
         other => runtime(other),
+    }
+}
+
+/// `llm-canary compare A B`: the comparison on stdout (and in `--json`); exit 2 for folders
+/// that cannot be compared, 5 for a regression past `--fail-on-regression`.
+fn compare(args: &CompareArgs) -> ExitCode {
+    if let Some(r) = args.fail_on_regression
+        && !(r.is_finite() && r >= 1.0)
+    {
+        eprintln!(
+            "llm-canary compare: --fail-on-regression {r}: expected a ratio of at least 1, e.g. 1.1 for 10 % worse"
+        );
+        return ExitCode::from(2);
+    }
+    let comparison = match crate::report::compare::compare_dirs(&args.a, &args.b) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("llm-canary compare: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let json = match serde_json::to_string_pretty(&comparison) {
+        Ok(j) => j + "\n",
+        Err(e) => {
+            eprintln!("llm-canary compare: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(path) = &args.json
+        && let Err(e) = std::fs::write(path, &json)
+    {
+        eprintln!("llm-canary compare: {}: {e}", path.display());
+        return ExitCode::from(1);
+    }
+    let printed = match args.format {
+        CompareFormat::Markdown => out(&comparison.to_markdown()),
+        CompareFormat::Json => out(&json),
+    };
+    if let Err(code) = printed {
+        return code;
+    }
+    let Some(ratio) = args.fail_on_regression else {
+        return ExitCode::SUCCESS;
+    };
+    let regressions = comparison.regressions(ratio);
+    for r in &regressions {
+        eprintln!(
+            "llm-canary compare: regression: {}: {} changed ×{:.3} (past {ratio})",
+            r.step.step,
+            r.change.name,
+            r.change.change.unwrap_or(f64::NAN)
+        );
+    }
+    if regressions.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(exit::REGRESSION)
     }
 }
 
@@ -400,7 +490,9 @@ fn runtime(command: Command) -> ExitCode {
             Command::Bench(args) => bench(args).await,
             Command::Rules(args) => rules(&args),
             Command::Sim(args) => sim(args).await,
-            Command::Check(_) => unreachable!("check runs without the runtime"),
+            Command::Check(_) | Command::Compare(_) => {
+                unreachable!("check and compare run without the runtime")
+            }
         }
     })
 }

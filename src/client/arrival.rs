@@ -49,6 +49,10 @@ pub struct StampedTcp {
     kernel: bool,
     /// The newest read's arrival; never earlier than the read before it.
     arrived: Option<Instant>,
+    /// Whether the newest read carried the kernel's stamp. The kernel turns receive stamping on
+    /// for the whole host a moment after the first socket asks (deferred work), so the first
+    /// segments after start-up may come unstamped and are stamped when the read returns.
+    kernel_stamped: bool,
 }
 
 impl StampedTcp {
@@ -71,6 +75,7 @@ impl StampedTcp {
             tcp,
             kernel,
             arrived: None,
+            kernel_stamped: false,
         }
     }
 
@@ -87,6 +92,12 @@ impl StampedTcp {
     #[cfg(test)]
     pub fn kernel_stamps(&self) -> bool {
         self.kernel
+    }
+
+    /// Whether the newest read carried the kernel's stamp.
+    #[cfg(test)]
+    pub fn last_read_kernel_stamped(&self) -> bool {
+        self.kernel_stamped
     }
 
     fn note(&mut self, at: Instant) {
@@ -154,10 +165,9 @@ impl AsyncRead for StampedTcp {
             {
                 Ok((n, stamp)) => {
                     let now = Instant::now();
-                    let at = match stamp {
-                        Some(stamp) if n > 0 => instant_of(stamp, now, SystemTime::now()),
-                        _ => now,
-                    };
+                    let stamp = stamp.filter(|_| n > 0);
+                    this.kernel_stamped = stamp.is_some();
+                    let at = stamp.map_or(now, |s| instant_of(s, now, SystemTime::now()));
                     this.note(at);
                     return Poll::Ready(Ok(()));
                 }
@@ -227,6 +237,22 @@ mod tests {
         assert!(
             client.kernel_stamps(),
             "the kernel refused SO_TIMESTAMPNS on a TCP socket"
+        );
+        // The kernel turns stamping on a moment after the option is first set (deferred work,
+        // with nothing to wait on): until a read carries a stamp, a byte at a time, for at most
+        // 5 s.
+        let mut byte = [0u8; 1];
+        for _ in 0..500 {
+            server.write_all(b".").await.unwrap();
+            client.read_exact(&mut byte).await.unwrap();
+            if client.last_read_kernel_stamped() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            client.last_read_kernel_stamped(),
+            "no read was stamped by the kernel in 5 s"
         );
         let written = Instant::now();
         server.write_all(b"first token").await.unwrap();

@@ -1,13 +1,19 @@
 //! The statistics the canary's numbers rest on, in one place: the two-sided 95 % normal
 //! quantile, values with confidence intervals and their arithmetic, intervals of a proportion
 //! (Wilson) and of a rate (Poisson), the order-statistic ranks that bound a quantile, and the
-//! least-squares line with bounds on its slope and R² when the points themselves are intervals.
+//! least-squares line with bounds on its slope and R² when the points themselves are intervals,
+//! and the seeded bootstrap of a ratio between two runs (`llm-canary compare`).
 
 /// The two-sided 95 % normal quantile.
 pub const Z_95: f64 = 1.959_963_984_540_054;
 
 /// Two-sided 95 %: each tail may hold 2.5 % of the probability.
 const TAIL_PROBABILITY: f64 = 0.025;
+
+/// The two-sided 97.5 % normal quantile: two intervals at this level, of two independent runs,
+/// hold together with at least 95 % (Bonferroni), so a change between runs judged from both is
+/// judged at 95 %.
+const Z_975: f64 = 2.241_402_727_604_947;
 
 /// Below this many samples the quantile ranks come from the exact binomial distribution; above
 /// it the normal approximation is accurate to well under a rank.
@@ -161,24 +167,37 @@ pub fn point_rank(samples: u64, q: f64) -> u64 {
 /// [`EXACT_BINOMIAL_MAX_SAMPLES`], else the normal approximation n·q ± 1.96·√(n·q·(1−q)). A rank
 /// that would fall outside [1, n] is `None`: that side cannot be bounded with these samples.
 pub fn confidence_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
+    ranks_at(samples, q, TAIL_PROBABILITY, Z_95)
+}
+
+/// The ranks of [`confidence_ranks`] at 97.5 % instead of 95 %: the intervals of one quantile in
+/// two independent runs then both hold with at least 95 %, so the ratio of their bounds bounds
+/// the ratio of the two quantiles at 95 % (`llm-canary compare`).
+pub fn paired_confidence_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
+    ranks_at(samples, q, TAIL_PROBABILITY / 2.0, Z_975)
+}
+
+/// Order-statistic ranks leaving at most `tail` of the probability on each side (`z` the normal
+/// quantile of the same level, for large samples).
+fn ranks_at(samples: u64, q: f64, tail: f64, z: f64) -> (Option<u64>, Option<u64>) {
     if samples == 0 || !(q > 0.0 && q < 1.0) {
         return (None, None);
     }
     if samples <= EXACT_BINOMIAL_MAX_SAMPLES {
-        return exact_binomial_ranks(samples, q);
+        return exact_binomial_ranks(samples, q, tail);
     }
     let n = samples as f64;
-    let spread = Z_95 * (n * q * (1.0 - q)).sqrt();
+    let spread = z * (n * q * (1.0 - q)).sqrt();
     let lower = (n * q - spread).floor();
     let upper = (n * q + spread).ceil();
     let in_range = |rank: f64| (rank >= 1.0 && rank <= n).then_some(rank as u64);
     (in_range(lower), in_range(upper))
 }
 
-/// Exact ranks: j − 1 is the largest count with P(B ≤ j − 1) ≤ 2.5 % and k − 1 the smallest with
-/// P(B ≤ k − 1) ≥ 97.5 %, B ~ Binomial(n, q). The probabilities are summed from log-space terms so
-/// that (1 − q)ⁿ underflowing for large n costs nothing but negligible mass.
-fn exact_binomial_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
+/// Exact ranks: j − 1 is the largest count with P(B ≤ j − 1) ≤ `tail` (2.5 % for 95 %) and k − 1
+/// the smallest with P(B ≤ k − 1) ≥ 1 − `tail`, B ~ Binomial(n, q). The probabilities are summed
+/// from log-space terms so that (1 − q)ⁿ underflowing for large n costs nothing but negligible mass.
+fn exact_binomial_ranks(samples: u64, q: f64, tail: f64) -> (Option<u64>, Option<u64>) {
     let n = samples as f64;
     let log_odds = (q / (1.0 - q)).ln();
     let mut log_pmf = n * (1.0 - q).ln();
@@ -186,10 +205,10 @@ fn exact_binomial_ranks(samples: u64, q: f64) -> (Option<u64>, Option<u64>) {
     let mut lower = None;
     for below in 0..samples {
         cdf += log_pmf.exp();
-        if cdf <= TAIL_PROBABILITY {
+        if cdf <= tail {
             lower = Some(below + 1);
         }
-        if cdf >= 1.0 - TAIL_PROBABILITY {
+        if cdf >= 1.0 - tail {
             return (lower, Some(below + 1));
         }
         let i = below as f64;
@@ -223,6 +242,87 @@ pub fn samples_to_bound(q: f64) -> Option<u64> {
         }
     }
     Some(hi)
+}
+
+/// Fewer items than this on either side leave a bootstrap interval unbounded: resampling a
+/// handful of blocks says nothing about what another run would give.
+pub const BOOTSTRAP_MIN_ITEMS: usize = 5;
+
+/// Σx / Σy over `(x, y)` items (a rate when y is seconds, a ratio of counts when y is requests
+/// or prompt tokens); `None` when Σy is 0.
+pub fn ratio_of_sums(items: &[&(f64, f64)]) -> Option<f64> {
+    let (x, y) = items
+        .iter()
+        .fold((0.0, 0.0), |(x, y), (a, b)| (x + a, y + b));
+    (y > 0.0).then(|| x / y)
+}
+
+/// The `q` quantile (nearest rank, [`point_rank`]) of the values of every block together;
+/// `None` without values.
+pub fn pooled_quantile(blocks: &[&Vec<f64>], q: f64) -> Option<f64> {
+    let mut all: Vec<f64> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let rank = point_rank(all.len() as u64, q) as usize;
+    let (_, v, _) = all.select_nth_unstable_by(rank - 1, f64::total_cmp);
+    Some(*v)
+}
+
+/// B's value over A's; 0 over 0 is 1 (no change), more than 0 over 0 unbounded.
+pub fn change_ratio(a: f64, b: f64) -> f64 {
+    match (a > 0.0, b > 0.0) {
+        (true, _) => b / a,
+        (false, false) => 1.0,
+        (false, true) => f64::INFINITY,
+    }
+}
+
+/// The change B/A of `statistic` between two runs, with its 95 % percentile bootstrap interval:
+/// `resamples` times, each run's items are drawn again with replacement (the runs independently),
+/// from a generator seeded with `seed`, so the same data give the same interval. The items are
+/// blocks of consecutive requests (slices of a step's window), so requests that resemble their
+/// neighbours (a closed loop's batches, a burst of errors) move together and widen the interval
+/// as they should. Unbounded (0, ∞) with fewer than [`BOOTSTRAP_MIN_ITEMS`] items on a side, a
+/// statistic either run lacks, or more than 2.5 % of resamples where it is undefined.
+pub fn bootstrap_change<T>(
+    a: &[T],
+    b: &[T],
+    statistic: impl Fn(&[&T]) -> Option<f64>,
+    resamples: usize,
+    seed: u64,
+) -> Interval {
+    use rand::{Rng, SeedableRng};
+    let whole = |items: &[T]| statistic(&items.iter().collect::<Vec<_>>());
+    let estimate = match (whole(a), whole(b)) {
+        (Some(x), Some(y)) => change_ratio(x, y),
+        _ => f64::NAN,
+    };
+    let unbounded = Interval::new(0.0, estimate, f64::INFINITY);
+    if a.len() < BOOTSTRAP_MIN_ITEMS || b.len() < BOOTSTRAP_MIN_ITEMS || estimate.is_nan() {
+        return unbounded;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut draw = |items: &[T]| {
+        let n = items.len();
+        let picks: Vec<&T> = (0..n).map(|_| &items[rng.random_range(0..n)]).collect();
+        statistic(&picks)
+    };
+    let mut changes = Vec::with_capacity(resamples);
+    let mut undefined = 0usize;
+    for _ in 0..resamples {
+        match (draw(a), draw(b)) {
+            (Some(x), Some(y)) => changes.push(change_ratio(x, y)),
+            _ => undefined += 1,
+        }
+    }
+    if changes.is_empty() || undefined as f64 > TAIL_PROBABILITY * resamples as f64 {
+        return unbounded;
+    }
+    changes.sort_by(f64::total_cmp);
+    let n = changes.len();
+    let at = |p: f64| changes[((p * n as f64).floor() as usize).min(n - 1)];
+    Interval::new(at(TAIL_PROBABILITY), estimate, at(1.0 - TAIL_PROBABILITY))
 }
 
 /// The mean of `values` and their sample standard deviation (0 with fewer than two); `None`
@@ -566,6 +666,17 @@ mod tests {
         // p99's upper side needs 0.99^n ≤ 2.5 %, i.e. n ≥ 368.
         assert_eq!(confidence_ranks(367, 0.99).1, None);
         assert_eq!(confidence_ranks(368, 0.99).1, Some(368));
+        // At 97.5 % (two runs together at 95 %): 0.99^n ≤ 1.25 %, i.e. n ≥ 437.
+        assert_eq!(paired_confidence_ranks(436, 0.99).1, None);
+        assert_eq!(paired_confidence_ranks(437, 0.99).1, Some(437));
+        let (wide, narrow) = (
+            paired_confidence_ranks(500, 0.5),
+            confidence_ranks(500, 0.5),
+        );
+        assert!(
+            wide.0 < narrow.0 && wide.1 > narrow.1,
+            "{wide:?} {narrow:?}"
+        );
         // Large n: the normal approximation, symmetric around n·q.
         assert_eq!(confidence_ranks(10_000, 0.5), (Some(4902), Some(5098)));
         assert_eq!(confidence_ranks(0, 0.5), (None, None));

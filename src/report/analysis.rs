@@ -107,6 +107,16 @@ impl Report {
         for (i, table) in extra.enumerate() {
             tables.insert(6 + i, table);
         }
+        // Requests above a target's context are rare; their column shows only when there were.
+        if !data
+            .steps
+            .iter()
+            .any(|s| !s.measurements.skipped.is_empty())
+        {
+            for t in &mut tables {
+                t.drop_column(SKIPPED);
+            }
+        }
         tables.push(slo_table(&data.slo));
         Report {
             run: data.run.clone(),
@@ -213,6 +223,15 @@ pub(crate) struct Index<'a> {
 
 pub(super) fn ms(s: Option<Spread>, f: fn(&Spread) -> f64) -> Option<f64> {
     s.map(|s| f(&s) * 1e3)
+}
+
+/// The column of requests built but not sent (above the target's context length), shown only
+/// when some step skipped one.
+pub(super) const SKIPPED: &str = "skipped";
+
+/// A step's requests not sent, every reason together.
+pub(super) fn skipped(m: &StepMeasurements) -> Cell {
+    Cell::Number(m.skipped.values().sum::<u64>() as f64)
 }
 
 pub(super) fn pct(v: Option<f64>) -> Option<f64> {
@@ -380,6 +399,7 @@ impl<'a> Index<'a> {
                 Column::count("concurrency"),
                 Column::text("mode"),
                 Column::count("requests"),
+                Column::count(SKIPPED),
                 Column::count("errors"),
                 Column::num("TTFT p50", "ms", 1),
                 Column::num("TTFT p99", "ms", 1),
@@ -400,6 +420,7 @@ impl<'a> Index<'a> {
                     Cell::Number(f64::from(n)),
                     Cell::text(&side.label),
                     Cell::Number(m.requests as f64),
+                    skipped(m),
                     Cell::Number(m.errors as f64),
                     Cell::num(ms(m.ttft, |s| s.p50)),
                     Cell::num(ms(m.ttft, |s| s.p99)),
@@ -434,6 +455,7 @@ impl<'a> Index<'a> {
                 Column::text("turn"),
                 Column::text("mode"),
                 Column::count("requests"),
+                Column::count(SKIPPED),
                 Column::num("TTFT p50", "ms", 1),
                 Column::num("TTFT p99", "ms", 1),
                 Column::num("cache hit", "%", 1),
@@ -450,6 +472,7 @@ impl<'a> Index<'a> {
                     Cell::text(&turn),
                     Cell::text(&side.label),
                     Cell::Number(m.requests as f64),
+                    skipped(m),
                     Cell::num(ms(m.ttft, |s| s.p50)),
                     Cell::num(ms(m.ttft, |s| s.p99)),
                     Cell::num(pct(m.cache_hit_ratio)),
@@ -467,6 +490,7 @@ impl<'a> Index<'a> {
                 Cell::text("all"),
                 Cell::text(&side.label),
                 Cell::Number(m.requests as f64),
+                skipped(m),
                 Cell::num(ms(m.ttft, |s| s.p50)),
                 Cell::num(ms(m.ttft, |s| s.p99)),
                 Cell::num(pct(m.cache_hit_ratio)),
@@ -490,6 +514,7 @@ impl<'a> Index<'a> {
                 Column::text("ISL bucket"),
                 Column::text("mode"),
                 Column::count("requests"),
+                Column::count(SKIPPED),
                 // A bucket's timeouts and failures, which its latencies leave out.
                 Column::count("errors"),
                 Column::num("TTFT p50", "ms", 1),
@@ -505,6 +530,7 @@ impl<'a> Index<'a> {
                 Cell::text(bucket),
                 Cell::text(&side.label),
                 Cell::Number(m.requests as f64),
+                skipped(m),
                 Cell::Number(m.errors as f64),
                 Cell::num(ms(m.ttft, |s| s.p50)),
                 Cell::num(ms(m.ttft, |s| s.p99)),
@@ -545,6 +571,7 @@ impl<'a> Index<'a> {
                 Column::num("prefix hit ratio", "%", 0),
                 Column::text("mode"),
                 Column::count("requests"),
+                Column::count(SKIPPED),
                 Column::num("TTFT p50", "ms", 1),
                 Column::num("TTFT p99", "ms", 1),
                 Column::num("improvement vs 0 %", "%", 1),
@@ -573,6 +600,7 @@ impl<'a> Index<'a> {
                     Cell::num(r.parse::<f64>().ok().map(|v| v * 100.0)),
                     Cell::text(&side.label),
                     Cell::Number(m.requests as f64),
+                    skipped(m),
                     Cell::num(p50),
                     Cell::num(ms(m.ttft, |s| s.p99)),
                     Cell::num(base.zip(p50).and_then(|(b, v)| gain(b, v))),

@@ -2,13 +2,14 @@
 //! result tables, the answers to its four questions and the recommendation table built from the
 //! step results and the SLO verdicts ([`analysis`]), their renderings as text, Markdown, CSV and
 //! JSON ([`table`]), the per-request export `requests.jsonl` ([`records`]) and the self-contained
-//! HTML report.
+//! HTML report; and `llm-canary compare`, two runs' folders side by side ([`compare`]).
 
 pub mod analysis;
 mod arrivals;
 pub mod bench;
 mod breakdown;
 mod cancellations;
+pub mod compare;
 mod datasets;
 mod html;
 mod progress;

@@ -78,6 +78,8 @@ struct Line<'a> {
     time_to_first_answer_token_ms: Option<f64>,
     reasoning_ms: Option<f64>,
     outcome: &'static str,
+    /// Succeeded within the target's goodput limits (docs/METRICS.md "Goodput").
+    good: bool,
     http_status: Option<u16>,
     error: Option<&'a str>,
     /// Dynamo's `nvext.timing` (docs/METRICS.md, "The request record"); `null` from a server
@@ -262,6 +264,7 @@ impl BenchSink {
                 .map(ms),
             reasoning_ms: rec.reasoning_time().map(ms),
             outcome: req.sample.outcome.as_str(),
+            good: req.sample.good,
             http_status: rec.http_status,
             error: rec.error.as_deref(),
             server_ttft_ms: timing.ttft_ms,

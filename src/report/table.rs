@@ -135,6 +135,18 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// Removes the column `name` and its cells, where the table has it.
+    pub fn drop_column(&mut self, name: &str) {
+        if let Some(i) = self.columns.iter().position(|c| c.name == name) {
+            self.columns.remove(i);
+            for r in &mut self.rows {
+                if i < r.len() {
+                    r.remove(i);
+                }
+            }
+        }
+    }
+
     /// A column is aligned as numbers when it has a unit or holds a number.
     fn numeric(&self, column: usize) -> bool {
         !self.columns[column].unit.is_empty()
@@ -343,6 +355,16 @@ mod tests {
             csv,
             "mode,TTFT p50 (ms)\naggregated,12.3\n\"a|b, \"\"c\"\"\",\n"
         );
+    }
+
+    #[test]
+    fn a_dropped_column_leaves_no_cell_behind() {
+        let mut t = sample();
+        t.drop_column("TTFT p50");
+        t.drop_column("not a column");
+        assert_eq!(t.columns, vec![Column::text("mode")]);
+        assert!(t.rows.iter().all(|r| r.len() == 1));
+        assert_eq!(t.to_csv(), "mode\naggregated\n\"a|b, \"\"c\"\"\"\n");
     }
 
     #[test]

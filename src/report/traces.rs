@@ -1,7 +1,7 @@
 //! Trace replay in the bench: one table per replayed trace, each target's step side by side
 //! (docs/METRICS.md, "Trace replay").
 
-use super::analysis::{Index, ms};
+use super::analysis::{Index, SKIPPED, ms, skipped};
 use super::table::{Cell, Column, Table};
 
 impl Index<'_> {
@@ -29,6 +29,7 @@ impl Index<'_> {
                     vec![
                         Column::text("mode"),
                         Column::count("requests"),
+                        Column::count(SKIPPED),
                         Column::count("errors"),
                         Column::num("TTFT p50", "ms", 1),
                         Column::num("TTFT p99", "ms", 1),
@@ -53,6 +54,7 @@ impl Index<'_> {
                     t.push(vec![
                         Cell::text(&side.label),
                         Cell::Number(m.requests as f64),
+                        skipped(m),
                         Cell::Number(m.errors as f64),
                         Cell::num(ms(m.ttft, |s| s.p50)),
                         Cell::num(ms(m.ttft, |s| s.p99)),
