@@ -202,14 +202,13 @@ fn bench_args(out: &Path) -> [&str; 5] {
     ]
 }
 
-/// `llm-canary bench --out OUT` to its end; a failed bench fails the test with its log.
-fn bench(config: &Path, out: &Path) {
+/// `llm-canary bench --out OUT` to its end; a failed bench fails the test with its log. Returns
+/// the log.
+fn bench(config: &Path, out: &Path) -> String {
     let bench = canary(&bench_args(out), config);
-    assert!(
-        bench.status.success(),
-        "bench failed:\n{}",
-        String::from_utf8_lossy(&bench.stderr)
-    );
+    let log = String::from_utf8_lossy(&bench.stderr).into_owned();
+    assert!(bench.status.success(), "bench failed:\n{log}");
+    log
 }
 
 fn requests(out: &Path) -> Vec<serde_json::Value> {
@@ -259,7 +258,17 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
     assert!(said.matches("nvext.timing present").count() == 2, "{said}");
 
     let out = dir.path().join("out");
-    bench(&config, &out);
+    let log = bench(&config, &out);
+    // The model's context length, as the frontend reports it (`/v1/models`' `context_window`,
+    // else its `dynamo_frontend_model_context_length` gauge), bounds each target's requests.
+    for name in ["dyn-agg", "dyn-disagg"] {
+        assert!(
+            log.lines().any(|l| l.contains("requests above the context length are skipped")
+                && l.contains(&format!("target={name} "))
+                && l.contains("reported=Some(")),
+            "no context length learned from {name}:\n{log}"
+        );
+    }
 
     // Every request ok; every workload ran on both targets; lengths exact to the token.
     let all = requests(&out);
