@@ -263,9 +263,11 @@ fn the_four_workloads_against_dynamo_agg_and_disagg_are_exact_to_the_token() {
     // else its `dynamo_frontend_model_context_length` gauge), bounds each target's requests.
     for name in ["dyn-agg", "dyn-disagg"] {
         assert!(
-            log.lines().any(|l| l.contains("requests above the context length are skipped")
-                && l.contains(&format!("target={name} "))
-                && l.contains("reported=Some(")),
+            log.lines().any(
+                |l| l.contains("requests above the context length are skipped")
+                    && l.contains(&format!("target={name} "))
+                    && l.contains("reported=Some(")
+            ),
             "no context length learned from {name}:\n{log}"
         );
     }

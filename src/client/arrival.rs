@@ -2,9 +2,9 @@
 //! measurement connection (`SO_TIMESTAMPNS`, read through `recvmsg`). A read's stamp is the
 //! arrival of the newest segment it took, so a token's time is when it came off the network, not
 //! when the canary's runtime got round to reading it: a canary busy with a thousand streams on
-//! two cores delays its reads, never its measurements (docs/METRICS.md, "Clocks"). Where the
-//! kernel gives no stamp (it does not support it, or the socket refused the option), a read is
-//! stamped when it returns, as before. The kernel stamps in `CLOCK_REALTIME`; the stamp becomes a
+//! two cores delays its reads, never its measurements (docs/METRICS.md, "The request record").
+//! Where the kernel gives no stamp (it does not support it, or the socket refused the option), a
+//! read is stamped when it returns, as before. The kernel stamps in `CLOCK_REALTIME`; the stamp becomes a
 //! monotonic [`Instant`] by its age against the wall clock read beside the monotonic one, and a
 //! stamp that a wall-clock step would put in the future, or more than [`MAX_AGE`] back, is
 //! replaced by the read's own time, so a clock step can only make a stamp as late as before.
