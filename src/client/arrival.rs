@@ -20,9 +20,10 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// The most one stamped read takes: the transport's buffer never asks for more in one read
-/// (`transport::READ_BUF_BYTES`, 16 KiB), so a read is never cut short here.
-const SCRATCH_BYTES: usize = 16 << 10;
+/// The most one read of a measurement connection takes (the transport's buffer reserves this
+/// much for a read, `transport::READ_BUF_BYTES`): a stamped read's scratch is as large, so a read
+/// is never cut short here.
+pub const MAX_READ_BYTES: usize = 16 << 10;
 
 /// The oldest a kernel stamp may be against the read that returns it: beyond it the wall clock
 /// more likely stepped than the bytes waited, and the read's own time is used.
@@ -33,7 +34,7 @@ thread_local! {
     /// initialised memory, a response buffer's spare capacity is not, and zeroing it for every
     /// read would cost more than copying the bytes that came. One per runtime thread: a read
     /// begins and ends within one poll.
-    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH_BYTES].into_boxed_slice());
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; MAX_READ_BYTES].into_boxed_slice());
 }
 
 /// Room for one `SCM_TIMESTAMPNS` control message (`CMSG_SPACE(sizeof(struct timespec))` is 32
@@ -134,8 +135,9 @@ impl StampedTcp {
     }
 }
 
-/// The monotonic instant of a kernel stamp `stamp`, read now: `now` less the stamp's age on the
-/// wall clock `wall`; `now` itself when the age is negative or over [`MAX_AGE`] (a clock step).
+/// The monotonic instant of a kernel stamp `stamp`: `now` less the stamp's age on the wall clock
+/// `wall`, read just before `now` (so the age is never more than the truth); `now` itself when
+/// the age is negative or over [`MAX_AGE`] (a clock step).
 pub fn instant_of(stamp: SystemTime, now: Instant, wall: SystemTime) -> Instant {
     match wall.duration_since(stamp) {
         Ok(age) if age <= MAX_AGE => now.checked_sub(age).unwrap_or(now),
@@ -164,10 +166,14 @@ impl AsyncRead for StampedTcp {
                 .try_io(Interest::READABLE, || this.recv_stamped(buf))
             {
                 Ok((n, stamp)) => {
+                    // The wall clock first: if the thread is preempted between the two reads,
+                    // the stamp's age reads short and the stamp late, as a read's return time
+                    // would be, never early (the other order would put it before its segment).
+                    let wall = SystemTime::now();
                     let now = Instant::now();
                     let stamp = stamp.filter(|_| n > 0);
                     this.kernel_stamped = stamp.is_some();
-                    let at = stamp.map_or(now, |s| instant_of(s, now, SystemTime::now()));
+                    let at = stamp.map_or(now, |s| instant_of(s, now, wall));
                     this.note(at);
                     return Poll::Ready(Ok(()));
                 }
