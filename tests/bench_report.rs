@@ -73,6 +73,29 @@ fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// `llm-canary bench --format json --out OUT` on the config `yaml` (not the shared one): the run
+/// (its output folder in a temporary folder the run keeps) and its stderr.
+fn bench_yaml(yaml: &str) -> (Run, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(dir.path(), "bench.yaml", yaml);
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .args(["bench", "--format", "json", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let run = Run {
+        _dir: dir,
+        out,
+        output,
+    };
+    (run, stderr)
+}
+
 fn bench(args: &[&str]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let config = write_file(dir.path(), "bench.yaml", &config_text());
@@ -1031,33 +1054,17 @@ fn a_target_that_cannot_start_is_reported_and_the_others_measured() {
             held.push(conn);
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_file(
-        dir.path(),
-        "partial.yaml",
-        &format!(
-            "targets:\n  - {{ name: sim, serving_mode: aggregated, simulated: {{ profile: fast }} }}\n  \
-             - {{ name: hung, serving_mode: disaggregated, url: \"http://{hung}\", model: auto }}\n\
-             workloads:\n  concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 2s, warmup: 1s }}\n"
-        ),
-    );
-    let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--format", "json", "--config"])
-        .arg(&config)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let (run, stderr) = bench_yaml(&format!(
+        "targets:\n  - {{ name: sim, serving_mode: aggregated, simulated: {{ profile: fast }} }}\n  \
+         - {{ name: hung, serving_mode: disaggregated, url: \"http://{hung}\", model: auto }}\n\
+         workloads:\n  concurrency_sweep: {{ levels: [2], isl: 64, osl: 8, step: 2s, warmup: 1s }}\n"
+    ));
+    assert_eq!(run.output.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("target hung could not be measured"),
         "{stderr}"
     );
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let summary = run.summary();
     assert_eq!(
         summary["run"]["failed_targets"][0]["name"], "hung",
         "{summary}"
@@ -1075,27 +1082,13 @@ fn a_target_that_cannot_start_is_reported_and_the_others_measured() {
 /// table lists them in ascending order beside what the server answered.
 #[test]
 fn a_rate_ladder_runs_a_step_per_rate_and_tables_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_file(
-        dir.path(),
-        "ladder.yaml",
+    let (run, stderr) = bench_yaml(
         "targets:\n  - { name: agg, serving_mode: aggregated, simulated: { profile: fast } }\n\
          workloads:\n  concurrency_sweep:\n    levels: [1]\n    isl: 32\n    osl: 4\n    \
          step: 4s\n    warmup: 1s\n    rate: { rps: [20, 5], arrival: constant }\n",
     );
-    let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--format", "json", "--config"])
-        .arg(&config)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let s: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(run.output.status.success(), "{stderr}");
+    let s = run.summary();
     let steps: Vec<(&str, &str)> = s["steps"]
         .as_array()
         .unwrap()
@@ -1138,7 +1131,7 @@ fn a_rate_ladder_runs_a_step_per_rate_and_tables_them() {
         "{requests:?}"
     );
     // Each request's record names its rung.
-    let jsonl = std::fs::read_to_string(out.join("requests.jsonl")).unwrap();
+    let jsonl = std::fs::read_to_string(run.out.join("requests.jsonl")).unwrap();
     let rates: std::collections::BTreeSet<String> = jsonl
         .lines()
         .map(|l| {

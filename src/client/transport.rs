@@ -29,7 +29,7 @@ use super::wire::{self, BodyDecoder, ResponseHead, WireError};
 
 /// What one read may fill, and all a connection ever buffers of a body: a read hands its bytes
 /// on before the next, so the buffer is reclaimed instead of grown.
-pub const READ_BUF_BYTES: usize = 16 << 10;
+pub const READ_BUF_BYTES: usize = super::arrival::MAX_READ_BYTES;
 
 /// Why an exchange failed before or while reading its response.
 #[derive(Debug, thiserror::Error)]

@@ -134,7 +134,7 @@ pub struct TraceReplay {
     /// Cap on requests in flight per target; rows beyond it still count from their timestamps.
     #[serde(default = "max_inflight")]
     pub max_inflight: At<u32>,
-    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
     #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
     pub request: RequestOptions,
 }
@@ -305,7 +305,7 @@ pub struct ConcurrencySweep {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
     #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
     pub request: RequestOptions,
 }
@@ -370,7 +370,7 @@ pub struct MultiTurn {
     /// Pause between a reply and the next turn (a user reading).
     #[serde(default = "s0")]
     pub think_time: At<Dur>,
-    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
     #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
     pub request: RequestOptions,
 }
@@ -453,7 +453,7 @@ pub struct SequenceDistribution {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
     #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
     pub request: RequestOptions,
 }
@@ -529,7 +529,7 @@ pub struct PrefixCache {
     pub rate: Option<Rate>,
     #[serde(default)]
     pub cancel: Cancel,
-    /// Body fields, headers and API of this workload's requests, over each target's `request`.
+    /// Body fields, headers, API and streaming of this workload's requests, over each target's.
     #[serde(default, skip_serializing_if = "RequestOptions::is_empty")]
     pub request: RequestOptions,
 }

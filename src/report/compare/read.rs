@@ -128,7 +128,6 @@ struct Line {
     prefix_ratio: Option<String>,
     trace: Option<String>,
     /// A rate ladder's rung (absent in folders written before ladders).
-    #[serde(default)]
     rate: Option<String>,
     phase: String,
     intended_start_mono_ns: u64,
