@@ -12,7 +12,8 @@
 //! no warmup, so a step's first second is measured too):
 //! - **paced**, 256 and 1024 streams against the `fixed` profile (TTFT 100 ms, ITL 10 ms, ISL 64,
 //!   OSL 32): TTFT error = the client's TTFT − the server's (first token handed to the connection
-//!   − request received), per request; ITL error = |the client's mean ITL − the server's|. Steady
+//!   − the request's arrival at the server's host, the kernel's receive stamp, which the send
+//!   log carries beside the moment the simulator read it), per request; ITL error = |the client's mean ITL − the server's|. Steady
 //!   state is what was intended from 2 s after the step's first request; the first second is
 //!   reported on its own (the connection storm). Delivered = requests/s in steady state ÷ what
 //!   N streams at the configured 410 ms per request can send.
@@ -218,6 +219,9 @@ struct Line {
 #[derive(Deserialize)]
 struct Sent {
     x_request_id: String,
+    /// When the request came to the simulator's host (the kernel's stamp); absent where the
+    /// kernel gives none, and then `received_mono_ns`, when the simulator read it, stands in.
+    arrived_mono_ns: Option<u64>,
     received_mono_ns: u64,
     token_mono_ns: Vec<u64>,
 }
@@ -299,6 +303,7 @@ async fn paced(root: &Path, streams: u32, writes: Writes, secs: u64, json: &Opti
         .min()
         .expect("requests");
     let (mut first, mut steady, mut itl, mut connect) = (vec![], vec![], vec![], vec![]);
+    let mut read_late = vec![];
     let (mut ok, mut failed, mut unmatched, mut steady_n, mut tokens) = (0u64, 0u64, 0u64, 0u64, 0);
     let mut steady_end = t0;
     for l in &lines {
@@ -317,13 +322,17 @@ async fn paced(root: &Path, streams: u32, writes: Writes, secs: u64, json: &Opti
             continue;
         };
         let at = (l.intended_start_mono_ns - t0) as f64 / 1e9;
-        let error = ttft - (first_sent - s.received_mono_ns) as f64 / 1e6;
+        // The server's TTFT runs from the request's arrival at its host: a simulator that reads
+        // it late, busy on the client's cores, is a slow server, not a wrong client.
+        let arrived = s.arrived_mono_ns.unwrap_or(s.received_mono_ns);
+        let error = ttft - (first_sent - arrived) as f64 / 1e6;
         if at < 1.0 {
             first.push(error);
-            // Send → the server has the request: connect (if any) and transit.
-            connect.push((s.received_mono_ns as f64 - l.start_mono_ns as f64) / 1e6);
+            // Send → the server's host has the request: connect (if any) and transit.
+            connect.push((arrived as f64 - l.start_mono_ns as f64) / 1e6);
         } else if at >= STEADY_AFTER_S {
             steady.push(error);
+            read_late.push(s.received_mono_ns.saturating_sub(arrived) as f64 / 1e6);
             steady_n += 1;
             steady_end = steady_end.max(l.intended_start_mono_ns);
             let n = s.token_mono_ns.len();
@@ -334,8 +343,13 @@ async fn paced(root: &Path, streams: u32, writes: Writes, secs: u64, json: &Opti
             }
         }
     }
-    let (first, steady, itl, connect) =
-        (sorted(first), sorted(steady), sorted(itl), sorted(connect));
+    let (first, steady, itl, connect, read_late) = (
+        sorted(first),
+        sorted(steady),
+        sorted(itl),
+        sorted(connect),
+        sorted(read_late),
+    );
     let steady_s = (steady_end - t0) as f64 / 1e9 - STEADY_AFTER_S;
     let request_s = (TTFT_MS + ITL_MS * f64::from(PACED_OSL - 1)) / 1e3;
     let delivered = steady_n as f64 / steady_s / (f64::from(streams) / request_s);
@@ -363,13 +377,18 @@ async fn paced(root: &Path, streams: u32, writes: Writes, secs: u64, json: &Opti
         verdict(p(&steady, 0.99), ttft_goal, true)
     );
     println!(
+        "  (the simulator read the steady requests p50 {:.2} / p99 {:.2} ms after they came: its own lateness, charged to neither side)",
+        p(&read_late, 0.5),
+        p(&read_late, 0.99),
+    );
+    println!(
         "  ITL error, steady:          p50 {:.3} / p99 {:.3} ms  (goal p99 <= 1 ms: {})",
         p(&itl, 0.5),
         p(&itl, 0.99),
         verdict(p(&itl, 0.99), 1.0, true)
     );
     println!(
-        "  TTFT error, first second (n={}): p50 {:.2} / p99 {:.2} ms  (goal p99 <= 5 ms: {}); send -> server received p50 {:.2} / p99 {:.2} ms",
+        "  TTFT error, first second (n={}): p50 {:.2} / p99 {:.2} ms  (goal p99 <= 5 ms: {}); send -> server's host has it p50 {:.2} / p99 {:.2} ms",
         first.len(),
         p(&first, 0.5),
         p(&first, 0.99),

@@ -66,7 +66,11 @@ def server_records(path):
             continue
         if rid in out and not s.get("ok", True):
             continue  # a retried request: keep the successful record
-        ttft = (tokens[0] - s["received_mono_ns"]) / 1e6
+        # From the request's arrival at the simulator's host (the kernel's stamp), not from when
+        # the simulator, busy on the same cores as the tool, got to read it: a late read is a
+        # slow server, which both tools see alike. Older send logs have only `received_mono_ns`.
+        arrived = s.get("arrived_mono_ns", s["received_mono_ns"])
+        ttft = (tokens[0] - arrived) / 1e6
         itl = (tokens[-1] - tokens[0]) / 1e6 / (len(tokens) - 1) if len(tokens) >= 2 else None
         out[rid] = (ttft, itl, len(tokens))
     return out

@@ -46,7 +46,9 @@
 #
 # Figures (compare-vllm-bench.py; the same definitions for both tools):
 # - TTFT error = the tool's TTFT of a request − the server's (its first token's send − the
-#   request's arrival, from the simulator's --send-log), joined on x-request-id. p50 / p99 over the
+#   request's arrival at the simulator's host, the kernel's receive stamp of its first segment,
+#   from the simulator's --send-log; a simulator busy on the tools' cores reads a request late,
+#   a slow server both tools see alike), joined on x-request-id. p50 / p99 over the
 #   requests a tool started at least 2 s after its run's first request start (the canary: its
 #   intended start; vllm-bench: its `start_times`), so the warmup, the connection storm, is left
 #   out for both, and the p99 of those started in the first second ("first second", the storm)

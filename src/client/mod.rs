@@ -8,7 +8,7 @@
 //! gives none, the moment the read returns), before anything parses it; every SSE event in that
 //! read shares the stamp.
 
-mod arrival;
+pub mod arrival;
 mod body;
 mod chunk;
 mod endpoint;

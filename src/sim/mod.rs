@@ -9,6 +9,7 @@
 //! deployment's run-to-run speed. The engine only uses tokio time, so a
 //! `#[tokio::test(start_paused = true)]` test drives a [`Cluster`] in virtual time.
 
+mod arrival;
 pub mod cluster;
 pub mod engine;
 pub mod estimate;
@@ -109,13 +110,26 @@ pub(crate) struct SendFile {
 }
 
 impl SendFile {
-    pub(crate) fn write(&self, id: &str, received: Instant, tokens: &[Instant], ok: bool) {
+    pub(crate) fn write(
+        &self,
+        id: &str,
+        (arrived, received): (Option<Instant>, Instant),
+        tokens: &[Instant],
+        ok: bool,
+    ) {
         use std::fmt::Write as _;
-        let mut line = String::with_capacity(96 + tokens.len() * 20);
+        let mut line = String::with_capacity(128 + tokens.len() * 20);
         let _ = write!(
             line,
-            "{{\"x_request_id\":{},\"ok\":{ok},\"received_mono_ns\":{},\"token_mono_ns\":[",
-            serde_json::Value::from(id),
+            "{{\"x_request_id\":{},\"ok\":{ok},",
+            serde_json::Value::from(id)
+        );
+        if let Some(arrived) = arrived {
+            let _ = write!(line, "\"arrived_mono_ns\":{},", self.clock.mono_ns(arrived));
+        }
+        let _ = write!(
+            line,
+            "\"received_mono_ns\":{},\"token_mono_ns\":[",
             self.clock.mono_ns(received)
         );
         for (i, t) in tokens.iter().enumerate() {

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::arrival::{ArrivalIo, Arrivals};
 use super::cluster::{GenerateRequest, RequestStream};
 use super::engine::StreamEvent;
 use super::faults::FaultPlan;
@@ -126,7 +127,13 @@ pub async fn serve(
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "TCP_NODELAY failed");
                     }
-                    tracker.spawn(serve_connection(stream, Arc::clone(&state), connections.clone()));
+                    let state = Arc::clone(&state);
+                    if state.record_send_times {
+                        let (io, arrivals) = ArrivalIo::new(stream);
+                        tracker.spawn(serve_connection(io, Some(arrivals), state, connections.clone()));
+                    } else {
+                        tracker.spawn(serve_connection(stream, None, state, connections.clone()));
+                    }
                 }
                 Err(e) => {
                     // Typically EMFILE: back off briefly instead of spinning.
@@ -151,16 +158,22 @@ pub async fn serve(
     }
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
+/// Serves one connection; `arrivals`, when the send instants are recorded, says when each
+/// request's bytes came.
+async fn serve_connection<I>(
+    io: I,
+    arrivals: Option<Arc<Arrivals>>,
     state: Arc<ServerState>,
     cancel: CancellationToken,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| {
         let state = Arc::clone(&state);
-        async move { Ok::<_, Infallible>(handle(state, req).await) }
+        let arrivals = arrivals.clone();
+        async move { Ok::<_, Infallible>(handle(state, req, arrivals).await) }
     });
-    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,
@@ -195,10 +208,22 @@ fn error_response(status: StatusCode, message: &str) -> Response<SimBody> {
     )
 }
 
-async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<SimBody> {
+async fn handle(
+    state: Arc<ServerState>,
+    req: Request<Incoming>,
+    arrivals: Option<Arc<Arrivals>>,
+) -> Response<SimBody> {
+    // Taken for every request, so a completion after a GET on the same connection never takes
+    // the GET's arrival.
+    let arrived = arrivals.as_ref().and_then(|a| a.take());
+    let came = Came { arrived, arrivals };
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions") => completion(state, req, Endpoint::Chat).await,
-        (&Method::POST, "/v1/completions") => completion(state, req, Endpoint::Completions).await,
+        (&Method::POST, "/v1/chat/completions") => {
+            completion(state, req, Endpoint::Chat, came).await
+        }
+        (&Method::POST, "/v1/completions") => {
+            completion(state, req, Endpoint::Completions, came).await
+        }
         (&Method::GET, "/v1/models") => {
             let mut model = json!({
                 "id": state.model, "object": "model", "created": state.created, "owned_by": "llm-canary-sim"
@@ -243,10 +268,18 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Sim
     }
 }
 
+/// When a request's first bytes came to this host (the kernel's stamp), and where its body's
+/// reads leave theirs, to be forgotten once the body is read.
+struct Came {
+    arrived: Option<Instant>,
+    arrivals: Option<Arc<Arrivals>>,
+}
+
 async fn completion(
     state: Arc<ServerState>,
     req: Request<Incoming>,
     endpoint: Endpoint,
+    came: Came,
 ) -> Response<SimBody> {
     let received = Instant::now();
     let headers = state.request_log.as_ref().map(|_| req.headers().clone());
@@ -265,6 +298,9 @@ async fn completion(
         Ok(read) => read,
         Err(e) => return reject(&state, endpoint, "unknown", &e.to_string()),
     };
+    if let Some(arrivals) = &came.arrivals {
+        arrivals.take();
+    }
     if let Some(headers) = &headers {
         log_request(&state, endpoint, headers, &bytes);
     }
@@ -305,7 +341,7 @@ async fn completion(
         request_type,
         success: false,
     };
-    let mut tracker = request_tracker(&state, outcome, received, log_key);
+    let mut tracker = request_tracker(&state, outcome, (came.arrived, received), log_key);
     let (want_timing, want_worker) = nvext_wants(&body);
     let mut resp = if body.stream {
         let sse = SseBody {
@@ -338,16 +374,18 @@ async fn completion(
     resp
 }
 
-/// The bookkeeping of a request received at `received`, queued until its first token.
+/// The bookkeeping of a request that came to the host at `arrived` (when the send instants are
+/// recorded) and was read at `received`, queued until its first token.
 fn request_tracker(
     state: &Arc<ServerState>,
     outcome: RequestOutcome,
-    received: Instant,
+    (arrived, received): (Option<Instant>, Instant),
     log_key: String,
 ) -> RequestTracker {
     RequestTracker {
         state: Arc::clone(state),
         outcome,
+        arrived,
         received,
         first_token: None,
         last_token: None,

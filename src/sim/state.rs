@@ -94,6 +94,9 @@ impl Endpoint {
 pub(super) struct RequestTracker {
     pub(super) state: Arc<ServerState>,
     pub(super) outcome: RequestOutcome,
+    /// When the request's first bytes reached the host (the kernel's stamp), where known: the
+    /// send log's start of the request. `received`, when the server read it, starts its clock.
+    pub(super) arrived: Option<Instant>,
     pub(super) received: Instant,
     pub(super) first_token: Option<Instant>,
     pub(super) last_token: Option<Instant>,
@@ -142,7 +145,12 @@ impl RequestTracker {
         );
         if let Some(times) = self.send_times.take() {
             if let Some(f) = &self.state.send_file {
-                f.write(&self.log_key, self.received, &times, success);
+                f.write(
+                    &self.log_key,
+                    (self.arrived, self.received),
+                    &times,
+                    success,
+                );
             }
             self.state
                 .send_log
