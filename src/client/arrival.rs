@@ -8,6 +8,7 @@
 //! monotonic [`Instant`] by its age against the wall clock read beside the monotonic one, and a
 //! stamp that a wall-clock step would put in the future, or more than [`MAX_AGE`] back, is
 //! replaced by the read's own time, so a clock step can only make a stamp as late as before.
+//! The simulator stamps the arrival of its requests with the same reads (`sim::arrival`).
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
@@ -54,6 +55,9 @@ pub struct StampedTcp {
     /// for the whole host a moment after the first socket asks (deferred work), so the first
     /// segments after start-up may come unstamped and are stamped when the read returns.
     kernel_stamped: bool,
+    /// The `recvmsg` calls made, for the test that a short read costs no second one.
+    #[cfg(test)]
+    recvs: std::cell::Cell<u32>,
 }
 
 impl StampedTcp {
@@ -77,6 +81,8 @@ impl StampedTcp {
             kernel,
             arrived: None,
             kernel_stamped: false,
+            #[cfg(test)]
+            recvs: std::cell::Cell::new(0),
         }
     }
 
@@ -107,6 +113,8 @@ impl StampedTcp {
 
     /// One `recvmsg` into `buf`: the number of bytes and the kernel's stamp of them, if any.
     fn recv_stamped(&self, buf: &mut ReadBuf<'_>) -> std::io::Result<(usize, Option<SystemTime>)> {
+        #[cfg(test)]
+        self.recvs.set(self.recvs.get() + 1);
         SCRATCH.with_borrow_mut(|scratch| {
             let room = buf.remaining().min(scratch.len());
             let mut control = ControlBuf([0; 64]);
@@ -159,12 +167,24 @@ impl AsyncRead for StampedTcp {
         }
         loop {
             ready!(this.tcp.poll_read_ready(cx))?;
-            // `try_io` clears the socket's readiness on `WouldBlock`, so the next
-            // `poll_read_ready` waits for the kernel to say there is more.
-            match this
-                .tcp
-                .try_io(Interest::READABLE, || this.recv_stamped(buf))
-            {
+            // `try_io` clears the socket's readiness on `WouldBlock` (against the readiness it
+            // saw before the read, so bytes that come after it still wake the reader), and the
+            // next `poll_read_ready` waits for the kernel to say there is more. A read shorter
+            // than it asked for emptied the socket: it clears the readiness too, as tokio's own
+            // reads do, by handing its bytes over beside a `WouldBlock`; otherwise every read
+            // (one per token against a server that writes each token on its own) would cost a
+            // second `recvmsg` that finds nothing.
+            let mut short = None;
+            let read = this.tcp.try_io(Interest::READABLE, || {
+                let room = buf.remaining().min(MAX_READ_BYTES);
+                let (n, stamp) = this.recv_stamped(buf)?;
+                if 0 < n && n < room {
+                    short = Some((n, stamp));
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+                Ok((n, stamp))
+            });
+            match short.map_or(read, Ok) {
                 Ok((n, stamp)) => {
                     // The wall clock first: if the thread is preempted between the two reads,
                     // the stamp's age reads short and the stamp late, as a read's return time
@@ -230,6 +250,33 @@ mod tests {
         assert_eq!(instant_of(wall + ms(3), now, wall), now);
         // Stepped forward by more than any read waits: not believed.
         assert_eq!(instant_of(wall - MAX_AGE - ms(1), now, wall), now);
+    }
+
+    /// A read that empties the socket leaves the next one to wait for the kernel's word: one
+    /// `recvmsg` per read, not a second that finds nothing; and bytes that come after it are
+    /// still read.
+    #[tokio::test]
+    async fn a_short_read_costs_one_recvmsg_and_misses_nothing_after_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let mut client = StampedTcp::new(client.unwrap());
+        let (mut server, _) = server.unwrap();
+        let mut buf = [0u8; 64];
+        for (i, token) in [&b"one"[..], b"two", b"three"].into_iter().enumerate() {
+            // The read starts on an empty socket (`join!` polls it first), as a stream's reader
+            // waits for its next token; the token is written once it waits.
+            let (read, ()) = tokio::join!(client.read(&mut buf), async {
+                tokio::task::yield_now().await;
+                server.write_all(token).await.unwrap();
+            });
+            assert_eq!(&buf[..read.unwrap()], token);
+            assert_eq!(
+                client.recvs.get(),
+                i as u32 + 1,
+                "a read after a short one tried the empty socket"
+            );
+        }
     }
 
     /// Bytes that wait in the socket while the reader is busy keep the time they arrived.
