@@ -1,7 +1,8 @@
 //! Steps under paused tokio time against the simulator's `fixed` profile (first token after
 //! 100 ms, then one every 10 ms): the warmup is excluded from the step, requests finishing in
 //! the drain are kept, and requests still in flight when the drain ends count as `timeout` with
-//! their latency — never dropped.
+//! their latency — never dropped; the warmup's requests still streaming when the step stops
+//! sending are given up, and those of a hung target are the drain's timeouts.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -109,11 +110,12 @@ async fn warmup_is_excluded_and_the_drain_keeps_late_requests() {
 
 #[tokio::test(start_paused = true)]
 async fn closed_loop_workers_start_eight_a_millisecond() {
-    // 20 workers, one request each (590 ms, the window 0.5 s): the first 8 send at the step's
-    // start, the next 8 a millisecond later, the last 4 another millisecond later, each
-    // measured from its own start. Offsets from the first send, so the time the connections
-    // took to open before the clock started does not count.
-    let (seen, _, _) = run_plan(&sweep(20, 0.1, 0.4), Duration::from_secs(1)).await;
+    // 20 workers, one request each (590 ms, the window 0.5 s, no warmup, so the drain waits for
+    // every one): the first 8 send at the step's start, the next 8 a millisecond later, the
+    // last 4 another millisecond later, each measured from its own start. Offsets from the
+    // first send, so the time the connections took to open before the clock started does not
+    // count.
+    let (seen, _, _) = run_plan(&sweep(20, 0.0, 0.5), Duration::from_secs(1)).await;
     let first = seen.iter().map(|s| s.1).min().expect("requests");
     let mut offsets: Vec<Duration> = seen.iter().map(|s| s.1 - first).collect();
     offsets.sort();
@@ -151,6 +153,73 @@ async fn requests_in_flight_when_the_drain_ends_count_as_timeout() {
         assert_eq!(s.2, drain_end);
         assert_eq!(s.4, drain_end - s.1);
     }
+}
+
+/// A step shorter than its requests (a compressed plan): the warmup's requests, still streaming
+/// when the step stops sending, are given up then as `cancelled` in the warmup, where no result
+/// counts them, instead of holding the step until they end.
+#[tokio::test(start_paused = true)]
+async fn warmup_requests_still_streaming_do_not_hold_the_step() {
+    // 300 tokens: 100 ms + 299 × 10 ms = 3.09 s a request, against a 1.2 s step.
+    let mut step = sweep(2, 1.0, 0.2);
+    step.kind = StepKind::Sweep {
+        concurrency: 2,
+        isl: 64,
+        osl: 300,
+    };
+    let (seen, t0, step_requests) = run_plan(&step, Duration::from_secs(10)).await;
+    let took = Instant::now() - t0;
+    let send_end = t0 + Duration::from_secs_f64(1.2);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert_eq!((s.0, s.3), (Phase::Warmup, "cancelled"), "{seen:?}");
+        // Given up at the first token after the step stopped sending (one every 10 ms).
+        assert!(
+            s.2 >= send_end && s.2 <= send_end + Duration::from_millis(11),
+            "{seen:?}"
+        );
+    }
+    assert_eq!(step_requests, 0);
+    assert!(took < Duration::from_secs(2), "the step took {took:?}");
+}
+
+/// A target that hangs: the warmup's requests never stream, so they are left to the drain,
+/// which counts them as the steady window's timeouts (the outage shows in the step).
+#[tokio::test(start_paused = true)]
+async fn warmup_requests_that_never_stream_are_the_drains_timeouts() {
+    let mut cfg = Config::parse(
+        r#"
+targets:
+  - { name: hung, serving_mode: aggregated, model: sim, simulated: { profile: fixed, fixed_ttft: 30s, fixed_itl: 10ms } }
+"#,
+        "hung.yaml",
+        Path::new("."),
+    )
+    .unwrap();
+    cfg.schedule.drain_grace =
+        llm_canary::config::At::dflt(llm_canary::config::Dur(Duration::from_millis(500)));
+    let deployment = Deployment::start(&cfg, Path::new(".")).await.unwrap();
+    let capture = Arc::new(Capture::default());
+    let recorder = Arc::new(Recorder::new(vec![capture.clone()]));
+    let runner = Arc::new(deployment.runner(&cfg, recorder, 1));
+    let never = CancellationToken::new();
+    let t0 = Instant::now();
+    let results = runner
+        .run_step(&sweep(2, 1.0, 0.2), 0, &never, &never)
+        .await;
+    deployment.stop().await;
+    let drain_end = t0 + Duration::from_secs_f64(1.2 + 0.5);
+    let seen = capture.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert_eq!(
+            (s.0, s.3, s.2),
+            (Phase::Steady, "timeout", drain_end),
+            "{seen:?}"
+        );
+    }
+    let errors: u64 = results.iter().map(|r| r.measurements.errors).sum();
+    assert_eq!(errors, 2);
 }
 
 /// A simulated H200 that runs at most 4 sequences at once: about 0.6 s per request of 64 → 100

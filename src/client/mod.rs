@@ -207,6 +207,11 @@ pub enum Cancel {
     AfterTokens(u32),
     /// This long after sending, wherever the request is then (queued, in prefill, streaming).
     After(Duration),
+    /// From this instant, as soon as the request streams (at its first token if that comes
+    /// later): a request sent in a step's warmup, which no result counts, is not waited for once
+    /// its step stops sending. One that never streams is left to the step's drain, which counts
+    /// a hung target's requests as the failures they are.
+    OnceStreamingAt(Instant),
 }
 
 /// What one exchange of [`StreamClient::send_cancelling`] works with, handed by reference to
@@ -222,15 +227,25 @@ struct Exchange<'a> {
     body_bytes_sent: usize,
     /// Abandon the request once this many output tokens have arrived.
     cancel_after_tokens: Option<u64>,
+    /// Abandon the request once it streams at or after this instant ([`Cancel::OnceStreamingAt`]).
+    abandon_streaming_at: Option<Instant>,
     /// `false`: a non-streaming request, whose one JSON body is read whole.
     stream: bool,
 }
 
 impl Exchange<'_> {
-    /// Whether the client abandons the request now, with `rec`'s tokens so far.
-    fn cancels_at(&self, rec: &RequestRecord) -> bool {
-        self.cancel_after_tokens
-            .is_some_and(|n| rec.client_tokens() >= n)
+    /// Why the client abandons the request at `at`, with `rec`'s tokens so far; `None` to go on.
+    fn gives_up(&self, rec: &RequestRecord, at: Instant) -> Option<String> {
+        let n = rec.client_tokens();
+        if self.cancel_after_tokens.is_some_and(|limit| n >= limit) {
+            return Some(format!("cancelled by the client after {n} tokens"));
+        }
+        let streaming = rec.first_token_at().is_some();
+        self.abandon_streaming_at
+            .filter(|&from| streaming && at >= from)
+            .map(|_| {
+                format!("sent in the warmup and not waited for once the step stopped sending, after {n} tokens")
+            })
     }
 }
 
@@ -359,15 +374,11 @@ impl StreamClient {
         rec.kv_block_size = endpoint.kv_block_size();
         rec.streamed = stream;
         let deadline = sent + self.config.request_timeout;
-        let after_tokens = match cancel {
-            Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),
-            _ => None,
-        };
         let cancel_at = match cancel {
             Some(Cancel::After(d)) => Some(sent + d),
             _ => None,
         };
-        let exchange = self.exchange(endpoint, request, body, deadline, after_tokens, &mut rec);
+        let exchange = self.exchange(endpoint, request, body, deadline, cancel, &mut rec);
         let ended = tokio::select! {
             finished = tokio::time::timeout_at(deadline, exchange) => finished.err().map(|_| (Outcome::Timeout, format!(
                 "no complete response within {:?}",
@@ -402,7 +413,7 @@ impl StreamClient {
         request: &StreamRequest,
         body: bytes::Bytes,
         deadline: Instant,
-        cancel_after_tokens: Option<u64>,
+        cancel: Option<Cancel>,
         rec: &mut RequestRecord,
     ) {
         // A non-streaming answer's first token is its whole answer: the request's own deadline
@@ -418,7 +429,14 @@ impl StreamClient {
             deadline,
             first_token_deadline: deadline.min(rec.sent + first_token_limit),
             body_bytes_sent: body.len(),
-            cancel_after_tokens,
+            cancel_after_tokens: match cancel {
+                Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),
+                _ => None,
+            },
+            abandon_streaming_at: match cancel {
+                Some(Cancel::OnceStreamingAt(from)) => Some(from),
+                _ => None,
+            },
             stream: rec.streamed,
         };
         // The record learns of a retry as it begins: a timeout during it still counts it.
@@ -586,16 +604,15 @@ impl StreamClient {
                         )
                     } else {
                         match decoder.on_read(rec, bytes, at) {
-                            Flow::Continue if ex.cancels_at(rec) => {
-                                // Returning drops the response unread: its connection closes.
-                                let n = rec.client_tokens();
-                                rec.settle(
-                                    Outcome::Cancelled,
-                                    at,
-                                    Some(format!("cancelled by the client after {n} tokens")),
-                                );
-                                return;
-                            }
+                            Flow::Continue => match ex.gives_up(rec, at) {
+                                Some(why) => {
+                                    // Returning drops the response unread: its connection
+                                    // closes.
+                                    rec.settle(Outcome::Cancelled, at, Some(why));
+                                    return;
+                                }
+                                None => Flow::Continue,
+                            },
                             flow => flow,
                         }
                     }

@@ -652,6 +652,14 @@ impl Runner {
         } else {
             intended
         };
+        // A warmup request counts in no result: once the step stops sending it is not waited
+        // for (as soon as it streams), so a step ends with its steady requests. A compressed
+        // plan's steps are shorter than the simulated requests, and each drained its warmup's.
+        let cancel = if intended < ctx.warmup_end {
+            cancel.or(Some(Cancel::OnceStreamingAt(ctx.send_end)))
+        } else {
+            cancel
+        };
         let _inflight = self.recorder.in_flight(&target.name);
         let mut rec = self
             .client
