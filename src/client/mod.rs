@@ -225,10 +225,9 @@ struct Exchange<'a> {
     first_token_deadline: Instant,
     /// The size of the request's body, which usage is checked against.
     body_bytes_sent: usize,
-    /// Abandon the request once this many output tokens have arrived.
-    cancel_after_tokens: Option<u64>,
-    /// Abandon the request once it streams at or after this instant ([`Cancel::OnceStreamingAt`]).
-    abandon_streaming_at: Option<Instant>,
+    /// When the client abandons the request on its own ([`Cancel::After`] is timed outside
+    /// the exchange).
+    cancel: Option<Cancel>,
     /// `false`: a non-streaming request, whose one JSON body is read whole.
     stream: bool,
 }
@@ -237,15 +236,17 @@ impl Exchange<'_> {
     /// Why the client abandons the request at `at`, with `rec`'s tokens so far; `None` to go on.
     fn gives_up(&self, rec: &RequestRecord, at: Instant) -> Option<String> {
         let n = rec.client_tokens();
-        if self.cancel_after_tokens.is_some_and(|limit| n >= limit) {
-            return Some(format!("cancelled by the client after {n} tokens"));
+        match self.cancel? {
+            Cancel::AfterTokens(limit) if n >= u64::from(limit.max(1)) => {
+                Some(format!("cancelled by the client after {n} tokens"))
+            }
+            Cancel::OnceStreamingAt(from) if at >= from && rec.first_token_at().is_some() => {
+                Some(format!(
+                    "sent in the warmup and not waited for once the step stopped sending, after {n} tokens"
+                ))
+            }
+            _ => None,
         }
-        let streaming = rec.first_token_at().is_some();
-        self.abandon_streaming_at
-            .filter(|&from| streaming && at >= from)
-            .map(|_| {
-                format!("sent in the warmup and not waited for once the step stopped sending, after {n} tokens")
-            })
     }
 }
 
@@ -429,14 +430,7 @@ impl StreamClient {
             deadline,
             first_token_deadline: deadline.min(rec.sent + first_token_limit),
             body_bytes_sent: body.len(),
-            cancel_after_tokens: match cancel {
-                Some(Cancel::AfterTokens(n)) => Some(u64::from(n.max(1))),
-                _ => None,
-            },
-            abandon_streaming_at: match cancel {
-                Some(Cancel::OnceStreamingAt(from)) => Some(from),
-                _ => None,
-            },
+            cancel,
             stream: rec.streamed,
         };
         // The record learns of a retry as it begins: a timeout during it still counts it.

@@ -2,8 +2,8 @@
 //! segment of a request on a connection (`client::arrival`'s stamped reads), for the send log.
 //! The simulator shares its cores with the client in every benchmark, so it may read a request
 //! well after it came; its own clock starts when it does, and a send log that began a request
-//! there would charge the simulator's lateness to the client (docs/PERFORMANCE.md, "How the
-//! error is measured").
+//! there would charge the simulator's lateness to the client (docs/PERFORMANCE.md, "What users
+//! run: the product path", the TTFT error).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -118,9 +118,9 @@ mod tests {
 
         let written = Instant::now();
         client.write_all(b"first").await.unwrap();
-        // The server is late on purpose: what is measured is that its lateness does not count
-        // once the kernel stamps (a moment after the first socket asks, so the first reads of a
-        // process may fall back to their own return time; both bounds below hold either way).
+        // The server reads late on purpose. Whether the stamp is the kernel's (the arrival,
+        // `client::arrival`'s tests hold that) or, before the kernel turns stamping on, the
+        // read's own time, it lies between the write and the read.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let n = io.read(&mut buf).await.unwrap();
         let read = Instant::now();
