@@ -8,11 +8,13 @@
 //! monotonic [`Instant`] by its age against the wall clock read beside the monotonic one, and a
 //! stamp that a wall-clock step would put in the future, or more than [`MAX_AGE`] back, is
 //! replaced by the read's own time, so a clock step can only make a stamp as late as before.
-//! The simulator stamps the arrival of its requests with the same reads (`sim::arrival`).
+//! A server can share [`FirstArrival`] with a connection to learn when each request came: the
+//! simulator's send log does (`sim::server`).
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -55,6 +57,8 @@ pub struct StampedTcp {
     /// for the whole host a moment after the first socket asks (deferred work), so the first
     /// segments after start-up may come unstamped and are stamped when the read returns.
     kernel_stamped: bool,
+    /// Where each read offers its arrival, when a server asked ([`StampedTcp::sharing_first_arrival`]).
+    first: Option<Arc<FirstArrival>>,
     /// The `recvmsg` calls made, for the test that a short read costs no second one.
     #[cfg(test)]
     recvs: std::cell::Cell<u32>,
@@ -81,6 +85,7 @@ impl StampedTcp {
             kernel,
             arrived: None,
             kernel_stamped: false,
+            first: None,
             #[cfg(test)]
             recvs: std::cell::Cell::new(0),
         }
@@ -107,8 +112,19 @@ impl StampedTcp {
         self.kernel_stamped
     }
 
+    /// This connection, its reads also offering their arrival to the [`FirstArrival`] returned.
+    pub fn sharing_first_arrival(mut self) -> (StampedTcp, Arc<FirstArrival>) {
+        let first = Arc::new(FirstArrival::default());
+        self.first = Some(Arc::clone(&first));
+        (self, first)
+    }
+
     fn note(&mut self, at: Instant) {
-        self.arrived = Some(self.arrived.map_or(at, |before| before.max(at)));
+        let at = self.arrived.map_or(at, |before| before.max(at));
+        self.arrived = Some(at);
+        if let Some(first) = &self.first {
+            first.offer(at);
+        }
     }
 
     /// One `recvmsg` into `buf`: the number of bytes and the kernel's stamp of them, if any.
@@ -140,6 +156,27 @@ impl StampedTcp {
             buf.put_slice(&scratch[..n]);
             Ok((n, stamp))
         })
+    }
+}
+
+/// The arrival of the oldest read of a connection not yet taken: a server takes it as a
+/// request's head is handed over (its first read) and again once the body is read, so a request
+/// never takes the arrival of the one before it. What counts from it counts from the request's
+/// arrival at the host, not from the moment the server got round to reading it.
+#[derive(Debug, Default)]
+pub struct FirstArrival(Mutex<Option<Instant>>);
+
+impl FirstArrival {
+    /// The arrival of the oldest untaken read, forgetting it.
+    pub fn take(&self) -> Option<Instant> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn offer(&self, at: Instant) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(at);
     }
 }
 
@@ -239,6 +276,14 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Both ends of a loopback TCP connection: the client's and the server's.
+    async fn connected() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (client.unwrap(), server.unwrap().0)
+    }
+
     #[test]
     fn a_stamp_is_placed_by_its_age_and_a_clock_step_never_makes_it_earlier_than_now() {
         let now = Instant::now();
@@ -257,11 +302,8 @@ mod tests {
     /// still read.
     #[tokio::test]
     async fn a_short_read_costs_one_recvmsg_and_misses_nothing_after_it() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let mut client = StampedTcp::new(client.unwrap());
-        let (mut server, _) = server.unwrap();
+        let (client, mut server) = connected().await;
+        let mut client = StampedTcp::new(client);
         let mut buf = [0u8; 64];
         for (i, token) in [&b"one"[..], b"two", b"three"].into_iter().enumerate() {
             // The read starts on an empty socket (`join!` polls it first), as a stream's reader
@@ -279,14 +321,50 @@ mod tests {
         }
     }
 
+    /// A request that waits in the socket while the server is busy keeps the time it came, and
+    /// the next request on the connection never takes the one before it.
+    #[tokio::test]
+    async fn a_request_read_late_keeps_its_arrival_and_the_next_takes_its_own() {
+        let (mut client, server) = connected().await;
+        let (mut io, arrivals) = StampedTcp::new(server).sharing_first_arrival();
+        let mut buf = [0u8; 64];
+
+        let written = Instant::now();
+        client.write_all(b"first").await.unwrap();
+        // The server reads late on purpose. Whether the stamp is the kernel's (the arrival,
+        // `client::arrival`'s tests hold that) or, before the kernel turns stamping on, the
+        // read's own time, it lies between the write and the read.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let n = io.read(&mut buf).await.unwrap();
+        let read = Instant::now();
+        assert_eq!(&buf[..n], b"first");
+        let first = arrivals.take().expect("a read offers its arrival");
+        assert!(first + Duration::from_millis(1) >= written && first <= read);
+        assert_eq!(arrivals.take(), None, "taken once");
+
+        // Two reads before the next take: the older one is the request's arrival.
+        client.write_all(b"head").await.unwrap();
+        io.read_exact(&mut buf[..4]).await.unwrap();
+        let head = arrivals.take().unwrap();
+        assert!(head >= first);
+        client.write_all(b"body").await.unwrap();
+        io.read_exact(&mut buf[..4]).await.unwrap();
+        let before_more = Instant::now();
+        client.write_all(b"more").await.unwrap();
+        io.read_exact(&mut buf[..4]).await.unwrap();
+        let body = arrivals.take().unwrap();
+        assert!(
+            body >= head && body <= before_more,
+            "the newer read's arrival was kept"
+        );
+        assert_eq!(arrivals.take(), None);
+    }
+
     /// Bytes that wait in the socket while the reader is busy keep the time they arrived.
     #[tokio::test]
     async fn a_late_read_keeps_the_arrival_of_its_bytes() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        let mut client = StampedTcp::new(client.unwrap());
-        let (mut server, _) = server.unwrap();
+        let (client, mut server) = connected().await;
+        let mut client = StampedTcp::new(client);
         assert!(
             client.kernel_stamps(),
             "the kernel refused SO_TIMESTAMPNS on a TCP socket"

@@ -9,7 +9,6 @@
 //! deployment's run-to-run speed. The engine only uses tokio time, so a
 //! `#[tokio::test(start_paused = true)]` test drives a [`Cluster`] in virtual time.
 
-mod arrival;
 pub mod cluster;
 pub mod engine;
 pub mod estimate;

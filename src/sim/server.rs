@@ -21,7 +21,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::arrival::{ArrivalIo, Arrivals};
 use super::cluster::{GenerateRequest, RequestStream};
 use super::engine::StreamEvent;
 use super::faults::FaultPlan;
@@ -30,6 +29,7 @@ use super::request::{CompletionBody, log_request, prompt_tokens, unknown_field};
 use super::sse::{ChunkFormat, PerEvent, SimBody, SseBody, SseState, nvext_json, usage_json};
 use super::state::{Endpoint, RequestTracker, ServerState};
 use super::text;
+use crate::client::arrival::{FirstArrival, StampedTcp};
 use crate::config::sim::RefuseMode;
 
 /// Largest request body accepted.
@@ -129,7 +129,7 @@ pub async fn serve(
                     }
                     let state = Arc::clone(&state);
                     if state.record_send_times {
-                        let (io, arrivals) = ArrivalIo::new(stream);
+                        let (io, arrivals) = StampedTcp::new(stream).sharing_first_arrival();
                         tracker.spawn(serve_connection(io, Some(arrivals), state, connections.clone()));
                     } else {
                         tracker.spawn(serve_connection(stream, None, state, connections.clone()));
@@ -162,7 +162,7 @@ pub async fn serve(
 /// request's bytes came.
 async fn serve_connection<I>(
     io: I,
-    arrivals: Option<Arc<Arrivals>>,
+    arrivals: Option<Arc<FirstArrival>>,
     state: Arc<ServerState>,
     cancel: CancellationToken,
 ) where
@@ -211,7 +211,7 @@ fn error_response(status: StatusCode, message: &str) -> Response<SimBody> {
 async fn handle(
     state: Arc<ServerState>,
     req: Request<Incoming>,
-    arrivals: Option<Arc<Arrivals>>,
+    arrivals: Option<Arc<FirstArrival>>,
 ) -> Response<SimBody> {
     // Taken for every request, so a completion after a GET on the same connection never takes
     // the GET's arrival.
@@ -272,7 +272,7 @@ async fn handle(
 /// reads leave theirs, to be forgotten once the body is read.
 struct Came {
     arrived: Option<Instant>,
-    arrivals: Option<Arc<Arrivals>>,
+    arrivals: Option<Arc<FirstArrival>>,
 }
 
 async fn completion(
