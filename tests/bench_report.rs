@@ -79,14 +79,7 @@ fn bench_yaml(yaml: &str) -> (Run, String) {
     let dir = tempfile::tempdir().unwrap();
     let config = write_file(dir.path(), "bench.yaml", yaml);
     let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--format", "json", "--config"])
-        .arg(&config)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = support::bench::bench(&config, &out, &["--format", "json"]);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let run = Run {
         _dir: dir,

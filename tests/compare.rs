@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
 
 /// One closed-loop step of a simulator with a fixed TTFT: short requests, so its 2.4 s window
@@ -32,15 +34,7 @@ fn bench(dir: &Path, name: &str, ttft_ms: u32) -> PathBuf {
     let file = dir.join(format!("{name}.yaml"));
     std::fs::write(&file, config(ttft_ms)).unwrap();
     let out = dir.join(name);
-    let output = Command::new(BIN)
-        .arg("bench")
-        .arg("--config")
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = support::bench::bench(&file, &out, &[]);
     assert!(
         output.status.success(),
         "bench {name}: {}\n{}",

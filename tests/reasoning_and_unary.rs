@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-
 use llm_canary::client::{
     ClientConfig, Endpoint, Outcome, Prompt, RequestRecord, StreamClient, StreamRequest,
 };
@@ -15,8 +13,6 @@ use llm_canary::config::{Api, Dialect, ServingMode};
 use llm_canary::sim::SimSpec;
 use serde_json::Value;
 use tokio::time::Instant;
-
-const BIN: &str = env!("CARGO_BIN_EXE_llm-canary");
 
 fn spec(yaml: &str) -> SimSpec {
     serde_saphyr::from_str(yaml).unwrap()
@@ -140,14 +136,7 @@ schedule: { drain_grace: 5s }
     )
     .unwrap();
     let out = dir.path().join("out");
-    let output = Command::new(BIN)
-        .args(["bench", "--format", "json", "--config"])
-        .arg(&config)
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = support::bench::bench(&config, &out, &["--format", "json"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     let lines = std::fs::read_to_string(out.join("requests.jsonl")).unwrap();

@@ -321,20 +321,19 @@ mod tests {
         }
     }
 
-    /// A request that waits in the socket while the server is busy keeps the time it came, and
-    /// the next request on the connection never takes the one before it.
+    /// A server's connection hands each request the arrival of its first read, once, and the
+    /// next request on the connection never takes the one before it.
     #[tokio::test]
-    async fn a_request_read_late_keeps_its_arrival_and_the_next_takes_its_own() {
+    async fn a_request_takes_its_first_reads_arrival_once_never_the_previous_ones() {
         let (mut client, server) = connected().await;
         let (mut io, arrivals) = StampedTcp::new(server).sharing_first_arrival();
         let mut buf = [0u8; 64];
 
         let written = Instant::now();
         client.write_all(b"first").await.unwrap();
-        // The server reads late on purpose. Whether the stamp is the kernel's (the arrival,
-        // `client::arrival`'s tests hold that) or, before the kernel turns stamping on, the
-        // read's own time, it lies between the write and the read.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Whether the stamp is the kernel's (that it keeps a late read's arrival is
+        // `a_late_read_keeps_the_arrival_of_its_bytes`'s to hold) or, before the kernel turns
+        // stamping on, the read's own time, it lies between the write and the read.
         let n = io.read(&mut buf).await.unwrap();
         let read = Instant::now();
         assert_eq!(&buf[..n], b"first");

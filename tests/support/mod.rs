@@ -2,6 +2,7 @@
 //!
 //! - polling with a deadline ([`eventually`], [`eventually_ok`], [`within`]) — tests synchronise
 //!   on conditions, never on fixed sleeps;
+//! - [`bench`]: `llm-canary bench` on a config file, as a child process;
 //! - [`daemon`]: the daemon as a child process (its `listening on` line gives the address), sent
 //!   signals and awaited;
 //! - [`http`]: a loopback HTTP client, `GET` as text or JSON, a `/metrics` scrape;
@@ -20,6 +21,7 @@
 //! Each test binary uses a subset, hence `dead_code` is allowed here.
 #![allow(dead_code)]
 
+pub mod bench;
 pub mod chromium;
 pub mod config;
 pub mod daemon;
