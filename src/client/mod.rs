@@ -8,7 +8,7 @@
 //! gives none, the moment the read returns), before anything parses it; every SSE event in that
 //! read shares the stamp.
 
-pub mod arrival;
+pub(crate) mod arrival;
 mod body;
 mod chunk;
 mod endpoint;
